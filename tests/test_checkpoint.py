@@ -1,0 +1,224 @@
+"""Released-checkpoint interchange: layouts, logits, adapting to a new model."""
+
+import re
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import reference_vit
+from tests.util import randomize
+from vit_jax import checkpoint, models
+
+TINY = dict(num_layers=3, hidden_size=32, mlp_dim=64, num_heads=4)
+
+
+def init_params(model, image_size, seed=0):
+  variables = model.init(jax.random.key(seed),
+                         jnp.zeros((1, image_size, image_size, 3)), train=False)
+  return nn.meta.unbox(variables["params"])
+
+
+def images(n, size, seed=1):
+  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(
+      np.float32)
+
+
+def flat(tree):
+  return flax.traverse_util.flatten_dict(tree, sep="/")
+
+
+def assert_trees_equal(a, b):
+  a, b = flat(a), flat(b)
+  assert sorted(a) == sorted(b)
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+# The successor layouts, written from PAPER.md's description of them.
+def big_vision_layout(release_flat):
+  per_type = {"LayerNorm_0": "LayerNorm_0",
+              "MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+              "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+  out = {}
+  for key, value in release_flat.items():
+    parts = key.split("/")
+    if parts[1:2] and parts[1].startswith("encoderblock_"):
+      parts[2] = per_type[parts[2]]
+    out["/".join(parts)] = value
+  out["pos_embedding"] = out.pop("Transformer/posembed_input/pos_embedding")
+  return out
+
+
+def scanned_layout(big_vision_flat):
+  out, blocks = {}, {}
+  for key, value in big_vision_flat.items():
+    match = re.match(r"Transformer/encoderblock_(\d+)/(.*)", key)
+    if match:
+      blocks.setdefault(match.group(2), {})[int(match.group(1))] = value
+    else:
+      out[key] = value
+  for rest, layers in blocks.items():
+    out[f"Transformer/encoderblock/{rest}"] = np.stack(
+        [layers[i] for i in range(len(layers))])
+  return out
+
+
+@pytest.fixture(scope="module")
+def trained_tiny():
+  model = models.create("Ti/4", num_classes=7, representation_size=24, **TINY)
+  return model, randomize(init_params(model, 16))
+
+
+def test_save_then_load_gives_identical_params_and_logits(tmp_path,
+                                                          trained_tiny):
+  model, params = trained_tiny
+  path = tmp_path / "vit.npz"
+  checkpoint.save_npz(params, path)
+  with np.load(path) as npz:  # The release layout is the flattened tree.
+    assert "Transformer/encoderblock_2/MlpBlock_3/Dense_1/kernel" in npz.files
+    assert "Transformer/posembed_input/pos_embedding" in npz.files
+  loaded = checkpoint.load_npz(path)
+  assert_trees_equal(loaded, params)
+  x = images(3, 16)
+  np.testing.assert_array_equal(
+      model.apply({"params": loaded}, x, train=False),
+      model.apply({"params": params}, x, train=False))
+
+
+@pytest.mark.parametrize("layout", ["release", "big_vision", "scanned"])
+def test_each_released_layout_loads(tmp_path, trained_tiny, layout):
+  _, params = trained_tiny
+  files = {"release": flat(params)}
+  files["big_vision"] = big_vision_layout(files["release"])
+  files["scanned"] = scanned_layout(files["big_vision"])
+  marker = {"release": "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel",
+            "big_vision": "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel",
+            "scanned": "Transformer/encoderblock/MlpBlock_0/Dense_0/kernel"}
+  assert marker[layout] in files[layout]
+  path = tmp_path / f"{layout}.npz"
+  np.savez(path, **files[layout])
+  assert_trees_equal(checkpoint.load_npz(path), params)
+
+
+@pytest.mark.parametrize("classifier,representation_size",
+                         [("token", 24), ("token", None), ("gap", None)])
+def test_logits_match_an_independent_float64_forward(tmp_path, classifier,
+                                                     representation_size):
+  model = models.create("Ti/4", num_classes=7, classifier=classifier,
+                        representation_size=representation_size, **TINY)
+  params = randomize(init_params(model, 16), seed=3)
+  path = tmp_path / "vit.npz"
+  checkpoint.save_npz(params, path)
+  x = images(4, 16)
+  with np.load(path) as npz:
+    expected = reference_vit.forward(dict(npz), x, classifier)
+  got = model.apply({"params": checkpoint.load_npz(path)}, x, train=False)
+  assert np.abs(expected).max() > 1  # Logits that say something.
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_full_size_b16_logits_match_the_float64_forward(tmp_path):
+  """The real B/16 at 224 with random weights: all 12 blocks, 197 tokens."""
+  model = models.create("B/16", num_classes=21843, representation_size=768)
+  shapes = jax.eval_shape(lambda: init_params(model, 224))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(
+      lambda s: (rng.standard_normal(s.shape) * 0.02).astype(np.float32),
+      shapes)
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x + 1 if path[-1].key == "scale" else x, params)
+  path = tmp_path / "b16.npz"
+  checkpoint.save_npz(params, path)
+  x = images(2, 224)
+  with np.load(path) as npz:
+    expected = reference_vit.forward(dict(npz), x)
+  got = model.apply({"params": checkpoint.load_npz(path)}, x, train=False)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_pickled_files_are_refused(tmp_path):
+  path = tmp_path / "evil.npz"
+  np.savez(path, **{"head/kernel": np.array([{"a": 1}], dtype=object)})
+  with pytest.raises(ValueError, match="pickle"):
+    checkpoint.load_npz(path)
+
+
+def test_posemb_224_to_384_keeps_class_token_and_interpolates_grid():
+  at_224 = init_params(models.create("B/16", 10), 224)
+  at_384 = jax.eval_shape(lambda: init_params(models.create("B/16", 10), 384))
+  posemb = np.zeros((1, 197, 768), np.float32)
+  posemb[0, 0] = np.arange(768)
+  rows, cols = np.meshgrid(np.arange(14), np.arange(14), indexing="ij")
+  posemb[0, 1:, 0] = rows.ravel()  # A linear ramp survives bilinear zoom.
+  posemb[0, 1:, 1] = cols.ravel()
+  at_224["Transformer"]["posembed_input"]["pos_embedding"] = posemb
+  adapted = checkpoint.adapt(at_224, at_384)
+  resized = adapted["Transformer"]["posembed_input"]["pos_embedding"]
+  assert resized.shape == (1, 577, 768)
+  np.testing.assert_array_equal(resized[0, 0], np.arange(768))
+  grid = resized[0, 1:].reshape(24, 24, 768)
+  # Corners stay put; the ramp is resampled, not shifted or scaled.
+  np.testing.assert_allclose(grid[:, 0, 0], np.linspace(0, 13, 24), atol=1e-5)
+  np.testing.assert_allclose(grid[0, :, 1], np.linspace(0, 13, 24), atol=1e-5)
+
+
+def test_posemb_at_equal_size_is_reproduced_exactly():
+  posemb = np.random.default_rng(0).standard_normal((1, 197, 8))
+  np.testing.assert_array_equal(
+      checkpoint.resize_posemb(posemb, (1, 197, 8), has_class_token=True),
+      posemb)
+  gap = posemb[:, 1:]
+  np.testing.assert_array_equal(
+      checkpoint.resize_posemb(gap, (1, 196, 8), has_class_token=False), gap)
+
+
+def test_adapt_replaces_head_and_drops_pre_logits(trained_tiny):
+  _, pretrained = trained_tiny  # 7 classes, representation 24.
+  finetune = models.create("Ti/4", num_classes=3, **TINY)
+  target = init_params(finetune, 24, seed=5)
+  adapted = checkpoint.adapt(pretrained, target)
+  assert "pre_logits" not in adapted
+  np.testing.assert_array_equal(adapted["head"]["kernel"], 0.0)
+  assert adapted["head"]["kernel"].shape == (32, 3)
+  np.testing.assert_array_equal(
+      adapted["Transformer"]["encoderblock_1"]["MlpBlock_3"]["Dense_0"]["kernel"],
+      pretrained["Transformer"]["encoderblock_1"]["MlpBlock_3"]["Dense_0"]["kernel"])
+  assert adapted["Transformer"]["posembed_input"]["pos_embedding"].shape == (
+      1, 37, 32)
+  logits = finetune.apply({"params": adapted}, images(2, 24), train=False)
+  assert logits.shape == (2, 3)
+
+
+def test_adapt_keeps_a_matching_head(trained_tiny):
+  model, params = trained_tiny
+  adapted = checkpoint.adapt(params, init_params(model, 16, seed=9))
+  assert_trees_equal(adapted, params)
+
+
+def test_wrong_shaped_file_fails_naming_the_key(tmp_path, trained_tiny):
+  _, params = trained_tiny
+  files = flat(params)
+  key = "Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"
+  files[key] = np.zeros((32, 48), np.float32)
+  path = tmp_path / "wrong.npz"
+  np.savez(path, **files)
+  model = models.create("Ti/4", num_classes=7, representation_size=24, **TINY)
+  with pytest.raises(ValueError, match=re.escape(key)) as error:
+    checkpoint.adapt(checkpoint.load_npz(path), init_params(model, 16))
+  assert "(32, 48)" in str(error.value) and "(32, 64)" in str(error.value)
+
+
+def test_missing_and_unexpected_keys_are_named(trained_tiny):
+  model, params = trained_tiny
+  fewer_layers = models.create("Ti/4", num_classes=7, representation_size=24,
+                               **dict(TINY, num_layers=2))
+  with pytest.raises(ValueError, match="encoderblock_2"):
+    checkpoint.adapt(params, init_params(fewer_layers, 16))
+  more_layers = models.create("Ti/4", num_classes=7, representation_size=24,
+                              **dict(TINY, num_layers=4))
+  with pytest.raises(ValueError, match="encoderblock_3"):
+    checkpoint.adapt(params, init_params(more_layers, 16))

@@ -1,0 +1,132 @@
+"""The model: sizes of Table 1, shapes of the release, behaviour users rely on."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.util import randomize
+from vit_jax import models
+
+
+def abstract_params(model, image_size):
+  images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
+  variables = jax.eval_shape(
+      lambda rng: model.init(rng, jnp.zeros(images.shape), train=False),
+      jax.random.key(0))
+  return variables["params"]
+
+
+def count(params):
+  return sum(np.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(params)))
+
+
+@pytest.mark.parametrize("name,millions", [
+    ("Ti/16", 5.7), ("S/16", 22), ("B/16", 86), ("L/16", 307), ("H/14", 632)])
+def test_parameter_counts_match_table_1(name, millions):
+  params = abstract_params(models.create(name, num_classes=1000), 224)
+  assert count(params) == pytest.approx(millions * 1e6, rel=0.02)
+
+
+def test_release_shapes_of_b16():
+  params = nn.meta.unbox(abstract_params(models.create("B/16", 1000), 224))
+  block = params["Transformer"]["encoderblock_11"]
+  attention = block["MultiHeadDotProductAttention_1"]
+  assert attention["query"]["kernel"].shape == (768, 12, 64)
+  assert attention["out"]["kernel"].shape == (12, 64, 768)
+  assert block["MlpBlock_3"]["Dense_0"]["kernel"].shape == (768, 3072)
+  assert params["embedding"]["kernel"].shape == (16, 16, 3, 768)
+  assert params["cls"].shape == (1, 1, 768)
+  assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (
+      1, 197, 768)
+  assert "encoderblock_12" not in params["Transformer"]
+
+
+def test_every_parameter_has_logical_axis_names():
+  params = abstract_params(
+      models.create("Ti/16", 10, representation_size=192), 32)
+  leaves = jax.tree.leaves(
+      params, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+  assert leaves
+  for leaf in leaves:
+    assert isinstance(leaf, nn.LogicallyPartitioned)
+    assert len(leaf.names) == leaf.value.ndim
+
+
+def tiny(**overrides):
+  fields = dict(num_layers=2, hidden_size=32, mlp_dim=64, num_heads=4)
+  fields.update(overrides)
+  return models.create("Ti/4", num_classes=5, **fields)
+
+
+def test_fresh_head_predicts_uniformly_and_any_divisible_resolution_works():
+  model = tiny()
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
+                         train=False)
+  for size in (16, 24):  # More patches at 24: same params but posemb.
+    images = jax.random.uniform(jax.random.key(1), (2, size, size, 3),
+                                minval=-1, maxval=1)
+    if size == 16:
+      logits = model.apply(variables, images, train=False)
+      assert logits.shape == (2, 5) and logits.dtype == jnp.float32
+      np.testing.assert_array_equal(logits, 0.0)
+    else:
+      other = model.init(jax.random.key(0), images, train=False)
+      posemb = other["params"]["Transformer"]["posembed_input"]["pos_embedding"]
+      assert posemb.value.shape == (1, 1 + 36, 32)
+
+
+def test_patch_size_must_divide_image():
+  with pytest.raises(ValueError, match="patch size 4 does not divide"):
+    tiny().init(jax.random.key(0), jnp.zeros((1, 18, 18, 3)), train=False)
+
+
+def test_gap_classifier_has_no_class_token():
+  variables = tiny(classifier="gap").init(
+      jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+  params = nn.meta.unbox(variables["params"])
+  assert "cls" not in params
+  assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (
+      1, 16, 32)
+
+
+def test_dropout_only_in_training():
+  model = tiny(dropout_rate=0.5, attention_dropout_rate=0.5)
+  images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3))
+  variables = model.init(jax.random.key(0), images, train=False)
+  variables = randomize(nn.meta.unbox(variables))
+  eval_a = model.apply(variables, images, train=False)
+  eval_b = model.apply(variables, images, train=False)
+  train_a = model.apply(variables, images, train=True,
+                        rngs={"dropout": jax.random.key(2)})
+  train_b = model.apply(variables, images, train=True,
+                        rngs={"dropout": jax.random.key(3)})
+  np.testing.assert_array_equal(eval_a, eval_b)
+  assert not np.allclose(train_a, train_b)
+  assert not np.allclose(train_a, eval_a)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_close_logits():
+  images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3), minval=-1)
+  f32, bf16 = tiny(), tiny(dtype=jnp.bfloat16)
+  variables = f32.init(jax.random.key(0), images, train=False)
+  variables = randomize(nn.meta.unbox(variables), scale=0.05)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(
+      bf16.init(jax.random.key(0), images, train=False)))
+  expected = f32.apply(variables, images, train=False)
+  got = bf16.apply(variables, images, train=False)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, expected, rtol=0.05, atol=0.05)
+
+
+def test_unknown_names_are_refused_clearly():
+  with pytest.raises(ValueError, match="unknown model 'X/16'"):
+    models.create("X/16", num_classes=10)
+  with pytest.raises(ValueError, match="unknown model 'B'"):
+    models.create("B", num_classes=10)
+  with pytest.raises(ValueError, match="classifer"):
+    models.create("B/16", num_classes=10, classifer="gap")
+  with pytest.raises(ValueError, match="classifier must be"):
+    tiny(classifier="map").init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
+                                train=False)

@@ -1,0 +1,1 @@
+"""The Vision Transformer in JAX/Flax, sharded over TPU pods."""

@@ -1,0 +1,40 @@
+"""Model zoo: `create("B/16", num_classes=1000, ...)` -> a flax.linen Module."""
+
+from vit_jax.models.vit import VisionTransformer
+
+# Table 1 of the paper; Ti and S come from the later public release.
+VARIANTS = {
+    "Ti": dict(hidden_size=192, num_layers=12, mlp_dim=768, num_heads=3),
+    "S": dict(hidden_size=384, num_layers=12, mlp_dim=1536, num_heads=6),
+    "B": dict(hidden_size=768, num_layers=12, mlp_dim=3072, num_heads=12),
+    "L": dict(hidden_size=1024, num_layers=24, mlp_dim=4096, num_heads=16),
+    "H": dict(hidden_size=1280, num_layers=32, mlp_dim=5120, num_heads=16),
+}
+PATCH_SIZES = (8, 14, 16, 32)
+
+
+def parse_name(name):
+  """"B/16" -> ("B", 16); clear error for anything else."""
+  variant, _, patch = name.partition("/")
+  if variant not in VARIANTS or not patch.isdigit():
+    raise ValueError(
+        f"unknown model {name!r}: expected '<variant>/<patch>' with variant in "
+        f"{sorted(VARIANTS)} and patch in {PATCH_SIZES}, e.g. 'B/16'")
+  return variant, int(patch)
+
+
+def create(name, num_classes, **overrides):
+  """The ViT called `name` ("B/16", "H/14", ...) with a `num_classes` head.
+
+  Overrides replace any VisionTransformer field: classifier, representation_size,
+  dropout_rate, attention_dropout_rate, dtype, param_dtype, and also the size
+  fields (hidden_size, num_layers, ...) for small models such as the digits one.
+  Patch sizes outside PATCH_SIZES are accepted for small images (e.g. 2 on 8x8).
+  """
+  variant, patch = parse_name(name)
+  fields = dict(VARIANTS[variant], patch_size=patch)
+  unknown = set(overrides) - set(VisionTransformer.__dataclass_fields__)
+  if unknown:
+    raise ValueError(f"unknown model override(s) {sorted(unknown)} for {name!r}")
+  fields.update(overrides)
+  return VisionTransformer(num_classes=num_classes, **fields)

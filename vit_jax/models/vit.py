@@ -1,0 +1,218 @@
+"""The Vision Transformer (Dosovitskiy et al., ICLR 2021) as Flax linen modules.
+
+Module names follow the released checkpoints (`Transformer/encoderblock_{i}/
+MultiHeadDotProductAttention_1`, ...), so our params tree *is* the release
+layout and `checkpoint.save_npz` is a flatten. Every parameter carries logical
+axis names; `vit_jax.sharding.LOGICAL_AXES` documents them and maps them to
+mesh axes.
+"""
+
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+Dtype = Any
+
+LAYERNORM_EPSILON = 1e-6  # The released models use 1e-6, not flax's 1e-5.
+
+
+def _init(initializer, axes):
+  return nn.with_logical_partitioning(initializer, axes)
+
+
+def _layer_norm(name, dtype, param_dtype):
+  return nn.LayerNorm(
+      epsilon=LAYERNORM_EPSILON, dtype=dtype, param_dtype=param_dtype,
+      scale_init=_init(nn.initializers.ones, ("embed",)),
+      bias_init=_init(nn.initializers.zeros, ("embed",)),
+      name=name)
+
+
+class Attention(nn.Module):
+  """Multi-head self-attention; q/k/v kernels are (D, heads, D/heads)."""
+  num_heads: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, train):
+    width = x.shape[-1]
+    if width % self.num_heads:
+      raise ValueError(f"hidden_size {width} is not divisible by num_heads "
+                       f"{self.num_heads}")
+    head_dim = width // self.num_heads
+
+    def project(name):
+      return nn.DenseGeneral(
+          (self.num_heads, head_dim), dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          kernel_init=_init(nn.initializers.xavier_uniform(),
+                            ("embed", "heads", "kv")),
+          bias_init=_init(nn.initializers.zeros, ("heads", "kv")),
+          name=name)(x)
+
+    q, k, v = project("query"), project("key"), project("value")
+    # Softmax in float32 whatever the compute dtype: bf16 logits lose the
+    # small differences that attention depends on.
+    logits = jnp.einsum("...qhd,...khd->...hqk", q, k).astype(jnp.float32)
+    weights = nn.softmax(logits / jnp.sqrt(head_dim).astype(jnp.float32))
+    # Kept for the Section 4.5 figures (mean attention distance, rollout).
+    self.sow("intermediates", "attention_weights", weights)
+    weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not train)
+    out = jnp.einsum("...hqk,...khd->...qhd", weights.astype(self.dtype), v)
+    return nn.DenseGeneral(
+        width, axis=(-2, -1), dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=_init(nn.initializers.xavier_uniform(),
+                          ("heads", "kv", "embed")),
+        bias_init=_init(nn.initializers.zeros, ("embed",)),
+        name="out")(out)
+
+
+class MlpBlock(nn.Module):
+  """Dense -> GELU (tanh approximation, as released) -> Dense."""
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, train):
+    width = x.shape[-1]
+    dense = lambda features, axes, name: nn.Dense(
+        features, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=_init(nn.initializers.xavier_uniform(), axes),
+        bias_init=_init(nn.initializers.normal(stddev=1e-6), axes[-1:]),
+        name=name)
+    x = dense(self.mlp_dim, ("embed", "mlp"), "Dense_0")(x)
+    x = nn.gelu(x)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    x = dense(width, ("mlp", "embed"), "Dense_1")(x)
+    return nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+
+
+class EncoderBlock(nn.Module):
+  """Pre-LN block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'."""
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, train):
+    # One counter across module types, as in the release files.
+    y = _layer_norm("LayerNorm_0", self.dtype, self.param_dtype)(x)
+    y = Attention(self.num_heads, self.attention_dropout_rate, self.dtype,
+                  self.param_dtype, name="MultiHeadDotProductAttention_1")(
+                      y, train=train)
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+    x = x + y
+    y = _layer_norm("LayerNorm_2", self.dtype, self.param_dtype)(x)
+    y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, self.param_dtype,
+                 name="MlpBlock_3")(y, train=train)
+    return x + y
+
+
+class AddPositionEmbedding(nn.Module):
+  """Adds a learned 1-D position embedding of shape (1, tokens, D)."""
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    posemb = self.param(
+        "pos_embedding",
+        _init(nn.initializers.normal(stddev=0.02), (None, None, "embed")),
+        (1,) + x.shape[1:], self.param_dtype)
+    return x + posemb.astype(x.dtype)
+
+
+class Encoder(nn.Module):
+  """Position embedding, then `num_layers` blocks and a final LayerNorm."""
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, train):
+    x = AddPositionEmbedding(self.param_dtype, name="posembed_input")(x)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    for i in range(self.num_layers):
+      x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate,
+                       self.attention_dropout_rate, self.dtype,
+                       self.param_dtype, name=f"encoderblock_{i}")(
+                           x, train=train)
+    return _layer_norm("encoder_norm", self.dtype, self.param_dtype)(x)
+
+
+class VisionTransformer(nn.Module):
+  """ViT classifier. Images are NHWC in [-1, 1]; returns float32 logits.
+
+  classifier: "token" prepends a learned class token and reads it out; "gap"
+    averages the patch tokens (no class token, Appendix D.3).
+  representation_size: width of the tanh pre-logits layer used in
+    pre-training, or None for a plain linear head (fine-tuning).
+  """
+  num_classes: int
+  patch_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  classifier: str = "token"
+  representation_size: Optional[int] = None
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, images, *, train):
+    if self.classifier not in ("token", "gap"):
+      raise ValueError(f"classifier must be 'token' or 'gap', got "
+                       f"{self.classifier!r}")
+    height, width = images.shape[1:3]
+    if height % self.patch_size or width % self.patch_size:
+      raise ValueError(f"patch size {self.patch_size} does not divide the "
+                       f"image size {height}x{width}")
+    p = self.patch_size
+    x = nn.Conv(
+        self.hidden_size, (p, p), strides=(p, p), padding="VALID",
+        dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=_init(nn.initializers.lecun_normal(),
+                          (None, None, None, "embed")),
+        bias_init=_init(nn.initializers.zeros, ("embed",)),
+        name="embedding")(images.astype(self.dtype))
+    n, h, w, d = x.shape
+    x = x.reshape(n, h * w, d)
+    if self.classifier == "token":
+      cls = self.param("cls", _init(nn.initializers.zeros, (None, None, "embed")),
+                       (1, 1, d), self.param_dtype)
+      x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
+
+    x = Encoder(self.num_layers, self.num_heads, self.mlp_dim,
+                self.dropout_rate, self.attention_dropout_rate, self.dtype,
+                self.param_dtype, name="Transformer")(x, train=train)
+    x = x[:, 0] if self.classifier == "token" else x.mean(axis=1)
+
+    if self.representation_size is not None:
+      x = nn.Dense(
+          self.representation_size, dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          kernel_init=_init(nn.initializers.lecun_normal(), ("embed", "mlp")),
+          bias_init=_init(nn.initializers.zeros, ("mlp",)),
+          name="pre_logits")(x)
+      x = nn.tanh(x)
+    # Zero-initialised head: a fresh head starts from uniform predictions.
+    logits = nn.Dense(
+        self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=_init(nn.initializers.zeros, (None, "classes")),
+        bias_init=_init(nn.initializers.zeros, ("classes",)),
+        name="head")(x)
+    return logits.astype(jnp.float32)
