@@ -1,0 +1,21 @@
+"""Shared test setup: 8 emulated CPU devices, quiet TensorFlow, data."""
+
+import os
+
+# Set before jax or tensorflow is imported: both read them once, at import.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # pylint: disable=g-import-not-at-top
+
+
+@pytest.fixture(scope="session")
+def digits_data_dir(tmp_path_factory):
+  """A TFDS data_dir with `digits` prepared once for the whole session."""
+  # Imported here so that runs needing no data don't load TensorFlow.
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  data_dir = str(tmp_path_factory.mktemp("tensorflow_datasets"))
+  input_pipeline.get_builder("digits", data_dir)
+  return data_dir

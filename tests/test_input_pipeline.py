@@ -1,0 +1,301 @@
+"""Input pipeline: digits data, resumable streams, shares, padding, errors."""
+
+import collections
+
+import jax
+import numpy as np
+import pytest
+from sklearn import datasets as sklearn_datasets
+from sklearn import model_selection
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax import input_pipeline
+from vit_jax import preprocess
+from vit_jax.datasets import digits
+
+
+def take(dataset, num_batches):
+  return list(dataset.take(num_batches).as_numpy_iterator())
+
+
+def train_batches(data_dir, num_batches, **overrides):
+  kwargs = dict(batch_size=32, image_size=8, data_dir=data_dir)
+  kwargs.update(overrides)
+  return take(input_pipeline.train_dataset("digits", "train", **kwargs),
+              num_batches)
+
+
+def assert_same_batches(batches, expected):
+  assert len(batches) == len(expected)
+  for batch, expected_batch in zip(batches, expected):
+    np.testing.assert_array_equal(batch["image"], expected_batch["image"])
+    np.testing.assert_array_equal(batch["label"], expected_batch["label"])
+
+
+def example_keys(pixels, labels):
+  """Multiset of (0..16 pixels, label): identifies a digits example."""
+  return collections.Counter(
+      (np.asarray(p, np.uint8).tobytes(), int(label))
+      for p, label in zip(pixels, labels))
+
+
+def sklearn_keys(indices=None):
+  data = sklearn_datasets.load_digits()
+  indices = np.arange(len(data.target)) if indices is None else indices
+  return example_keys(data.images[indices], data.target[indices])
+
+
+def stored_keys(data_dir, split):
+  """Keys of a split as TFDS stores it: uint8 pixels mapped back to 0..16."""
+  builder = input_pipeline.get_builder("digits", data_dir)
+  stored = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
+  assert stored["image"].dtype == np.uint8
+  pixels = stored["image"][..., 0].astype(np.float64)  # uint8 * 16 overflows.
+  return example_keys(np.round(pixels * 16 / 255), stored["label"])
+
+
+def pipeline_keys(batches):
+  """Keys of the real (unmasked) examples in pipeline batches."""
+  images = np.concatenate([b["image"] for b in batches])
+  labels = np.concatenate([b["label"] for b in batches])
+  if "mask" in batches[0]:
+    real = np.concatenate([b["mask"] for b in batches]) == 1
+    images, labels = images[real], labels[real]
+  uint8_pixels = np.round((images[..., 0] + 1) * 127.5)
+  return example_keys(np.round(uint8_pixels * 16 / 255), labels)
+
+
+def test_digits_has_a_fixed_stratified_split(digits_data_dir):
+  assert input_pipeline.num_examples("digits", "train", digits_data_dir) == 1437
+  assert input_pipeline.num_examples("digits", "test", digits_data_dir) == 360
+  assert input_pipeline.num_classes("digits", digits_data_dir) == 10
+  labels = sklearn_datasets.load_digits().target
+  train, test = model_selection.train_test_split(
+      np.arange(len(labels)), test_size=360, stratify=labels, random_state=0)
+
+  test_keys = stored_keys(digits_data_dir, "test")
+  assert stored_keys(digits_data_dir, "train") == sklearn_keys(train)
+  assert test_keys == sklearn_keys(test)
+  per_class = collections.Counter(label for _, label in test_keys)
+  assert all(abs(per_class[label] - 36) <= 1 for label in range(10))
+
+
+def test_digits_splits_are_disjoint_and_cover_sklearns_data(digits_data_dir):
+  train = stored_keys(digits_data_dir, "train")
+  test = stored_keys(digits_data_dir, "test")
+  assert not set(train) & set(test)
+  assert train + test == sklearn_keys()
+
+
+def test_train_batches_are_rgb_images_in_range(digits_data_dir):
+  batch, = train_batches(digits_data_dir, 1, augment=("shift", "flip"))
+  image, label = batch["image"], batch["label"]
+  assert image.shape == (32, 8, 8, 3) and image.dtype == np.float32
+  assert label.shape == (32,) and label.dtype == np.int32
+  assert image.min() >= -1 and image.max() <= 1
+  assert image.min() == -1 and image.max() == 1  # Scaled, not just clipped.
+  assert ((label >= 0) & (label < 10)).all()
+  # Grayscale is tiled to the 3 channels the released models expect.
+  np.testing.assert_array_equal(image[..., 0], image[..., 2])
+
+
+def test_same_seed_same_batches_other_seed_other_order(digits_data_dir):
+  first = train_batches(digits_data_dir, 3, augment="shift,flip", seed=7)
+  again = train_batches(digits_data_dir, 3, augment="shift,flip", seed=7)
+  other = train_batches(digits_data_dir, 3, augment="shift,flip", seed=8)
+  assert_same_batches(again, first)
+  assert not np.array_equal(np.concatenate([b["label"] for b in other]),
+                            np.concatenate([b["label"] for b in first]))
+
+
+def test_every_epoch_is_a_new_permutation_of_the_split(digits_data_dir):
+  # 1437 = 3 * 479: each epoch is exactly three batches.
+  batches = train_batches(digits_data_dir, 6, batch_size=479)
+  first_epoch, second_epoch = batches[:3], batches[3:]
+  split = stored_keys(digits_data_dir, "train")
+  assert pipeline_keys(first_epoch) == split
+  assert pipeline_keys(second_epoch) == split
+  assert not np.array_equal(first_epoch[0]["label"], second_epoch[0]["label"])
+
+
+def test_resumed_stream_continues_the_uninterrupted_one(digits_data_dir):
+  # 64-example batches: step 22 crosses into the second epoch.
+  settings = dict(batch_size=64, augment=("shift", "flip"), seed=3)
+  uninterrupted = train_batches(digits_data_dir, 26, **settings)
+  resumed = train_batches(digits_data_dir, 6, start_step=20, **settings)
+  assert_same_batches(resumed, uninterrupted[20:])
+
+
+def test_process_shares_partition_the_split(digits_data_dir):
+  # Shares of 1437 examples over 2 processes: 719 + 718; one batch = one epoch.
+  shares = [
+      pipeline_keys(train_batches(digits_data_dir, 1, batch_size=size,
+                                  process_index=index, process_count=2))
+      for index, size in enumerate((719, 718))
+  ]
+  assert not set(shares[0]) & set(shares[1])
+  assert shares[0] + shares[1] == stored_keys(digits_data_dir, "train")
+
+
+def eval_batches(data_dir, split, num_processes, batch_size):
+  return [
+      list(input_pipeline.eval_dataset(
+          "digits", split, batch_size=batch_size, image_size=8,
+          process_index=index, process_count=num_processes,
+          data_dir=data_dir).as_numpy_iterator())
+      for index in range(num_processes)
+  ]
+
+
+def test_eval_sees_every_example_once_in_equal_batch_counts(digits_data_dir):
+  per_process = eval_batches(digits_data_dir, "test", 3, batch_size=64)
+  # ceil(ceil(360 / 3) / 64) batches each, the last one padded.
+  assert [len(batches) for batches in per_process] == [2, 2, 2]
+  assert sum(b["mask"].sum() for bs in per_process for b in bs) == 360
+  all_real = collections.Counter()
+  for batches in per_process:
+    for batch in batches:
+      assert batch["image"].shape == (64, 8, 8, 3)
+      assert batch["mask"].dtype == np.float32
+    all_real += pipeline_keys(batches)
+  assert all_real == stored_keys(digits_data_dir, "test")
+
+
+def test_eval_pads_a_short_share_with_a_fully_masked_batch(digits_data_dir):
+  # 33 examples over 2 processes: shares of 17 and 16, so 2 batches of 16.
+  first, second = eval_batches(digits_data_dir, "test[:33]", 2, batch_size=16)
+  assert len(first) == len(second) == 2
+  assert [b["mask"].sum() for b in first] == [16, 1]
+  assert [b["mask"].sum() for b in second] == [16, 0]
+  padding = first[1]["mask"] == 0
+  assert (first[1]["image"][padding] == 0).all()
+
+
+def one_pixel_image(size, row, col):
+  image = -np.ones((size, size, 3), np.float32)
+  image[row, col] = 1
+  return image
+
+
+def translated(image, rows, cols):
+  """`image` moved by (rows, cols), uncovered pixels black (-1)."""
+  size = image.shape[0]
+  padded = np.pad(image, ((1, 1), (1, 1), (0, 0)), constant_values=-1)
+  return padded[1 - rows:1 - rows + size, 1 - cols:1 - cols + size]
+
+
+def test_shift_translates_by_at_most_one_pixel_on_8x8():
+  image = one_pixel_image(8, row=3, col=4)
+  moves = {(r, c): translated(image, r, c)
+           for r in (-1, 0, 1) for c in (-1, 0, 1)}
+  seen = set()
+  for seed in range(30):
+    shifted = preprocess.shift(tf.constant(image), tf.constant([seed, 0]))
+    shifted = shifted.numpy()
+    matches = [m for m, expected in moves.items()
+               if np.array_equal(shifted, expected)]
+    assert len(matches) == 1, f"seed {seed}: not a 1-pixel translation"
+    seen.add(matches[0])
+  assert len(seen) > 4  # The content really moves, in several directions.
+
+
+def test_flip_mirrors_some_images_and_keeps_others():
+  image = one_pixel_image(8, row=2, col=1)
+  outcomes = set()
+  for seed in range(20):
+    flipped = preprocess.flip(tf.constant(image), tf.constant([seed, 0]))
+    flipped = flipped.numpy()
+    if np.array_equal(flipped, image):
+      outcomes.add("kept")
+    elif np.array_equal(flipped, image[:, ::-1]):
+      outcomes.add("mirrored")
+  assert outcomes == {"kept", "mirrored"}
+
+
+def test_inception_crop_samples_large_enough_regions():
+  image = tf.zeros((224, 224, 3))
+  for seed in range(20):
+    height, width, _ = preprocess.inception_crop(
+        image, tf.constant([seed, 0])).shape
+    assert 0.05 <= height * width / 224**2 <= 1
+    assert 3 / 4 - 0.05 <= width / height <= 4 / 3 + 0.05
+
+
+def test_inception_crop_batches_have_the_image_size(digits_data_dir):
+  batch, = train_batches(digits_data_dir, 1, image_size=16,
+                         augment=("inception_crop", "flip"))
+  assert batch["image"].shape == (32, 16, 16, 3)
+
+
+def test_resize_to_16_is_bilinear_and_aligned(digits_data_dir):
+  [[small]] = eval_batches(digits_data_dir, "test[:10]", 1, batch_size=10)
+  [large] = list(input_pipeline.eval_dataset(
+      "digits", "test[:10]", batch_size=10, image_size=16,
+      data_dir=digits_data_dir).as_numpy_iterator())
+  assert large["image"].shape == (10, 16, 16, 3)
+  # Each 2x2 block of a 2x bilinear upsampling averages to the source pixel
+  # blurred by [1/8, 3/4, 1/8] along each axis (away from the border); a
+  # misaligned or nearest-neighbour resize would not.
+  pooled = large["image"].reshape(10, 8, 2, 8, 2, 3).mean(axis=(2, 4))
+  blurred = small["image"]
+  for axis in (1, 2):
+    blurred = (0.75 * blurred + 0.125 * np.roll(blurred, 1, axis)
+               + 0.125 * np.roll(blurred, -1, axis))
+  np.testing.assert_allclose(pooled[:, 1:-1, 1:-1], blurred[:, 1:-1, 1:-1],
+                             atol=1e-5)
+
+
+def test_unknown_augmentation_is_named(digits_data_dir):
+  with pytest.raises(ValueError, match="'rotate'"):
+    input_pipeline.train_dataset(
+        "digits", "train", batch_size=8, image_size=8, augment="flip,rotate",
+        data_dir=digits_data_dir)
+
+
+def test_unknown_dataset_is_named(tmp_path):
+  with pytest.raises(ValueError, match="unknown dataset 'no_such_digits'"):
+    input_pipeline.get_builder("no_such_digits", str(tmp_path))
+
+
+def test_unprepared_tfds_dataset_is_an_error_not_a_download(tmp_path,
+                                                            monkeypatch):
+  def download_and_prepare(*args, **kwargs):
+    raise AssertionError("tried to download")
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare",
+                      download_and_prepare)
+  with pytest.raises(ValueError, match="'cifar10' is not prepared in") as error:
+    input_pipeline.train_dataset("cifar10", "train", batch_size=8,
+                                 image_size=32, data_dir=str(tmp_path))
+  assert str(tmp_path) in str(error.value)
+  assert not list(tmp_path.iterdir())
+
+
+def test_processes_preparing_digits_at_once_all_succeed(tmp_path, monkeypatch):
+  """In a local multi-process run every process prepares digits at startup."""
+  split_generators = digits.Digits._split_generators
+
+  def another_process_finishes_first(self, dl_manager):
+    monkeypatch.setattr(digits.Digits, "_split_generators", split_generators)
+    tfds.builder("digits", data_dir=str(tmp_path)).download_and_prepare(
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    return split_generators(self, dl_manager)
+
+  monkeypatch.setattr(digits.Digits, "_split_generators",
+                      another_process_finishes_first)
+  assert input_pipeline.num_examples("digits", "test", str(tmp_path)) == 360
+
+
+def test_to_global_builds_arrays_sharded_over_all_devices():
+  mesh = jax.make_mesh((8,), ("data",))
+  sharding = jax.sharding.NamedSharding(mesh,
+                                        jax.sharding.PartitionSpec("data"))
+  batch = {"image": np.arange(16 * 2 * 2 * 3, dtype=np.float32).reshape(
+               16, 2, 2, 3),
+           "label": tf.range(16, dtype=tf.int32)}
+  arrays = input_pipeline.to_global(batch, sharding)
+  assert arrays["image"].sharding == sharding
+  assert len(arrays["label"].addressable_shards) == 8
+  np.testing.assert_array_equal(arrays["image"], batch["image"])
+  np.testing.assert_array_equal(arrays["label"], np.arange(16))
