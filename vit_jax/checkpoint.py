@@ -1,4 +1,8 @@
-"""Checkpoints: released `.npz` interchange and fitting a restored tree to a model.
+"""Checkpoints: orbax train state, released `.npz` interchange, adapting trees.
+
+Train state goes through orbax: it writes each step to a temporary directory
+and renames it when complete, so a crash mid-save never leaves a corrupt
+checkpoint behind, and arrays are read back without pickle.
 
 Our params tree uses the module names of the released vit_jax files, so the
 release layout is just the tree flattened with '/'. Two more layouts load:
@@ -7,10 +11,12 @@ big_vision's scanned one (one `encoderblock` whose arrays carry a leading
 layer axis).
 """
 
+import os
 import re
 
 import flax
 import numpy as np
+import orbax.checkpoint as ocp
 import scipy.ndimage
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
@@ -22,6 +28,34 @@ _BIG_VISION_BLOCK_NAMES = {
     "LayerNorm_1": "LayerNorm_2",
     "MlpBlock_0": "MlpBlock_3",
 }
+
+
+def manager(directory, keep):
+  """An orbax CheckpointManager keeping the newest `keep` steps."""
+  return ocp.CheckpointManager(
+      os.path.abspath(directory),
+      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+
+def save(checkpoints, step, state, progress):
+  """Saves `state` (a pytree of jax.Arrays) and `progress` (JSON) at `step`."""
+  checkpoints.save(step, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)))
+
+
+def restore_latest(checkpoints, state_shapes):
+  """(state, progress) of the newest step, or None when there is none.
+
+  `state_shapes` holds jax.ShapeDtypeStructs with shardings: each array is
+  read straight into its shards on the current mesh.
+  """
+  step = checkpoints.latest_step()
+  if step is None:
+    return None
+  restored = checkpoints.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(state_shapes),
+      progress=ocp.args.JsonRestore()))
+  return restored.state, restored.progress
 
 
 def save_npz(params, path):

@@ -1,0 +1,210 @@
+"""The training loop: sharding invariance, resumption, overrides, learning."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import digits
+from vit_jax import checkpoint, input_pipeline, sharding, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def small_config(data_dir, **overrides):
+  config = digits.get_config()
+  config.data_dir = data_dir
+  config.model.update(hidden_size=32, num_layers=2, mlp_dim=64, num_heads=4)
+  config.batch_size = 32
+  config.total_steps = 6
+  config.optimizer.warmup_steps = 2
+  config.log_every = config.eval_every = config.checkpoint_every = 3
+  for key, value in overrides.items():
+    target = config
+    *parents, leaf = key.split(".")
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return config
+
+
+def first_losses(config, devices, num_steps=3):
+  mesh = sharding.make_mesh(config.mesh, devices=devices)
+  program = train.build(config, mesh, num_classes=10)
+  state = program.init(jax.random.key(config.seed))
+  batches = input_pipeline.train_dataset(
+      "digits", "train", batch_size=config.batch_size, image_size=8,
+      augment=("shift",), data_dir=config.data_dir).as_numpy_iterator()
+  losses = []
+  for _ in range(num_steps):
+    batch = input_pipeline.to_global(next(batches), program.batch_sharding)
+    state, metrics = program.train_step(state, batch)
+    losses.append(float(metrics["train_loss"]))
+  return losses, state
+
+
+MESHES = {
+    "1 device": (dict(data=1, fsdp=1, model=1), 1),
+    "data 8": (dict(data=8, fsdp=1, model=1), 8),
+    "data 4 x model 2": (dict(data=4, fsdp=1, model=2), 8),
+    "fsdp 8": (dict(data=1, fsdp=8, model=1), 8),
+    "data 2 x fsdp 2 x model 2": (dict(data=2, fsdp=2, model=2), 8),
+}
+
+
+def test_losses_are_the_same_on_every_mesh(digits_data_dir):
+  """With dropout on: its random bits do not depend on the sharding either."""
+  losses = {}
+  for name, (mesh, num_devices) in MESHES.items():
+    config = small_config(digits_data_dir, mesh=mesh)
+    losses[name], _ = first_losses(config, jax.devices()[:num_devices])
+  reference = losses["1 device"]
+  assert reference[-1] < reference[0]  # They train, and not trivially.
+  for name, values in losses.items():
+    np.testing.assert_allclose(values, reference, rtol=1e-5, err_msg=name)
+
+
+def test_params_and_moments_are_sharded_as_the_rules_say(digits_data_dir):
+  config = small_config(digits_data_dir,
+                        mesh=dict(data=2, fsdp=2, model=2))
+  _, state = first_losses(config, jax.devices(), num_steps=1)
+  block = state.params["Transformer"]["encoderblock_0"]
+  query = block["MultiHeadDotProductAttention_1"]["query"]["kernel"]
+  # (embed, heads, kv): heads over model; FSDP takes the largest free dim.
+  assert query.sharding.spec == jax.P("fsdp", "model", None)
+  assert query.addressable_shards[0].data.shape == (16, 2, 8)
+  dense_0 = block["MlpBlock_3"]["Dense_0"]["kernel"]
+  assert dense_0.sharding.spec == jax.P("fsdp", "model")
+  assert dense_0.addressable_shards[0].data.shape == (16, 32)
+  out = block["MultiHeadDotProductAttention_1"]["out"]["kernel"]
+  assert out.sharding.spec == jax.P("model", None, "fsdp")
+  # The optimizer's moments live exactly where their params do.
+  adam = state.opt_state[1]  # After the clipping in the chain.
+  mu = adam.mu["Transformer"]["encoderblock_0"]["MlpBlock_3"]["Dense_0"]["kernel"]
+  assert mu.sharding.spec == dense_0.sharding.spec
+  assert state.step.sharding.spec == jax.P()
+
+
+def test_gradient_accumulation_matches_the_full_batch(digits_data_dir):
+  # Without dropout: micro-batches draw their own dropout masks.
+  no_dropout = {"model.dropout_rate": 0.0}
+  whole, state_whole = first_losses(
+      small_config(digits_data_dir, **no_dropout), jax.devices(), num_steps=2)
+  accumulated, state_accumulated = first_losses(
+      small_config(digits_data_dir, accum_steps=4, **no_dropout),
+      jax.devices(), num_steps=2)
+  np.testing.assert_allclose(accumulated, whole, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+               state_accumulated.params, state_whole.params)
+
+
+def restored_params(workdir, config):
+  mesh = sharding.make_mesh(config.mesh)
+  program = train.build(config, mesh, num_classes=10)
+  manager = checkpoint.manager(os.path.join(workdir, "checkpoints"), 3)
+  state, progress = checkpoint.restore_latest(manager, program.state_shapes)
+  return int(state.step), state.params, progress
+
+
+def test_a_crashed_run_resumes_to_the_uninterrupted_result(
+    digits_data_dir, tmp_path, monkeypatch):
+  config = small_config(digits_data_dir)
+  train.train_and_evaluate(config, str(tmp_path / "straight"))
+
+  real_train_dataset = input_pipeline.train_dataset
+  # The data runs out after 4 batches: the run dies during step 5, after
+  # the checkpoint of step 3.
+  monkeypatch.setattr(input_pipeline, "train_dataset",
+                      lambda *a, **k: real_train_dataset(*a, **k).take(4))
+  with pytest.raises(StopIteration):
+    train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  step, _, _ = restored_params(str(tmp_path / "resumed"), config)
+  assert step == 3
+  monkeypatch.setattr(input_pipeline, "train_dataset", real_train_dataset)
+  train.train_and_evaluate(config, str(tmp_path / "resumed"))
+
+  step_a, straight, _ = restored_params(str(tmp_path / "straight"), config)
+  step_b, resumed, progress = restored_params(str(tmp_path / "resumed"), config)
+  assert step_a == step_b == 6
+  jax.tree.map(np.testing.assert_array_equal, resumed, straight)
+  assert progress["train_seconds"] > 0
+  rows = [json.loads(line) for line in
+          open(tmp_path / "resumed" / "metrics.jsonl")]
+  core_days = [r["core_days"] for r in rows if "core_days" in r]
+  assert core_days == sorted(core_days)  # Cumulative across the restart.
+
+
+def test_a_vit_learns_digits(digits_data_dir, tmp_path):
+  config = small_config(
+      digits_data_dir, total_steps=150, log_every=25, eval_every=75,
+      checkpoint_every=150, batch_size=64, **{
+          "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 20,
+          "model.hidden_size": 64, "model.mlp_dim": 128})
+  result = train.train_and_evaluate(config, str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  losses = [r["train_loss"] for r in rows if "train_loss" in r]
+  assert losses[-1] < 0.5 * losses[0]
+  assert result["test_accuracy"] > 0.6  # Chance is 0.1.
+  for key in ("train_loss", "learning_rate", "img_per_sec_per_device",
+              "core_days", "test_accuracy"):
+    assert any(key in r for r in rows), key
+  assert all(r["step"] > 0 for r in rows)
+
+
+def test_command_line_overrides_take_effect(digits_data_dir, tmp_path):
+  workdir = tmp_path / "run"
+  command = [
+      sys.executable, "-m", "vit_jax.main", "--config=configs/digits.py",
+      f"--workdir={workdir}", f"--config.data_dir={digits_data_dir}",
+      "--config.total_steps=4", "--config.batch_size=16",
+      "--config.log_every=2", "--config.eval_every=4",
+      "--config.checkpoint_every=4", "--config.model.hidden_size=16",
+      "--config.model.num_layers=1", "--config.mesh.data=8",
+      "--config.mesh.model=1", "--config.optimizer.warmup_steps=1"]
+  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "test_accuracy" in done.stdout
+  saved = json.load(open(workdir / "config.json"))
+  assert saved["total_steps"] == 4 and saved["batch_size"] == 16
+  assert saved["model"]["hidden_size"] == 16 and saved["mesh"]["data"] == 8
+  rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  assert max(r["step"] for r in rows) == 4
+  assert os.listdir(workdir / "checkpoints") == ["4"]
+
+
+def compiles_during(fn):
+  """How many XLA compilations `fn` triggered, and the error it raised."""
+  events = []
+  listener = lambda event, *_, **__: events.append(event)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    with pytest.raises(ValueError) as error:
+      fn()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  return [e for e in events if "backend_compile" in e], str(error.value)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(batch_size=30), "batch_size=30 is not divisible by the 4 "
+     "data-parallel devices"),
+    (dict(mesh=dict(data=3, fsdp=1, model=1)), "needs 3 devices, but there "
+     "are 8"),
+    (dict(mesh=dict(data=-1, fsdp=3, model=1)), "not divisible by 3"),
+    (dict(image_size=9), "patch size 2 does not divide config.image_size=9"),
+    (dict(dataset="no_such_dataset"), "no_such_dataset"),
+    (dict(**{"model.num_heads": 3, "model.hidden_size": 48}),
+     "not divisible by the mesh axis 'model'"),
+])
+def test_bad_configs_fail_clearly_before_compiling(digits_data_dir, tmp_path,
+                                                   overrides, message):
+  config = small_config(digits_data_dir, **overrides)
+  compiles, error = compiles_during(
+      lambda: train.train_and_evaluate(config, str(tmp_path)))
+  assert message in error
+  assert not compiles

@@ -1,0 +1,126 @@
+"""Every sharding decision of the project: the mesh, the rules, the batch.
+
+The mesh has three axes:
+  data   pure data parallelism: params replicated, batch split;
+  fsdp   data parallelism with params and optimizer state split too
+         (ZeRO-3 style; XLA gathers each weight where it is used);
+  model  tensor parallelism: attention heads and MLP hidden units split.
+
+Parameters carry logical axis names (set in vit_jax/models/vit.py). The table
+below maps them to mesh axes, and then FSDP splits the largest dimension that
+the table left unsharded and that `fsdp` divides. The batch is split over
+`data` and `fsdp` together.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "model")
+BATCH_AXES = ("data", "fsdp")
+
+# Logical axis name -> mesh axis (None: not by rule; FSDP may still take it).
+LOGICAL_AXIS_RULES = (
+    ("embed", None),    # model width D
+    ("mlp", "model"),   # MLP hidden units; also the pre-logits width
+    ("heads", "model"), # attention heads
+    ("kv", None),       # per-head width D/heads
+    ("classes", None),  # head outputs
+)
+
+
+def make_mesh(axis_sizes, devices=None):
+  """A Mesh over ('data', 'fsdp', 'model'); one size may be -1 (the rest)."""
+  devices = jax.devices() if devices is None else devices
+  sizes = dict(axis_sizes)
+  unknown = set(sizes) - set(MESH_AXES)
+  if unknown:
+    raise ValueError(f"config.mesh has unknown axes {sorted(unknown)}; the "
+                     f"axes are {MESH_AXES}")
+  sizes = {axis: int(sizes.get(axis, 1)) for axis in MESH_AXES}
+  free = [axis for axis, size in sizes.items() if size == -1]
+  if len(free) > 1:
+    raise ValueError(f"config.mesh: only one axis may be -1, got {free}")
+  if any(size == 0 or size < -1 for size in sizes.values()):
+    raise ValueError(f"config.mesh sizes must be positive or -1, got {sizes}")
+  fixed = math.prod(size for size in sizes.values() if size != -1)
+  if free:
+    if len(devices) % fixed:
+      raise ValueError(f"config.mesh {_describe(sizes)}: {len(devices)} "
+                       f"devices are not divisible by {fixed}")
+    sizes[free[0]] = len(devices) // fixed
+  if math.prod(sizes.values()) != len(devices):
+    raise ValueError(
+        f"config.mesh {_describe(sizes)} needs {math.prod(sizes.values())} "
+        f"devices, but there are {len(devices)}")
+  shape = tuple(sizes[axis] for axis in MESH_AXES)
+  # Auto axes: we fix the shardings of params and batches, XLA propagates
+  # them through the step (jax.make_mesh would otherwise default to Explicit).
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                       devices=devices)
+
+
+def _describe(sizes):
+  return " x ".join(f"{axis}={size}" for axis, size in sizes.items())
+
+
+def batch_sharding(mesh):
+  """Leading (example) dimension split over data and fsdp."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh):
+  return NamedSharding(mesh, P())
+
+
+def data_parallel_size(mesh):
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def partition_spec(names, shape, mesh, path="param"):
+  """The PartitionSpec for one array with logical axis `names`."""
+  spec = list(nn.logical_to_mesh_axes(names, LOGICAL_AXIS_RULES))
+  for dim, axis in enumerate(spec):
+    if axis is not None and shape[dim] % mesh.shape[axis]:
+      raise ValueError(
+          f"{path}: dimension {dim} ({names[dim]}, size {shape[dim]}) is not "
+          f"divisible by the mesh axis '{axis}' of size {mesh.shape[axis]}")
+  fsdp = mesh.shape["fsdp"]
+  if fsdp > 1:
+    free = [d for d, axis in enumerate(spec)
+            if axis is None and shape[d] % fsdp == 0]
+    if free:
+      spec[max(free, key=lambda d: shape[d])] = "fsdp"
+  return P(*spec)
+
+
+def tree_shardings(boxed_tree, mesh):
+  """NamedShardings for a tree whose array leaves may be nn.Partitioned boxes.
+
+  Boxed leaves (params and the optimizer's per-param moments) follow the
+  rules; plain leaves (step counters) are replicated.
+  """
+  def sharding(path, leaf):
+    if isinstance(leaf, nn.LogicallyPartitioned):
+      spec = partition_spec(leaf.names, leaf.value.shape, mesh,
+                            jax.tree_util.keystr(path))
+      return NamedSharding(mesh, spec)
+    return replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(
+      sharding, boxed_tree,
+      is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+
+
+def describe_tree(shardings, abstract_tree):
+  """One line per array: path, shape, PartitionSpec (for logs and docs)."""
+  lines = []
+  for (path, sharding), leaf in zip(
+      jax.tree_util.tree_leaves_with_path(shardings),
+      jax.tree_util.tree_leaves(abstract_tree)):
+    lines.append(f"{jax.tree_util.keystr(path)} {tuple(np.shape(leaf))} "
+                 f"{sharding.spec}")
+  return "\n".join(lines)

@@ -1,0 +1,323 @@
+"""train_and_evaluate(config, workdir): the training loop, start to end.
+
+An image goes: TFDS record -> input_pipeline (per-process batch) ->
+`to_global` (one jax.Array over the mesh) -> `train_step` (jit with explicit
+shardings, donated state) -> metrics.jsonl / TensorBoard, with the state
+saved by orbax every `checkpoint_every` steps.
+"""
+
+import json
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from jax.sharding import NamedSharding
+from clu import metric_writers, parameter_overview, periodic_actions
+
+from vit_jax import checkpoint, input_pipeline, models, optim, sharding
+
+SECONDS_PER_DAY = 86_400
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def create_model(config, num_classes):
+  overrides = config.model.to_dict()
+  return models.create(overrides.pop("name"), num_classes, **overrides)
+
+
+def init_state(model, tx, image_size, rng):
+  """A fresh state whose params and moments are still in their logical boxes."""
+  images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+  params = model.init(rng, images, train=False)["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=tx.init(params))
+
+
+def abstract_state(model, tx, image_size, mesh):
+  """(shapes, shardings) of the train state, without allocating it.
+
+  This is all that compiling the train step needs, here or ahead of time for
+  a TPU topology.
+  """
+  boxed = jax.eval_shape(
+      lambda: init_state(model, tx, image_size, jax.random.key(0)))
+  shardings = sharding.tree_shardings(boxed, mesh)
+  shapes = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      nn.meta.unbox(boxed), shardings)
+  return shapes, shardings
+
+
+def cross_entropy(logits, labels):
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def make_train_step(model, tx, schedule, accum_steps, seed):
+  """state, batch -> state, metrics; gradients averaged over micro-batches."""
+
+  def loss_and_grads(params, images, labels, dropout_key):
+    def loss_fn(params):
+      logits = model.apply({"params": params}, images, train=True,
+                           rngs={"dropout": dropout_key})
+      return cross_entropy(logits, labels)
+    return jax.value_and_grad(loss_fn)(params)
+
+  def train_step(state, batch):
+    dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
+    if accum_steps == 1:
+      loss, grads = loss_and_grads(state.params, batch["image"], batch["label"],
+                                   dropout_key)
+    else:
+      # Micro-batch i takes examples i, i + A, i + 2A, ...: each device's
+      # rows stay on that device, so splitting needs no communication.
+      strided = jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // accum_steps, accum_steps,
+                              *x.shape[1:]), batch)
+
+      def accumulate(carry, i):
+        micro = jax.tree.map(lambda x: x[:, i], strided)
+        loss, grads = loss_and_grads(state.params, micro["image"],
+                                     micro["label"],
+                                     jax.random.fold_in(dropout_key, i))
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+      zeros = (jnp.zeros((), jnp.float32),
+               jax.tree.map(jnp.zeros_like, state.params))
+      (loss, grads), _ = jax.lax.scan(accumulate, zeros,
+                                      jnp.arange(accum_steps))
+      loss, grads = jax.tree.map(lambda x: x / accum_steps, (loss, grads))
+
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"train_loss": loss, "learning_rate": schedule(state.step),
+               "grad_norm": optax.tree.norm(grads)}
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  return train_step
+
+
+def make_eval_step(model):
+  def eval_step(params, batch):
+    logits = model.apply({"params": params}, batch["image"], train=False)
+    hits = (jnp.argmax(logits, axis=-1) == batch["label"]) * batch["mask"]
+    return {"correct": hits.sum(), "count": batch["mask"].sum()}
+  return eval_step
+
+
+def check_config(config, mesh):
+  """Refuses a config that cannot run, with one message, before compiling."""
+  data_parallel = sharding.data_parallel_size(mesh)
+  per_step = data_parallel * config.accum_steps
+  if config.batch_size % per_step:
+    raise ValueError(
+        f"config.batch_size={config.batch_size} is not divisible by the "
+        f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
+        f" x fsdp={mesh.shape['fsdp']}) times accum_steps={config.accum_steps}")
+  if config.batch_size % jax.process_count():
+    raise ValueError(f"config.batch_size={config.batch_size} is not divisible "
+                     f"by the {jax.process_count()} processes")
+  patch = config.model.get("patch_size") or models.parse_name(
+      config.model.name)[1]
+  if config.image_size % patch:
+    raise ValueError(f"config.model patch size {patch} does not divide "
+                     f"config.image_size={config.image_size}")
+  for key in ("total_steps", "accum_steps", "log_every", "eval_every",
+              "checkpoint_every"):
+    if config[key] < 1:
+      raise ValueError(f"config.{key} must be >= 1, got {config[key]}")
+
+
+class JsonlWriter(metric_writers.interface.MetricWriter):
+  """Appends `{"step": n, name: value, ...}` lines to a file."""
+
+  def __init__(self, path):
+    self._file = open(path, "a")
+
+  def write_scalars(self, step, scalars):
+    row = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
+    self._file.write(json.dumps(row) + "\n")
+    self._file.flush()
+
+  def write_summaries(self, step, values, metadata=None): pass
+  def write_images(self, step, images): pass
+  def write_videos(self, step, videos): pass
+  def write_audios(self, step, audios, *, sample_rate): pass
+  def write_texts(self, step, texts): pass
+  def write_histograms(self, step, arrays, num_buckets=None): pass
+  def write_hparams(self, hparams): pass
+  def flush(self): self._file.flush()
+  def close(self): self._file.close()
+
+
+def create_writer(workdir):
+  if jax.process_index() > 0:
+    return metric_writers.create_default_writer(workdir, just_logging=True)
+  return metric_writers.MultiWriter([
+      metric_writers.create_default_writer(workdir),
+      JsonlWriter(os.path.join(workdir, "metrics.jsonl"))])
+
+
+def evaluate(program, params, config):
+  """Top-1 accuracy on config.test_split, every example counted once."""
+  dataset = input_pipeline.eval_dataset(
+      config.dataset, config.test_split,
+      batch_size=config.batch_size // jax.process_count(),
+      image_size=config.image_size, process_index=jax.process_index(),
+      process_count=jax.process_count(), data_dir=config.data_dir or None)
+  correct = count = 0
+  for batch in dataset.as_numpy_iterator():
+    totals = program.eval_step(
+        params, input_pipeline.to_global(batch, program.batch_sharding))
+    correct += int(totals["correct"])
+    count += int(totals["count"])
+  return correct / count
+
+
+class Program(NamedTuple):
+  """The jitted functions of a run and the shapes and shardings they take."""
+  model: nn.Module
+  state_shapes: Any      # ShapeDtypeStructs carrying their shardings
+  state_shardings: Any
+  batch_sharding: NamedSharding
+  init: Callable         # rng -> sharded TrainState
+  train_step: Callable   # state, batch -> state, metrics (state donated)
+  eval_step: Callable    # params, batch -> {"correct", "count"}
+
+
+def build(config, mesh, num_classes):
+  """Builds the run's program from abstract shapes only: nothing is allocated
+  or compiled until it is first called (or lowered, for a TPU topology)."""
+  model = create_model(config, num_classes)
+  tx, schedule = optim.create(config.optimizer, config.total_steps)
+  state_shapes, state_shardings = abstract_state(model, tx, config.image_size,
+                                                 mesh)
+  batch_shard = sharding.batch_sharding(mesh)
+  init = jax.jit(
+      lambda rng: nn.meta.unbox(init_state(model, tx, config.image_size, rng)),
+      out_shardings=state_shardings)
+  train_step = jax.jit(
+      make_train_step(model, tx, schedule, config.accum_steps, config.seed),
+      in_shardings=(state_shardings, batch_shard),
+      out_shardings=(state_shardings, sharding.replicated(mesh)),
+      donate_argnums=0)
+  eval_step = jax.jit(
+      make_eval_step(model),
+      in_shardings=(state_shardings.params, batch_shard),
+      out_shardings=sharding.replicated(mesh))
+  return Program(model, state_shapes, state_shardings, batch_shard, init,
+                 train_step, eval_step)
+
+
+def train_and_evaluate(config, workdir):
+  """Trains `config` in `workdir`, resuming from its latest checkpoint.
+
+  Returns the last metrics written (including `test_accuracy`, `core_days`).
+  """
+  mesh = sharding.make_mesh(config.mesh)
+  check_config(config, mesh)
+  data_dir = config.data_dir or None
+  program = build(config, mesh,
+                  input_pipeline.num_classes(config.dataset, data_dir))
+
+  os.makedirs(workdir, exist_ok=True)
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+  writer = create_writer(workdir)
+  manager = checkpoint.manager(os.path.join(workdir, "checkpoints"),
+                               config.keep_checkpoints)
+
+  restored = checkpoint.restore_latest(manager, program.state_shapes)
+  if restored:
+    state, progress = restored
+    logging.info("Resumed from step %d in %s", int(state.step), workdir)
+  else:
+    state = program.init(jax.random.key(config.seed))
+    progress = {"train_seconds": 0.0}
+  start_step = int(state.step)
+  parameter_overview.log_parameter_overview(
+      program.state_shapes.params, include_stats=False,
+      msg=f"{config.model.name}, params sharded over mesh {dict(mesh.shape)}")
+  batches = input_pipeline.train_dataset(
+      config.dataset, config.train_split,
+      batch_size=config.batch_size // jax.process_count(),
+      image_size=config.image_size, augment=config.augment,
+      seed=config.seed, start_step=start_step,
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      data_dir=data_dir).as_numpy_iterator()
+
+  report_progress = periodic_actions.ReportProgress(
+      num_train_steps=config.total_steps, writer=writer,
+      every_steps=config.log_every, every_secs=None)
+  num_devices = jax.device_count()
+  loop_start = time.time()
+
+  def core_days():
+    seconds = progress["train_seconds"] + time.time() - loop_start
+    return seconds * num_devices / SECONDS_PER_DAY
+
+  last = {}
+  window_metrics, window_start, window_steps = [], time.time(), 0
+  try:
+    for step in range(start_step + 1, config.total_steps + 1):
+      with jax.profiler.StepTraceAnnotation("train", step_num=step):
+        batch = input_pipeline.to_global(next(batches), program.batch_sharding)
+        state, metrics = program.train_step(state, batch)
+      # At most one step queued behind the running one: the CPU runtime
+      # deadlocks its collectives when many steps are queued, and on TPU one
+      # queued step already hides the dispatch.
+      if window_metrics:
+        jax.block_until_ready(window_metrics[-1])
+      window_metrics.append(metrics)
+      window_steps += 1
+      report_progress(step)
+      if step == start_step + 1:
+        # The first step compiles; keep it out of the throughput.
+        jax.block_until_ready(metrics)
+        window_metrics, window_start, window_steps = [metrics], time.time(), 0
+
+      if step % config.log_every == 0 or step == config.total_steps:
+        means = jax.tree.map(lambda *x: float(np.mean(x)),
+                             *jax.device_get(window_metrics))
+        elapsed = time.time() - window_start
+        if window_steps:
+          means["img_per_sec_per_device"] = (
+              window_steps * config.batch_size / elapsed / num_devices)
+        means["core_days"] = core_days()
+        writer.write_scalars(step, means)
+        last.update(means)
+        window_metrics, window_start, window_steps = [], time.time(), 0
+
+      paused = time.time()
+      if step % config.eval_every == 0 or step == config.total_steps:
+        accuracy = evaluate(program, state.params, config)
+        writer.write_scalars(step, {"test_accuracy": accuracy,
+                                    "core_days": core_days()})
+        last.update(test_accuracy=accuracy, core_days=core_days())
+      if step % config.checkpoint_every == 0 or step == config.total_steps:
+        checkpoint.save(manager, step, state,
+                        {"train_seconds": progress["train_seconds"] +
+                         time.time() - loop_start})
+      window_start += time.time() - paused  # Eval and saving are not steps.
+  finally:
+    # Even when a step fails, the save under way completes: the run
+    # resumes from it rather than from an older step.
+    manager.wait_until_finished()
+    writer.flush()
+  if not last:  # Already finished in an earlier run: report, do not train.
+    last = {"test_accuracy": evaluate(program, state.params, config),
+            "core_days": core_days()}
+  return last
