@@ -21,6 +21,7 @@ from vit_jax import preprocess
 # Built by vit_jax.datasets, so prepared on first use instead of requiring
 # `tfds build`.
 SHIPPED_DATASETS = ("digits",)
+PREFETCH_BATCHES = 2
 
 
 def get_builder(dataset: str, data_dir: str | None):
@@ -118,7 +119,7 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
   batches = examples.map(train_example, num_parallel_calls=tf.data.AUTOTUNE,
                          deterministic=True)
   batches = batches.batch(batch_size, drop_remainder=True)
-  return batches.prefetch(tf.data.AUTOTUNE).with_options(_deterministic())
+  return batches.prefetch(PREFETCH_BATCHES).with_options(_options())
 
 
 def eval_dataset(dataset, split, *, batch_size, image_size, process_index=0,
@@ -155,7 +156,7 @@ def eval_dataset(dataset, split, *, batch_size, image_size, process_index=0,
   }).repeat()
   examples = examples.concatenate(padding).take(num_batches * batch_size)
   batches = examples.batch(batch_size, drop_remainder=True)
-  return batches.prefetch(tf.data.AUTOTUNE).with_options(_deterministic())
+  return batches.prefetch(PREFETCH_BATCHES).with_options(_options())
 
 
 def _check_batching(batch_size, image_size, process_index, process_count):
@@ -168,9 +169,14 @@ def _check_batching(batch_size, image_size, process_index, process_count):
                      f"[0, process_count={process_count})")
 
 
-def _deterministic():
+def _options():
   options = tf.data.Options()
   options.deterministic = True
+  # No autotuning: its thread sleeps in waits that grow to a minute and does
+  # not wake when the iterator is deleted, so every finished or abandoned
+  # iterator stalled its caller that long. Parallel maps use every core, and
+  # PREFETCH_BATCHES keep the devices fed.
+  options.autotune.enabled = False
   return options
 
 

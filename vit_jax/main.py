@@ -1,5 +1,6 @@
 """python -m vit_jax.main --config=configs/digits.py --workdir=DIR [--config.KEY=VALUE ...]"""
 
+import logging as std_logging
 import os
 
 from absl import app, flags, logging
@@ -22,8 +23,8 @@ def main(argv):
   tf.config.set_visible_devices([], "TPU")
 
   # Orbax narrates every save at INFO; keep the log to our progress lines.
-  logging.get_absl_handler().addFilter(
-      lambda record: record.levelno >= logging.WARNING
+  logging.get_absl_logger().addFilter(
+      lambda record: record.levelno >= std_logging.WARNING
       or "/orbax/" not in record.pathname)
 
   workdir = flags.FLAGS.workdir
