@@ -16,7 +16,6 @@ import math
 
 import flax.linen as nn
 import jax
-import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "model")
@@ -114,13 +113,3 @@ def tree_shardings(boxed_tree, mesh):
       sharding, boxed_tree,
       is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
 
-
-def describe_tree(shardings, abstract_tree):
-  """One line per array: path, shape, PartitionSpec (for logs and docs)."""
-  lines = []
-  for (path, sharding), leaf in zip(
-      jax.tree_util.tree_leaves_with_path(shardings),
-      jax.tree_util.tree_leaves(abstract_tree)):
-    lines.append(f"{jax.tree_util.keystr(path)} {tuple(np.shape(leaf))} "
-                 f"{sharding.spec}")
-  return "\n".join(lines)
