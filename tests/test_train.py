@@ -23,12 +23,7 @@ def small_config(data_dir, **overrides):
   config.total_steps = 6
   config.optimizer.warmup_steps = 2
   config.log_every = config.eval_every = config.checkpoint_every = 3
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split(".")
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
+  config.update_from_flattened_dict(overrides)
   return config
 
 
