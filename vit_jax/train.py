@@ -265,9 +265,11 @@ def train_and_evaluate(config, workdir):
   num_devices = jax.device_count()
   loop_start = time.time()
 
+  def train_seconds():  # Cumulative over every run in this workdir.
+    return progress["train_seconds"] + time.time() - loop_start
+
   def core_days():
-    seconds = progress["train_seconds"] + time.time() - loop_start
-    return seconds * num_devices / SECONDS_PER_DAY
+    return train_seconds() * num_devices / SECONDS_PER_DAY
 
   last = {}
   window_metrics, window_start, window_steps = [], time.time(), 0
@@ -287,7 +289,7 @@ def train_and_evaluate(config, workdir):
       if step == start_step + 1:
         # The first step compiles; keep it out of the throughput.
         jax.block_until_ready(metrics)
-        window_metrics, window_start, window_steps = [metrics], time.time(), 0
+        window_start, window_steps = time.time(), 0
 
       if step % config.log_every == 0 or step == config.total_steps:
         means = jax.tree.map(lambda *x: float(np.mean(x)),
@@ -309,8 +311,7 @@ def train_and_evaluate(config, workdir):
         last.update(test_accuracy=accuracy, core_days=core_days())
       if step % config.checkpoint_every == 0 or step == config.total_steps:
         checkpoint.save(manager, step, state,
-                        {"train_seconds": progress["train_seconds"] +
-                         time.time() - loop_start})
+                        {"train_seconds": train_seconds()})
       window_start += time.time() - paused  # Eval and saving are not steps.
   finally:
     # Even when a step fails, the save under way completes: the run
