@@ -127,22 +127,83 @@ def test_resumed_stream_continues_the_uninterrupted_one(digits_data_dir):
   assert_same_batches(resumed, uninterrupted[20:])
 
 
-def test_process_shares_partition_the_split(digits_data_dir):
-  # Shares of 1437 examples over 2 processes: 719 + 718; one batch = one epoch.
+def test_shares_are_disjoint_and_cover_the_split(digits_data_dir):
+  # 1437 examples in 3 shares of 479: one block of 479 is one epoch of a share.
   shares = [
-      pipeline_keys(train_batches(digits_data_dir, 1, batch_size=size,
-                                  process_index=index, process_count=2))
-      for index, size in enumerate((719, 718))
+      pipeline_keys(train_batches(digits_data_dir, 1, batch_size=3 * 479,
+                                  shares=(share,), num_shares=3))
+      for share in range(3)
   ]
-  assert not set(shares[0]) & set(shares[1])
-  assert shares[0] + shares[1] == stored_keys(digits_data_dir, "train")
+  for a in range(3):
+    for b in range(a + 1, 3):
+      assert not set(shares[a]) & set(shares[b])
+  assert shares[0] + shares[1] + shares[2] == stored_keys(digits_data_dir,
+                                                          "train")
+
+
+def test_global_batches_do_not_depend_on_the_number_of_processes(
+    digits_data_dir):
+  """8 shares read by 1, 2 or 4 processes make the same global batches."""
+  settings = dict(batch_size=64, num_shares=8, augment="shift,flip", seed=5,
+                  start_step=21)  # Past the first epoch of a share.
+  whole = train_batches(digits_data_dir, 3, shares=tuple(range(8)),
+                        **settings)
+  for num_processes in (2, 4):
+    per_process = 8 // num_processes
+    parts = [train_batches(digits_data_dir, 3,
+                           shares=tuple(range(p * per_process,
+                                              (p + 1) * per_process)),
+                           **settings)
+             for p in range(num_processes)]
+    joined = [{key: np.concatenate([part[step][key] for part in parts])
+               for key in ("image", "label")} for step in range(3)]
+    assert_same_batches(joined, whole)
+
+
+def records_read_before_first_batch(data_dir, start_step):
+  read = []
+  real_as_dataset = tfds.core.DatasetBuilder.as_dataset
+
+  def counting_as_dataset(self, *args, **kwargs):
+    def count(record):
+      tick = tf.py_function(lambda: read.append(1) or 0, [], tf.int32)
+      with tf.control_dependencies([tick]):
+        return jax.tree.map(tf.identity, record)
+    return real_as_dataset(self, *args, **kwargs).map(count)
+
+  tfds.core.DatasetBuilder.as_dataset = counting_as_dataset
+  try:
+    batch, = train_batches(data_dir, 1, batch_size=64, start_step=start_step)
+  finally:
+    tfds.core.DatasetBuilder.as_dataset = real_as_dataset
+  assert batch["image"].shape == (64, 8, 8, 3)
+  return len(read)
+
+
+def test_resuming_late_costs_no_more_reading_than_resuming_early(
+    digits_data_dir):
+  """Reading to the first batch is bounded by the epoch, not the step."""
+  early = records_read_before_first_batch(digits_data_dir, 100)
+  late = records_read_before_first_batch(digits_data_dir, 10**7)
+  # The skip stays within one epoch; the shuffle buffer (here the whole
+  # epoch) and read-ahead may fill from the next epoch: two at the most.
+  assert early <= 2 * 1437 and late <= 2 * 1437
+
+
+def test_shares_must_be_consecutive_and_in_range(digits_data_dir):
+  for shares in ((0, 2), (4,), ()):
+    with pytest.raises(ValueError, match="consecutive indices in"):
+      input_pipeline.train_dataset(
+          "digits", "train", batch_size=8, image_size=8, shares=shares,
+          num_shares=4, data_dir=digits_data_dir)
 
 
 def eval_batches(data_dir, split, num_processes, batch_size):
+  """Each process's batches when every process holds one share."""
   return [
       list(input_pipeline.eval_dataset(
-          "digits", split, batch_size=batch_size, image_size=8,
-          process_index=index, process_count=num_processes,
+          "digits", split, batch_size=batch_size * num_processes,
+          image_size=8, shares=(index,), num_shares=num_processes,
           data_dir=data_dir).as_numpy_iterator())
       for index in range(num_processes)
   ]

@@ -9,22 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from configs import digits
-from vit_jax import checkpoint, input_pipeline, sharding, train
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def small_config(data_dir, **overrides):
-  config = digits.get_config()
-  config.data_dir = data_dir
-  config.model.update(hidden_size=32, num_layers=2, mlp_dim=64, num_heads=4)
-  config.batch_size = 32
-  config.total_steps = 6
-  config.optimizer.warmup_steps = 2
-  config.log_every = config.eval_every = config.checkpoint_every = 3
-  config.update_from_flattened_dict(overrides)
-  return config
+from vit_jax import input_pipeline, sharding, train
+from tests.util import REPO, latest_checkpoint, metric_rows, small_config
 
 
 def first_losses(config, devices, num_steps=3):
@@ -97,17 +83,9 @@ def test_gradient_accumulation_matches_the_full_batch(digits_data_dir):
                state_accumulated.params, state_whole.params)
 
 
-def restored_params(workdir, config):
-  mesh = sharding.make_mesh(config.mesh)
-  program = train.build(config, mesh, num_classes=10)
-  manager = checkpoint.manager(os.path.join(workdir, "checkpoints"), 3)
-  state, progress = checkpoint.restore_latest(manager, program.state_shapes)
-  return int(state.step), state.params, progress
-
-
 def test_a_crashed_run_resumes_to_the_uninterrupted_result(
     digits_data_dir, tmp_path, monkeypatch):
-  config = small_config(digits_data_dir)
+  config = small_config(digits_data_dir, log_every=1)
   train.train_and_evaluate(config, str(tmp_path / "straight"))
 
   real_train_dataset = input_pipeline.train_dataset
@@ -117,20 +95,24 @@ def test_a_crashed_run_resumes_to_the_uninterrupted_result(
                       lambda *a, **k: real_train_dataset(*a, **k).take(4))
   with pytest.raises(StopIteration):
     train.train_and_evaluate(config, str(tmp_path / "resumed"))
-  step, _, _ = restored_params(str(tmp_path / "resumed"), config)
+  step, _, _ = latest_checkpoint(str(tmp_path / "resumed"), config)
   assert step == 3
   monkeypatch.setattr(input_pipeline, "train_dataset", real_train_dataset)
   train.train_and_evaluate(config, str(tmp_path / "resumed"))
 
-  step_a, straight, _ = restored_params(str(tmp_path / "straight"), config)
-  step_b, resumed, progress = restored_params(str(tmp_path / "resumed"), config)
+  step_a, straight, _ = latest_checkpoint(str(tmp_path / "straight"), config)
+  step_b, resumed, progress = latest_checkpoint(str(tmp_path / "resumed"), config)
   assert step_a == step_b == 6
   jax.tree.map(np.testing.assert_array_equal, resumed, straight)
   assert progress["train_seconds"] > 0
-  rows = [json.loads(line) for line in
-          open(tmp_path / "resumed" / "metrics.jsonl")]
+  rows = metric_rows(tmp_path / "resumed")
   core_days = [r["core_days"] for r in rows if "core_days" in r]
   assert core_days == sorted(core_days)  # Cumulative across the restart.
+  # The crashed run logged step 4 too; its row was dropped on resume.
+  assert [r["step"] for r in rows if "train_loss" in r] == [1, 2, 3, 4, 5, 6]
+  for name in {name for r in rows for name in r} - {"step"}:
+    steps = [r["step"] for r in rows if name in r]
+    assert len(steps) == len(set(steps)), name
 
 
 def test_a_vit_learns_digits(digits_data_dir, tmp_path):

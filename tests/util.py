@@ -1,7 +1,16 @@
-"""Small helpers shared by tests."""
+"""Small helpers shared by tests: random weights, small digits runs, and
+running `vit_jax.main` in processes of its own."""
+
+import json
+import os
+import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def randomize(tree, seed=0, scale=0.2):
@@ -11,3 +20,93 @@ def randomize(tree, seed=0, scale=0.2):
   return jax.tree.map(
       lambda x: (np.asarray(x) + scale * rng.standard_normal(x.shape)).astype(
           np.asarray(x).dtype), tree)
+
+
+SMALL = {
+    "model.hidden_size": 32, "model.num_layers": 2, "model.mlp_dim": 64,
+    "model.num_heads": 4, "batch_size": 32, "total_steps": 6,
+    "optimizer.warmup_steps": 2, "log_every": 3, "eval_every": 3,
+    "checkpoint_every": 3,
+}
+
+
+def small_config(data_dir, **overrides):
+  """The digits config shrunk to a run of a few seconds, with `overrides`
+  given as dotted keys."""
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  config.update_from_flattened_dict({**SMALL, "data_dir": data_dir,
+                                     **overrides})
+  return config
+
+
+def main_flags(workdir, data_dir, **overrides):
+  """`vit_jax.main` arguments for small_config(data_dir, **overrides)."""
+  values = {**SMALL, "data_dir": data_dir, **overrides}
+  return (["--config=configs/digits.py", f"--workdir={workdir}"]
+          + [f"--config.{key}={value}" for key, value in values.items()])
+
+
+def start_main(args, devices=8):
+  """`python -m vit_jax.main ARGS` in a process of its own."""
+  env = dict(os.environ,
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return subprocess.Popen([sys.executable, "-m", "vit_jax.main", *args],
+                          cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def start_pod(num_processes, devices, args):
+  """launch/local_pod.sh with this interpreter."""
+  env = dict(os.environ, PYTHON=sys.executable)
+  return subprocess.Popen(
+      [os.path.join(REPO, "launch", "local_pod.sh"), str(num_processes),
+       str(devices), "--", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(process, timeout=300):
+  """(returncode, stdout, stderr), killing the process if it hangs."""
+  try:
+    stdout, stderr = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    stdout, stderr = process.communicate()
+    raise AssertionError(f"timed out; stderr: {stderr[-3000:]}") from None
+  return process.returncode, stdout, stderr
+
+
+def metric_rows(workdir):
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def wait_for_step(workdir, step, process, timeout=300):
+  """Waits until the run in `workdir` has logged train_loss at `step`."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if any(r["step"] >= step and "train_loss" in r
+           for r in metric_rows(workdir)):
+      return
+    if process.poll() is not None:
+      raise AssertionError(f"the run ended before step {step}: "
+                           f"{process.stderr.read()[-3000:]}")
+    time.sleep(0.05)
+  raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def latest_checkpoint(workdir, config):
+  """(step, params, progress) of the newest checkpoint in `workdir`."""
+  from vit_jax import checkpoint, sharding, train  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(config.mesh)
+  program = train.build(config, mesh, num_classes=10)
+  manager = checkpoint.manager(os.path.join(workdir, "checkpoints"), 3)
+  state, progress = checkpoint.restore_latest(manager, program.state_shapes)
+  return int(state.step), jax.device_get(state.params), progress
+
+
+def assert_trees_equal(actual, expected):
+  jax.tree.map(np.testing.assert_array_equal, actual, expected)

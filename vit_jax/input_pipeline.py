@@ -1,12 +1,16 @@
 """TFDS -> tf.data -> per-process batches -> global jax.Arrays.
 
-Every process of a multi-host run calls the same functions with its own
-`process_index`; each reads only its share of the split. Batches are
-per-process; `to_global` assembles them into arrays over all devices.
+A split is read in `num_shares` shares (`tfds.even_splits`), one per
+data-parallel device: share s feeds block s of every global batch. A process
+reads only the shares of the devices it drives, so the shares of a pod's
+hosts are disjoint and cover the split, and the global batches do not depend
+on how many processes there are. `to_global` assembles each process's rows
+into arrays over all devices.
 
-Training streams are deterministic functions of (seed, step): the shuffle is
-seeded, augmentations are seeded per example, and `start_step` skips encoded
-records, so a resumed run sees the same batches as an uninterrupted one.
+Training streams are deterministic functions of (seed, step): each epoch's
+shuffle has its own seed, augmentations are seeded per example, and
+`start_step` jumps to its epoch and skips encoded records within it, so a
+resumed run sees the same batches as an uninterrupted one.
 """
 
 import jax
@@ -22,6 +26,10 @@ from vit_jax import preprocess
 # `tfds build`.
 SHIPPED_DATASETS = ("digits",)
 PREFETCH_BATCHES = 2
+# Per share. Large enough to permute a digits or CIFAR share completely; on
+# ImageNet-sized records it holds about 1 GB of encoded JPEGs.
+SHUFFLE_BUFFER = 10_000
+_FOREVER = 2**62  # Epochs in an "infinite" stream.
 
 
 def get_builder(dataset: str, data_dir: str | None):
@@ -81,62 +89,83 @@ def num_examples(dataset: str, split: str, data_dir: str | None) -> int:
 
 
 def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
-                  seed=0, start_step=0, process_index=0, process_count=1,
-                  data_dir=None, shuffle_buffer=10_000) -> tf.data.Dataset:
-  """Infinite, reproducible stream of this process's training batches.
+                  seed=0, start_step=0, shares=(0,), num_shares=1,
+                  data_dir=None,
+                  shuffle_buffer=SHUFFLE_BUFFER) -> tf.data.Dataset:
+  """Infinite, reproducible stream of this process's rows of every batch.
 
-  Yields {"image": float32 [batch_size, image_size, image_size, 3] in [-1, 1],
-  "label": int32 [batch_size]}; batch_size is per process. Batch k of a
-  stream started at `start_step` equals batch start_step + k of one started
-  at 0, augmentations included.
+  The global batch of `batch_size` examples is `num_shares` equal blocks:
+  block s of every batch comes from share s of the split (`tfds.even_splits`),
+  shuffled anew each epoch. A process reads only the shares in `shares` (the
+  blocks its devices hold, consecutive) and yields their blocks concatenated:
+  {"image": float32 [rows, image_size, image_size, 3] in [-1, 1],
+  "label": int32 [rows]}, rows = batch_size / num_shares * len(shares).
+  The global batches are therefore the same for any number of processes,
+  and batch k of a stream started at `start_step` equals batch
+  start_step + k of one started at 0, augmentations included.
+
+  Resuming reads at most one epoch of each share, however late the step:
+  the epoch of `start_step` is computed rather than replayed, and only the
+  records of that epoch before the position are skipped (read, not decoded).
   """
-  _check_batching(batch_size, image_size, process_index, process_count)
   names = preprocess.parse_augmentations(augment)
+  block = _block_size(batch_size, image_size, shares, num_shares)
   builder = get_builder(dataset, data_dir)
-  examples = builder.as_dataset(
-      split=tfds.even_splits(split, process_count)[process_index],
-      # Seeded file order, new each epoch: the buffer below only mixes
-      # records that are near each other in the files.
-      shuffle_files=True,
-      read_config=tfds.ReadConfig(shuffle_seed=seed),
-      decoders={"image": tfds.decode.SkipDecoding()})
-  examples = examples.shuffle(shuffle_buffer, seed=seed,
-                              reshuffle_each_iteration=True).repeat()
-  # Counted before the skip, so that an example's index, and with it its
-  # augmentation, does not depend on where the run started.
-  examples = examples.enumerate().skip(start_step * batch_size)
+  blocks = []
+  for share in shares:
+    share_split = tfds.even_splits(split, num_shares)[share]
+    size = _share_size(builder, split, share_split, num_shares)
+    share_key = tf.constant([seed, share], tf.int64)
+    # Records in file order; each epoch shuffles them with its own seed, a
+    # function of (seed, share, epoch), so any epoch can be built directly.
+    records = builder.as_dataset(
+        split=share_split, shuffle_files=False,
+        decoders={"image": tfds.decode.SkipDecoding()})
 
-  def train_example(index, example):
-    # Unique across processes: process p's examples get the global indices
-    # congruent to p modulo process_count.
-    global_index = index * process_count + process_index
-    example_seed = tf.stack([tf.constant(seed, tf.int64), global_index])
-    image = preprocess.decode(example["image"])
-    image = preprocess.augment_image(image, names, example_seed)
-    return {"image": preprocess.resize(image, image_size),
-            "label": tf.cast(example["label"], tf.int32)}
+    def epoch(number, records=records, share_key=share_key, size=size):
+      epoch_seed = tf.random.stateless_uniform(
+          [], seed=tf.random.experimental.stateless_fold_in(share_key, number),
+          minval=None, maxval=None, dtype=tf.int64)
+      return records.shuffle(min(shuffle_buffer, size), seed=epoch_seed,
+                             reshuffle_each_iteration=False)
 
-  batches = examples.map(train_example, num_parallel_calls=tf.data.AUTOTUNE,
-                         deterministic=True)
-  batches = batches.batch(batch_size, drop_remainder=True)
-  return batches.prefetch(PREFETCH_BATCHES).with_options(_options())
+    def train_example(position, example, share_key=share_key):
+      # Seeded by the example's position in its share's stream: the same
+      # pixels wherever the run (re)started.
+      example_seed = tf.random.experimental.stateless_fold_in(share_key,
+                                                              position)
+      image = preprocess.decode(example["image"])
+      image = preprocess.augment_image(image, names, example_seed)
+      return {"image": preprocess.resize(image, image_size),
+              "label": tf.cast(example["label"], tf.int32)}
+
+    first = start_step * block  # Records of this share consumed before.
+    first_epoch = first // size
+    examples = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
+    examples = examples.enumerate(start=first_epoch * size)
+    examples = examples.skip(first - first_epoch * size)
+    examples = examples.map(train_example, num_parallel_calls=tf.data.AUTOTUNE,
+                            deterministic=True)
+    blocks.append(examples.batch(block, drop_remainder=True))
+  return _concatenate(blocks)
 
 
-def eval_dataset(dataset, split, *, batch_size, image_size, process_index=0,
-                 process_count=1, data_dir=None) -> tf.data.Dataset:
-  """This process's share of `split`, once, in full batches with a mask.
+def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
+                 num_shares=1, data_dir=None) -> tf.data.Dataset:
+  """This process's rows of every evaluation batch over `split`, once.
 
-  Yields {"image", "label", "mask": float32 [batch_size]}, mask 0 marking
-  padding. Every process yields the same number of batches,
-  ceil(largest share / batch_size), so that collectives over a multi-host
-  evaluation line up; a process with fewer examples pads more.
+  As in training, block s of every global batch comes from share s of the
+  split; the process yields the blocks of `shares` concatenated, each
+  example with "mask" 1.0 and padding with 0.0: {"image", "label",
+  "mask": float32 [rows]}. Every share yields the same number of blocks,
+  ceil(largest share / block), so that the collectives of a multi-host
+  evaluation line up and every example is counted exactly once.
   """
-  _check_batching(batch_size, image_size, process_index, process_count)
+  block = _block_size(batch_size, image_size, shares, num_shares)
   builder = get_builder(dataset, data_dir)
-  shares = tfds.even_splits(split, process_count)
-  largest_share = max(builder.info.splits[share].num_examples
-                      for share in shares)
-  num_batches = -(-largest_share // batch_size)  # Ceiling division.
+  share_splits = tfds.even_splits(split, num_shares)
+  largest = max(builder.info.splits[s].num_examples for s in share_splits)
+  num_blocks = -(-largest // block)  # Ceiling division.
 
   def eval_example(example):
     image = preprocess.decode(example["image"])
@@ -144,29 +173,56 @@ def eval_dataset(dataset, split, *, batch_size, image_size, process_index=0,
             "label": tf.cast(example["label"], tf.int32),
             "mask": tf.constant(1.0)}
 
-  examples = builder.as_dataset(
-      split=shares[process_index], shuffle_files=False,
-      decoders={"image": tfds.decode.SkipDecoding()})
-  examples = examples.map(eval_example, num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=True)
   padding = tf.data.Dataset.from_tensors({
       "image": tf.zeros((image_size, image_size, 3)),
       "label": tf.constant(0),
       "mask": tf.constant(0.0),
   }).repeat()
-  examples = examples.concatenate(padding).take(num_batches * batch_size)
-  batches = examples.batch(batch_size, drop_remainder=True)
-  return batches.prefetch(PREFETCH_BATCHES).with_options(_options())
+  blocks = []
+  for share in shares:
+    examples = builder.as_dataset(
+        split=share_splits[share], shuffle_files=False,
+        decoders={"image": tfds.decode.SkipDecoding()})
+    examples = examples.map(eval_example, num_parallel_calls=tf.data.AUTOTUNE,
+                            deterministic=True)
+    examples = examples.concatenate(padding).take(num_blocks * block)
+    blocks.append(examples.batch(block, drop_remainder=True))
+  return _concatenate(blocks)
 
 
-def _check_batching(batch_size, image_size, process_index, process_count):
+def _block_size(batch_size, image_size, shares, num_shares):
   if batch_size < 1:
     raise ValueError(f"batch_size must be positive, got {batch_size}")
   if image_size < 1:
     raise ValueError(f"image_size must be positive, got {image_size}")
-  if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index {process_index} is not in "
-                     f"[0, process_count={process_count})")
+  if batch_size % num_shares:
+    raise ValueError(f"batch_size={batch_size} is not divisible into "
+                     f"{num_shares} equal blocks")
+  shares = list(shares)
+  if not shares or any(not 0 <= s < num_shares for s in shares) or (
+      shares != list(range(shares[0], shares[0] + len(shares)))):
+    raise ValueError(f"shares must be consecutive indices in [0, "
+                     f"{num_shares}), got {shares}")
+  return batch_size // num_shares
+
+
+def _share_size(builder, split, share_split, num_shares):
+  size = builder.info.splits[share_split].num_examples
+  if size == 0:
+    raise ValueError(
+        f"split {split!r} of {builder.name} has fewer examples than the "
+        f"{num_shares} shares it is read in (one per data-parallel device)")
+  return size
+
+
+def _concatenate(blocks):
+  """Zips per-share block streams into this process's rows of each batch."""
+  if len(blocks) == 1:
+    batches = blocks[0]
+  else:
+    batches = tf.data.Dataset.zip(tuple(blocks)).map(
+        lambda *parts: jax.tree.map(lambda *x: tf.concat(x, 0), *parts))
+  return batches.prefetch(PREFETCH_BATCHES).with_options(_options())
 
 
 def _options():
@@ -181,10 +237,10 @@ def _options():
 
 
 def to_global(batch: dict, sharding) -> dict:
-  """Per-process batch (numpy or tf) -> global jax.Arrays laid out by sharding.
+  """Per-process rows (numpy or tf) -> global jax.Arrays laid out by sharding.
 
-  Each process's batch becomes the rows held by its devices; `sharding` must
-  split only the leading (batch) axis across processes.
+  `sharding` splits the leading (example) axis only; each process passes the
+  rows its devices hold, as `train_dataset` and `eval_dataset` yield them.
   """
   return {
       name: jax.make_array_from_process_local_data(sharding, np.asarray(value))

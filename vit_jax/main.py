@@ -1,17 +1,57 @@
-"""python -m vit_jax.main --config=configs/digits.py --workdir=DIR [--config.KEY=VALUE ...]"""
+"""python -m vit_jax.main --config=configs/digits.py --workdir=DIR [--config.KEY=VALUE ...]
 
+On a pod every host runs this same command. `jax.distributed` is initialised
+on its own on Cloud TPU VMs; elsewhere (several processes on one machine, as
+launch/local_pod.sh starts them) the coordinator flags below say who is who.
+"""
+
+import glob
 import logging as std_logging
 import os
+import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vit_jax import train
+from vit_jax import errors, train
 
 config_flags.DEFINE_config_file("config", None, "An ml-collections config file.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Where checkpoints, logs and metrics go.")
+flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "on", "off"],
+    "Initialise jax.distributed: 'auto' does when --coordinator_address is "
+    "given or on a Cloud TPU VM (whose slice JAX describes by itself).")
+flags.DEFINE_string("coordinator_address", None,
+                    "host:port of process 0, e.g. 127.0.0.1:12345.")
+flags.DEFINE_integer("num_processes", None, "How many processes in all.")
+flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def on_cloud_tpu_vm():
+  # The TPU chips' device files, which JAX's own TPU detection looks for too.
+  return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def initialize_distributed():
+  """Joins the processes of a pod, before JAX touches any device."""
+  f = flags.FLAGS
+  wanted = {"on": True, "off": False}.get(
+      f.distributed, bool(f.coordinator_address) or on_cloud_tpu_vm())
+  if not wanted:
+    return
+  if jax.config.jax_platforms == "cpu" or os.environ.get(
+      "JAX_PLATFORMS") == "cpu":
+    # Collectives across CPU processes (the emulated pod) go through gloo.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=f.coordinator_address,
+                             num_processes=f.num_processes,
+                             process_id=f.process_id)
+  logging.info("Process %d of %d, %d of %d devices local",
+               jax.process_index(), jax.process_count(),
+               jax.local_device_count(), jax.device_count())
 
 
 def main(argv):
@@ -22,14 +62,26 @@ def main(argv):
   tf.config.set_visible_devices([], "GPU")
   tf.config.set_visible_devices([], "TPU")
 
-  # Orbax narrates every save at INFO; keep the log to our progress lines.
+  # Orbax narrates every save and TFDS every dataset it opens (one per share)
+  # at INFO; keep the log to our progress lines.
   logging.get_absl_logger().addFilter(
       lambda record: record.levelno >= std_logging.WARNING
-      or "/orbax/" not in record.pathname)
+      or not any(part in record.pathname
+                 for part in ("/orbax/", "/tensorflow_datasets/")))
 
+  initialize_distributed()
   workdir = flags.FLAGS.workdir
-  result = train.train_and_evaluate(flags.FLAGS.config, workdir)
+  try:
+    result = train.train_and_evaluate(flags.FLAGS.config, workdir)
+  except errors.RunError as e:
+    logging.error("%s", e)
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
   logging.info("final metrics: %s", result)
+  if "stopped_at_step" in result:
+    print(f"stopped at step {result['stopped_at_step']}: checkpoint saved in "
+          f"{os.path.abspath(workdir)}; run the same command to resume")
+    return
   print(f"test_accuracy {result['test_accuracy']:.4f} | core_days "
         f"{result['core_days']:.6f} | TensorBoard: tensorboard --logdir "
         f"{os.path.abspath(workdir)}")

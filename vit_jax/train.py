@@ -6,7 +6,6 @@ shardings, donated state) -> metrics.jsonl / TensorBoard, with the state
 saved by orbax every `checkpoint_every` steps.
 """
 
-import json
 import os
 import time
 from typing import Any, Callable, NamedTuple
@@ -19,9 +18,11 @@ import numpy as np
 import optax
 from absl import logging
 from jax.sharding import NamedSharding
-from clu import metric_writers, parameter_overview, periodic_actions
+from clu import parameter_overview, periodic_actions
 
-from vit_jax import checkpoint, input_pipeline, models, optim, sharding
+from vit_jax import (checkpoint, errors, input_pipeline, models, optim,
+                     preemption, sharding, writers)
+from vit_jax import workdir as workdir_lib
 
 SECONDS_PER_DAY = 86_400
 
@@ -122,61 +123,28 @@ def check_config(config, mesh):
   data_parallel = sharding.data_parallel_size(mesh)
   per_step = data_parallel * config.accum_steps
   if config.batch_size % per_step:
-    raise ValueError(
+    raise errors.ConfigError(
         f"config.batch_size={config.batch_size} is not divisible by the "
         f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
         f" x fsdp={mesh.shape['fsdp']}) times accum_steps={config.accum_steps}")
-  if config.batch_size % jax.process_count():
-    raise ValueError(f"config.batch_size={config.batch_size} is not divisible "
-                     f"by the {jax.process_count()} processes")
   patch = config.model.get("patch_size") or models.parse_name(
       config.model.name)[1]
   if config.image_size % patch:
-    raise ValueError(f"config.model patch size {patch} does not divide "
+    raise errors.ConfigError(f"config.model patch size {patch} does not divide "
                      f"config.image_size={config.image_size}")
   for key in ("total_steps", "accum_steps", "log_every", "eval_every",
               "checkpoint_every"):
     if config[key] < 1:
-      raise ValueError(f"config.{key} must be >= 1, got {config[key]}")
-
-
-class JsonlWriter(metric_writers.interface.MetricWriter):
-  """Appends `{"step": n, name: value, ...}` lines to a file."""
-
-  def __init__(self, path):
-    self._file = open(path, "a")
-
-  def write_scalars(self, step, scalars):
-    row = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
-    self._file.write(json.dumps(row) + "\n")
-    self._file.flush()
-
-  def write_summaries(self, step, values, metadata=None): pass
-  def write_images(self, step, images): pass
-  def write_videos(self, step, videos): pass
-  def write_audios(self, step, audios, *, sample_rate): pass
-  def write_texts(self, step, texts): pass
-  def write_histograms(self, step, arrays, num_buckets=None): pass
-  def write_hparams(self, hparams): pass
-  def flush(self): self._file.flush()
-  def close(self): self._file.close()
-
-
-def create_writer(workdir):
-  if jax.process_index() > 0:
-    return metric_writers.create_default_writer(workdir, just_logging=True)
-  return metric_writers.MultiWriter([
-      metric_writers.create_default_writer(workdir),
-      JsonlWriter(os.path.join(workdir, "metrics.jsonl"))])
+      raise errors.ConfigError(f"config.{key} must be >= 1, got {config[key]}")
 
 
 def evaluate(program, params, config):
   """Top-1 accuracy on config.test_split, every example counted once."""
+  shares, num_shares = sharding.process_shares(program.batch_sharding.mesh)
   dataset = input_pipeline.eval_dataset(
-      config.dataset, config.test_split,
-      batch_size=config.batch_size // jax.process_count(),
-      image_size=config.image_size, process_index=jax.process_index(),
-      process_count=jax.process_count(), data_dir=config.data_dir or None)
+      config.dataset, config.test_split, batch_size=config.batch_size,
+      image_size=config.image_size, shares=shares, num_shares=num_shares,
+      data_dir=config.data_dir or None)
   correct = count = 0
   for batch in dataset.as_numpy_iterator():
     totals = program.eval_step(
@@ -221,22 +189,29 @@ def build(config, mesh, num_classes):
                  train_step, eval_step)
 
 
+def ensure_finite(metrics, step):
+  """Stops the run at a non-finite loss, before anything of it is saved."""
+  loss = float(metrics["train_loss"])
+  if not np.isfinite(loss):
+    raise errors.RunError(
+        f"train_loss is {loss} at step {step}: stopped before saving any "
+        "state of that step, so the workdir keeps its last good checkpoint. "
+        "A lower optimizer.learning_rate, a longer warm-up or "
+        "optimizer.grad_clip_norm may help.")
+
+
 def train_and_evaluate(config, workdir):
   """Trains `config` in `workdir`, resuming from its latest checkpoint.
 
-  Returns the last metrics written (including `test_accuracy`, `core_days`).
+  Returns the last metrics written (including `test_accuracy`, `core_days`),
+  and `stopped_at_step` when a signal stopped the run early.
   """
   mesh = sharding.make_mesh(config.mesh)
   check_config(config, mesh)
   data_dir = config.data_dir or None
   program = build(config, mesh,
                   input_pipeline.num_classes(config.dataset, data_dir))
-
-  os.makedirs(workdir, exist_ok=True)
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
-  writer = create_writer(workdir)
+  workdir_lib.prepare(config, workdir)  # Refuses a changed config first.
   manager = checkpoint.manager(os.path.join(workdir, "checkpoints"),
                                config.keep_checkpoints)
 
@@ -248,15 +223,15 @@ def train_and_evaluate(config, workdir):
     state = program.init(jax.random.key(config.seed))
     progress = {"train_seconds": 0.0}
   start_step = int(state.step)
+  writer = writers.create(workdir, start_step)
   parameter_overview.log_parameter_overview(
       program.state_shapes.params, include_stats=False,
       msg=f"{config.model.name}, params sharded over mesh {dict(mesh.shape)}")
+  shares, num_shares = sharding.process_shares(mesh)
   batches = input_pipeline.train_dataset(
-      config.dataset, config.train_split,
-      batch_size=config.batch_size // jax.process_count(),
-      image_size=config.image_size, augment=config.augment,
-      seed=config.seed, start_step=start_step,
-      process_index=jax.process_index(), process_count=jax.process_count(),
+      config.dataset, config.train_split, batch_size=config.batch_size,
+      image_size=config.image_size, augment=config.augment, seed=config.seed,
+      start_step=start_step, shares=shares, num_shares=num_shares,
       data_dir=data_dir).as_numpy_iterator()
 
   report_progress = periodic_actions.ReportProgress(
@@ -271,48 +246,62 @@ def train_and_evaluate(config, workdir):
   def core_days():
     return train_seconds() * num_devices / SECONDS_PER_DAY
 
-  last = {}
+  last, previous = {}, None
   window_metrics, window_start, window_steps = [], time.time(), 0
   try:
-    for step in range(start_step + 1, config.total_steps + 1):
-      with jax.profiler.StepTraceAnnotation("train", step_num=step):
-        batch = input_pipeline.to_global(next(batches), program.batch_sharding)
-        state, metrics = program.train_step(state, batch)
-      # At most one step queued behind the running one: the CPU runtime
-      # deadlocks its collectives when many steps are queued, and on TPU one
-      # queued step already hides the dispatch.
-      if window_metrics:
-        jax.block_until_ready(window_metrics[-1])
-      window_metrics.append(metrics)
-      window_steps += 1
-      report_progress(step)
-      if step == start_step + 1:
-        # The first step compiles; keep it out of the throughput.
-        jax.block_until_ready(metrics)
-        window_start, window_steps = time.time(), 0
+    with preemption.StopRequest() as stop_requested:
+      for step in range(start_step + 1, config.total_steps + 1):
+        with jax.profiler.StepTraceAnnotation("train", step_num=step):
+          batch = input_pipeline.to_global(next(batches),
+                                           program.batch_sharding)
+          state, metrics = program.train_step(state, batch)
+        # Waiting for the previous step keeps at most one step queued behind
+        # the running one: the CPU runtime deadlocks its collectives when
+        # many are queued, and on TPU one queued step hides the dispatch.
+        if previous is not None:
+          ensure_finite(previous, step - 1)
+        previous = metrics
+        window_metrics.append(metrics)
+        window_steps += 1
+        report_progress(step)
+        if step == start_step + 1:
+          # The first step compiles; keep it out of the throughput.
+          jax.block_until_ready(metrics)
+          window_start, window_steps = time.time(), 0
 
-      if step % config.log_every == 0 or step == config.total_steps:
-        means = jax.tree.map(lambda *x: float(np.mean(x)),
+        stopping = stop_requested(step)
+        due = lambda every: (step % every == 0 or step == config.total_steps
+                             or stopping)
+        if due(config.log_every) or due(config.eval_every) or due(
+            config.checkpoint_every):
+          ensure_finite(metrics, step)
+        row = {}
+        if due(config.log_every):
+          row = jax.tree.map(lambda *x: float(np.mean(x)),
                              *jax.device_get(window_metrics))
-        elapsed = time.time() - window_start
-        if window_steps:
-          means["img_per_sec_per_device"] = (
-              window_steps * config.batch_size / elapsed / num_devices)
-        means["core_days"] = core_days()
-        writer.write_scalars(step, means)
-        last.update(means)
-        window_metrics, window_start, window_steps = [], time.time(), 0
-
-      paused = time.time()
-      if step % config.eval_every == 0 or step == config.total_steps:
-        accuracy = evaluate(program, state.params, config)
-        writer.write_scalars(step, {"test_accuracy": accuracy,
-                                    "core_days": core_days()})
-        last.update(test_accuracy=accuracy, core_days=core_days())
-      if step % config.checkpoint_every == 0 or step == config.total_steps:
-        checkpoint.save(manager, step, state,
-                        {"train_seconds": train_seconds()})
-      window_start += time.time() - paused  # Eval and saving are not steps.
+          if window_steps:
+            row["img_per_sec_per_device"] = (
+                window_steps * config.batch_size
+                / (time.time() - window_start) / num_devices)
+          window_metrics, window_start, window_steps = [], time.time(), 0
+        paused = time.time()
+        if step % config.eval_every == 0 or step == config.total_steps:
+          row["test_accuracy"] = evaluate(program, state.params, config)
+        if row:  # One row per step: metrics.jsonl has each value once.
+          row["core_days"] = core_days()
+          writer.write_scalars(step, row)
+          last.update(row)
+        if due(config.checkpoint_every):
+          checkpoint.save(manager, step, state,
+                          {"train_seconds": train_seconds()})
+        window_start += time.time() - paused  # Eval and saving are not steps.
+        if stopping:
+          logging.warning(
+              "Stopped at step %d of %d on %s; the checkpoint is saved. Run "
+              "the same command again to resume.", step, config.total_steps,
+              stop_requested.received or "a preemption notice")
+          last["stopped_at_step"] = step
+          break
   finally:
     # Even when a step fails, the save under way completes: the run
     # resumes from it rather than from an older step.

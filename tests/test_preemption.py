@@ -1,0 +1,131 @@
+"""Restarts are safe: SIGTERM, kill -9 mid-save and a NaN lose nothing."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import errors, train
+from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
+                        main_flags, metric_rows, small_config, start_main,
+                        wait_for_step)
+
+LONG = dict(total_steps=60, log_every=1, eval_every=30, checkpoint_every=25)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(digits_data_dir, tmp_path_factory):
+  """Final params of the LONG run, trained without a break."""
+  workdir = str(tmp_path_factory.mktemp("uninterrupted"))
+  config = small_config(digits_data_dir, **LONG)
+  train.train_and_evaluate(config, workdir)
+  step, params, _ = latest_checkpoint(workdir, config)
+  assert step == LONG["total_steps"]
+  return config, params
+
+
+def test_sigterm_saves_at_the_next_step_and_resumes_bitwise(
+    digits_data_dir, tmp_path, uninterrupted):
+  config, expected = uninterrupted
+  workdir = str(tmp_path)
+  args = main_flags(workdir, digits_data_dir, **LONG)
+  signal_at = random.Random().randint(3, 45)
+  run = start_main(args)
+  wait_for_step(workdir, signal_at, run)
+  run.send_signal(signal.SIGTERM)
+  code, stdout, stderr = finish(run)
+  assert code == 0, stderr[-3000:]
+  stopped, _, _ = latest_checkpoint(workdir, config)
+  # Saved at the step boundary after the signal, not at a periodic save.
+  assert signal_at <= stopped < LONG["total_steps"]
+  assert f"stopped at step {stopped}" in stdout
+  assert max(r["step"] for r in metric_rows(workdir)) == stopped
+
+  code, stdout, stderr = finish(start_main(args))
+  assert code == 0, stderr[-3000:]
+  step, params, _ = latest_checkpoint(workdir, config)
+  assert step == LONG["total_steps"]
+  assert_trees_equal(params, expected)
+  losses = [r["step"] for r in metric_rows(workdir) if "train_loss" in r]
+  assert losses == list(range(1, LONG["total_steps"] + 1))
+
+
+# Runs vit_jax.main with orbax's final rename of one step's checkpoint held
+# back, after a marker file says that the step's data is being written.
+HOLD_SAVE = """
+import asyncio, os, sys
+from orbax.checkpoint._src.path import atomicity
+step, marker = sys.argv[1:3]
+real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+async def finalize(self):
+  if os.path.basename(str(self._final_path)) == step:
+    open(marker, "w").close()
+    await asyncio.sleep(3600)
+  return await real_finalize(self)
+atomicity.AtomicRenameTemporaryPath.finalize = finalize
+from absl import app
+from vit_jax import main
+sys.argv = ["vit_jax.main"] + sys.argv[3:]
+app.run(main.main)
+"""
+
+
+def test_kill_9_during_a_save_keeps_the_previous_checkpoint(
+    digits_data_dir, tmp_path, uninterrupted):
+  config, expected = uninterrupted
+  workdir = str(tmp_path / "run")
+  args = main_flags(workdir, digits_data_dir, **LONG)
+  marker = str(tmp_path / "saving")
+  run = subprocess.Popen(
+      [sys.executable, "-c", HOLD_SAVE, "50", marker, *args], cwd=REPO,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=dict(os.environ,
+               XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+  while not os.path.exists(marker):
+    assert run.poll() is None, run.stderr.read()[-3000:]
+  run.kill()  # SIGKILL: no handler, no cleanup.
+  run.communicate()
+  checkpoints = os.listdir(os.path.join(workdir, "checkpoints"))
+  # Step 50's arrays were on disk, under a temporary name, when it died.
+  assert any(name.startswith("50.") for name in checkpoints), checkpoints
+  step, _, _ = latest_checkpoint(workdir, config)
+  assert step == 25
+
+  code, _, stderr = finish(start_main(args))
+  assert code == 0, stderr[-3000:]
+  step, params, _ = latest_checkpoint(workdir, config)
+  assert step == LONG["total_steps"]
+  assert_trees_equal(params, expected)
+
+
+def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
+    digits_data_dir, tmp_path, monkeypatch):
+  real_make_train_step = train.make_train_step
+
+  def poisoned_at_step_5(*args, **kwargs):
+    train_step = real_make_train_step(*args, **kwargs)
+
+    def step(state, batch):
+      state, metrics = train_step(state, batch)
+      poison = jnp.where(state.step == 5, jnp.nan, 1.0)
+      state = state.replace(
+          params=train.jax.tree.map(lambda p: p * poison, state.params))
+      return state, {**metrics, "train_loss": metrics["train_loss"] * poison}
+    return step
+
+  monkeypatch.setattr(train, "make_train_step", poisoned_at_step_5)
+  config = small_config(digits_data_dir, total_steps=12, log_every=1,
+                        checkpoint_every=2, eval_every=12)
+  with pytest.raises(errors.RunError, match="train_loss is nan at step 5"):
+    train.train_and_evaluate(config, str(tmp_path))
+  step, params, _ = latest_checkpoint(str(tmp_path), config)
+  assert step == 4
+  assert all(np.isfinite(x).all() for x in train.jax.tree.leaves(params))
+  rows = metric_rows(tmp_path)
+  assert max(r["step"] for r in rows if "train_loss" in r) == 4
+  assert all(np.isfinite(v) for r in rows for v in r.values())

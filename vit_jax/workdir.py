@@ -1,0 +1,87 @@
+"""A workdir guards its run: a restart must use the config it was started with.
+
+`config.json` in the workdir is the config of the run. A restart with a
+config that differs in anything but CHANGEABLE_KEYS is refused before anything
+in the workdir is written; allowed changes are appended to
+`config_changes.jsonl` and `config.json` is updated.
+"""
+
+import json
+import os
+import time
+
+import jax
+from absl import logging
+
+from vit_jax import errors
+
+CONFIG_FILE = "config.json"
+CHANGES_FILE = "config_changes.jsonl"
+
+# What may change between restarts of one run: how often it reports and
+# saves, how long it runs (extending a run), and where its data is stored.
+CHANGEABLE_KEYS = ("log_every", "eval_every", "checkpoint_every",
+                   "keep_checkpoints", "total_steps", "data_dir")
+
+
+def prepare(config, workdir):
+  """Checks `config` against the run in `workdir`, then records it there."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  new = json.loads(config.to_json_best_effort())
+  changes = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    changes = differences(old, new)
+    refused = {k: v for k, v in changes.items() if k not in CHANGEABLE_KEYS}
+    if refused:
+      raise errors.ConfigError(refusal(workdir, refused))
+  if jax.process_index() > 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  if changes:
+    logging.warning("Config changes on restart of %s: %s", workdir,
+                    _describe(changes))
+    with open(os.path.join(workdir, CHANGES_FILE), "a") as f:
+      f.write(json.dumps({"time": time.time(), "changes": {
+          key: {"old": old, "new": new} for key, (old, new) in
+          changes.items()}}) + "\n")
+  _write_atomically(path, json.dumps(new, indent=2))
+
+
+def differences(old, new):
+  """{dotted key: (old value, new value)} for every leaf that differs."""
+  old, new = _flatten(old), _flatten(new)
+  return {key: (old.get(key, "<absent>"), new.get(key, "<absent>"))
+          for key in sorted(old.keys() | new.keys())
+          if old.get(key, "<absent>") != new.get(key, "<absent>")}
+
+
+def refusal(workdir, refused):
+  return (
+      f"{workdir} holds a run with another config; refusing to change it "
+      f"({CONFIG_FILE} and the checkpoints are left as they were):\n"
+      f"{_describe(refused)}\n"
+      f"Only {', '.join(CHANGEABLE_KEYS)} may change when a run is "
+      "restarted; use a new --workdir for a new experiment.")
+
+
+def _describe(changes):
+  return "\n".join(f"  {key}: {old!r} -> {new!r}"
+                   for key, (old, new) in changes.items())
+
+
+def _flatten(tree, prefix=""):
+  if not isinstance(tree, dict):
+    return {prefix[:-1]: tree}
+  flat = {}
+  for key, value in tree.items():
+    flat.update(_flatten(value, f"{prefix}{key}."))
+  return flat
+
+
+def _write_atomically(path, text):
+  # Other processes of a pod may read it while it is replaced.
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)

@@ -1,0 +1,69 @@
+"""Where metrics go: TensorBoard, the log, and `metrics.jsonl`.
+
+`metrics.jsonl` holds one JSON object per write, `{"step": n, name: value}`,
+at most one value per step and metric: a resumed run first drops the rows
+that the interrupted run wrote after the step it resumes from.
+"""
+
+import json
+import os
+
+import jax
+from clu import metric_writers
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class JsonlWriter(metric_writers.interface.MetricWriter):
+  """Appends `{"step": n, name: value, ...}` lines to a file."""
+
+  def __init__(self, path):
+    self._file = open(path, "a")
+
+  def write_scalars(self, step, scalars):
+    row = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
+    self._file.write(json.dumps(row) + "\n")
+    self._file.flush()
+
+  def write_summaries(self, step, values, metadata=None): pass
+  def write_images(self, step, images): pass
+  def write_videos(self, step, videos): pass
+  def write_audios(self, step, audios, *, sample_rate): pass
+  def write_texts(self, step, texts): pass
+  def write_histograms(self, step, arrays, num_buckets=None): pass
+  def write_hparams(self, hparams): pass
+  def flush(self): self._file.flush()
+  def close(self): self._file.close()
+
+
+def create(workdir, resume_step):
+  """The run's writer; only process 0 writes files, the others only log."""
+  if jax.process_index() > 0:
+    return metric_writers.create_default_writer(workdir, just_logging=True)
+  path = os.path.join(workdir, METRICS_FILE)
+  drop_rows_after(path, resume_step)
+  return metric_writers.MultiWriter([
+      metric_writers.create_default_writer(workdir),
+      JsonlWriter(path)])
+
+
+def drop_rows_after(path, step):
+  """Removes the rows past `step`: the steps a resumed run will write again."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = f.readlines()
+  # A line cut short by a crash mid-write is dropped too.
+  kept = [line for line in lines if _step(line) is not None
+          and _step(line) <= step]
+  if len(kept) < len(lines):
+    with open(path + ".tmp", "w") as f:
+      f.writelines(kept)
+    os.replace(path + ".tmp", path)
+
+
+def _step(line):
+  try:
+    return json.loads(line)["step"]
+  except (ValueError, KeyError, TypeError):
+    return None
