@@ -6,6 +6,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -102,6 +103,121 @@ def test_each_released_layout_loads(tmp_path, trained_tiny, layout):
   path = tmp_path / f"{layout}.npz"
   np.savez(path, **files[layout])
   assert_trees_equal(checkpoint.load_npz(path), params)
+
+
+# As published: the original release partly under `opt/target/` next to its
+# optimizer state, big_vision under `params/` next to its own and a step.
+@pytest.mark.parametrize("prefix,layout", [("opt/target/", "release"),
+                                           ("params/", "big_vision"),
+                                           ("params/", "scanned")])
+def test_each_published_prefix_loads(tmp_path, trained_tiny, prefix, layout):
+  _, params = trained_tiny
+  files = {"release": flat(params)}
+  files["big_vision"] = big_vision_layout(files["release"])
+  files["scanned"] = scanned_layout(files["big_vision"])
+  stored = {prefix + k: v for k, v in files[layout].items()}
+  kernel = files[layout]["head/kernel"]
+  if prefix == "opt/target/":
+    stored["opt/state/step"] = np.array(123)
+    stored["opt/state/param_states/head/kernel/grad_ema"] = kernel
+  else:
+    stored["step"] = np.array(123)
+    stored["opt/mu/head/kernel"] = kernel
+  path = tmp_path / "published.npz"
+  np.savez(path, **stored)
+  assert_trees_equal(checkpoint.load_npz(path), params)
+
+
+def test_params_under_two_prefixes_are_refused(tmp_path, trained_tiny):
+  _, params = trained_tiny
+  release = flat(params)
+  path = tmp_path / "both.npz"
+  np.savez(path, **{f"params/{k}": v for k, v in release.items()},
+           **{f"opt/target/{k}": v for k, v in release.items()})
+  with pytest.raises(ValueError, match="cannot tell which tree"):
+    checkpoint.load_npz(path)
+  np.savez(path, **{f"params/{k}": v for k, v in release.items()}, cls=0)
+  with pytest.raises(ValueError, match="cannot tell which tree"):
+    checkpoint.load_npz(path)
+
+
+def bits(array):
+  assert array.dtype == np.float32, array.dtype
+  return np.asarray(array).view(np.uint32)
+
+
+def test_bfloat16_arrays_load_as_float32_exactly(tmp_path, trained_tiny):
+  _, params = trained_tiny
+  stored = {f"params/{k}": np.asarray(v).astype(ml_dtypes.bfloat16).view("V2")
+            for k, v in big_vision_layout(flat(params)).items()}
+  path = tmp_path / "bf16.npz"
+  np.savez(path, **stored)
+  with np.load(path) as npz:  # What numpy makes of bfloat16.
+    assert npz["params/head/kernel"].dtype.str == "|V2"
+  loaded = flat(checkpoint.load_npz(path))
+  expected = jax.tree.map(
+      lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), flat(params))
+  assert sorted(loaded) == sorted(expected)
+  assert any((expected[k] != flat(params)[k]).any() for k in expected)
+  for key in expected:
+    np.testing.assert_array_equal(bits(loaded[key]), bits(expected[key]),
+                                  err_msg=key)
+
+
+@pytest.mark.parametrize("dtype", ["V4", [("a", "i1"), ("b", "i1")]])
+def test_other_void_dtypes_fail_naming_the_key(tmp_path, trained_tiny, dtype):
+  _, params = trained_tiny
+  files = flat(params)
+  files["head/bias"] = np.zeros(7, dtype)
+  path = tmp_path / "void.npz"
+  np.savez(path, **files)
+  with pytest.raises(ValueError, match="'head/bias'"):
+    checkpoint.load_npz(path)
+
+
+def test_save_npz_takes_what_model_init_returns(tmp_path):
+  model = models.create("Ti/16", num_classes=5, hidden_size=32, num_layers=2,
+                        mlp_dim=64, num_heads=4)
+  x = images(2, 32)
+  boxed = model.init(jax.random.key(0), x, train=False)["params"]
+  boxed = randomize(boxed, seed=4)  # Maps inside the boxes, keeps them.
+  is_box = lambda v: isinstance(v, nn.LogicallyPartitioned)
+  assert any(map(is_box, jax.tree.leaves(boxed, is_leaf=is_box)))
+  unboxed = nn.meta.unbox(boxed)
+  path = tmp_path / "init.npz"
+  checkpoint.save_npz(boxed, path)
+  with np.load(path, allow_pickle=False) as npz:
+    assert all(npz[k].dtype == np.float32 for k in npz.files)
+  loaded = checkpoint.load_npz(path)
+  assert_trees_equal(loaded, unboxed)
+  np.testing.assert_array_equal(
+      model.apply({"params": loaded}, x, train=False),
+      model.apply({"params": boxed}, x, train=False))
+
+  # A FrozenDict of jax.Arrays sharded over all devices writes the same file.
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("d",))
+  def shard(v):
+    spec = ("d",) if v.shape[0] % len(jax.devices()) == 0 else ()
+    return jax.device_put(v, jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(*spec)))
+  sharded = flax.core.freeze(jax.tree.map(shard, unboxed))
+  assert any(len(v.sharding.device_set) > 1 for v in jax.tree.leaves(sharded))
+  checkpoint.save_npz(sharded, tmp_path / "sharded.npz")
+  assert_trees_equal(checkpoint.load_npz(tmp_path / "sharded.npz"), unboxed)
+
+
+def test_unknown_layout_fails_listing_the_keys(tmp_path):
+  path = tmp_path / "other.npz"
+  np.savez(path, foo=np.zeros(2), **{"bar/baz": np.zeros(3)})
+  with pytest.raises(ValueError, match="not a ViT checkpoint of a known layout"
+                     ) as error:
+    checkpoint.load_npz(path)
+  assert "['bar/baz', 'foo']" in str(error.value)
+  np.savez(path, **{f"k{i:02d}": np.zeros(1) for i in range(12)})
+  with pytest.raises(ValueError, match="not a ViT checkpoint") as error:
+    checkpoint.load_npz(path)
+  assert f"{[f'k{i:02d}' for i in range(10)]} ..." in str(error.value)
+  assert "k10" not in str(error.value)
 
 
 @pytest.mark.parametrize("classifier,representation_size",

@@ -8,16 +8,20 @@ Our params tree uses the module names of the released vit_jax files, so the
 release layout is just the tree flattened with '/'. Two more layouts load:
 big_vision's (modules numbered per type, position embedding at the top) and
 big_vision's scanned one (one `encoderblock` whose arrays carry a leading
-layer axis).
+layer axis), each also under the `opt/target/` or `params/` prefix that
+published files use; bfloat16 arrays load as float32.
 """
 
 import os
 import re
 
 import flax
+import flax.linen as nn
+import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
 import scipy.ndimage
+from absl import logging
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 
@@ -59,28 +63,106 @@ def restore_latest(checkpoints, state_shapes):
 
 
 def save_npz(params, path):
-  """Writes `params` as a flat .npz in the released vit_jax layout."""
-  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+  """Writes `params` as a flat .npz in the released vit_jax layout.
+
+  `params` may be what `model.init(...)["params"]` returns (arrays boxed in
+  `nn.LogicallyPartitioned`, which are unboxed here), a FrozenDict or a plain
+  dict, of numpy or jax arrays (sharded ones too, when fully addressable).
+  """
+  params = flax.core.unfreeze(nn.meta.unbox(params))
+  flat = flax.traverse_util.flatten_dict(params, sep="/")
+  arrays = {}
+  for key, value in flat.items():
+    array = np.asarray(value)
+    if array.dtype.hasobject:
+      raise ValueError(f"{key!r} is not an array of numbers "
+                       f"({type(value).__name__}); cannot save it without pickle")
+    arrays[key] = array
   with open(path, "wb") as f:
-    np.savez(f, **{k: np.asarray(v) for k, v in flat.items()})
+    np.savez(f, **arrays)
 
 
 def load_npz(path):
-  """Reads a released, big_vision or scanned big_vision .npz into our tree."""
-  try:
-    with np.load(path, allow_pickle=False) as npz:
-      flat = {key: npz[key] for key in npz.files}
-  except ValueError as e:
-    if "allow_pickle" in str(e):
-      raise ValueError(
-          f"{path} holds pickled objects; only plain arrays are loaded, "
-          "never pickle") from e
-    raise
+  """Reads a released, big_vision or scanned big_vision .npz into our tree.
+
+  Files are read with `np.load(allow_pickle=False)`, never with pickle. The
+  tree may sit under a prefix, as in published files: `opt/target/` (some of
+  the original release) or `params/` (big_vision); see `to_release_layout`,
+  which drops whatever else such files hold (optimizer state, step counter).
+  bfloat16 arrays (stored by numpy as 2-byte void, `|V2`) load as float32,
+  exactly: every bfloat16 is a float32. Any other void, structured or object
+  array is refused with a ValueError naming its key.
+  """
+  with np.load(path, allow_pickle=False) as npz:
+    flat = {key: _read_array(npz, key, path) for key in npz.files}
   return flax.traverse_util.unflatten_dict(to_release_layout(flat), sep="/")
 
 
+def _read_array(npz, key, path):
+  try:
+    array = npz[key]
+  except ValueError as e:
+    if "allow_pickle" in str(e):
+      raise ValueError(
+          f"{path}: {key!r} holds pickled objects; only plain arrays are "
+          "loaded, never pickle") from e
+    raise
+  dtype = array.dtype
+  if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
+    return array.view(ml_dtypes.bfloat16).astype(np.float32)  # Exact.
+  if dtype.kind in "VO":
+    raise ValueError(f"{path}: {key!r} has dtype {dtype.str!r}, which is no "
+                     "array of numbers (only 2-byte void, numpy's bfloat16, "
+                     "is read)")
+  return array
+
+
+# Published files may store the tree under one of these; the rest of such a
+# file (e.g. `opt/state/...`, `step`) is training state that is not loaded.
+_PREFIXES = ("opt/target/", "params/")
+# What the release and big_vision layouts have at the top of the tree.
+_ROOT_LEAVES = ("cls", "pos_embedding")
+_ROOT_MODULES = ("embedding/", "Transformer/", "pre_logits/", "head/")
+
+
+def _is_param_key(key):
+  return key in _ROOT_LEAVES or key.startswith(_ROOT_MODULES)
+
+
+def _strip_prefix(flat):
+  """The params under a published prefix, dropping the file's other entries."""
+  found = [p for p in _PREFIXES
+           if any(k.startswith(p) and _is_param_key(k[len(p):]) for k in flat)]
+  if not found:
+    return flat
+  if len(found) > 1:
+    raise ValueError(f"checkpoint has params under both {found[0]!r} and "
+                     f"{found[1]!r}; cannot tell which tree to load")
+  (prefix,) = found
+  if any(_is_param_key(k) for k in flat):
+    raise ValueError(f"checkpoint has params both under {prefix!r} and "
+                     "without a prefix; cannot tell which tree to load")
+  return {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+
+
 def to_release_layout(flat):
-  """Renames a flat {'a/b/c': array} dict of any known layout to the release's."""
+  """Renames a flat {'a/b/c': array} dict of any known layout to the release's.
+
+  A tree stored under `opt/target/` or `params/` is taken from there and every
+  entry outside that prefix (optimizer state such as `opt/state/...`, a
+  `step` counter, ...) is dropped. Then a scanned `Transformer/encoderblock/`
+  is split into one block per layer, and big_vision's per-type module names
+  are renamed to the release's. A dict with no key that a known layout would
+  have raises a ValueError listing the keys it saw.
+  """
+  params = _strip_prefix(flat)
+  if not any(_is_param_key(k) for k in params):
+    keys = sorted(flat)
+    raise ValueError(
+        "not a ViT checkpoint of a known layout (released vit_jax or "
+        "big_vision, optionally under 'opt/target/' or 'params/'); first keys: "
+        f"{keys[:10]}{' ...' if len(keys) > 10 else ''}")
+  flat = params
   if any(k.startswith("Transformer/encoderblock/") for k in flat):
     flat = _unscan_blocks(flat)
   if any("/MlpBlock_0/" in k for k in flat):
@@ -120,6 +202,8 @@ def adapt(restored, init_params):
     target drops) is replaced by the target's fresh, zero-initialised head;
   - a pre-logits layer that the target has none of is dropped.
   Any other mismatch raises a ValueError naming the key and both shapes.
+  Each change is logged. `init_params` may hold jax.ShapeDtypeStructs; they
+  come back as they are where the target keeps its own initialisation.
   """
   src = flax.traverse_util.flatten_dict(flax.core.unfreeze(restored), sep="/")
   dst = flax.traverse_util.flatten_dict(flax.core.unfreeze(init_params), sep="/")
@@ -130,6 +214,9 @@ def adapt(restored, init_params):
   for key, target in dst.items():
     if key.startswith("head/") and (
         dropped_pre_logits or key not in src or src[key].shape != target.shape):
+      logging.info("adapt: %s starts afresh, %s (checkpoint: %s)", key,
+                   tuple(target.shape), tuple(np.shape(src[key]))
+                   if key in src else "none")
       out[key] = target
       continue
     if key not in src:
@@ -137,12 +224,16 @@ def adapt(restored, init_params):
                        f"{tuple(target.shape)})")
     value = np.asarray(src[key])
     if key == POSEMB_KEY and value.shape != target.shape:
+      logging.info("adapt: %s interpolated from %s to %s", key, value.shape,
+                   tuple(target.shape))
       value = resize_posemb(value, target.shape, has_class_token="cls" in dst)
     if value.shape != target.shape:
       raise ValueError(f"{key!r} has shape {value.shape} in the checkpoint but "
                        f"the model wants {tuple(target.shape)}")
     out[key] = value.astype(target.dtype)
 
+  if dropped_pre_logits:
+    logging.info("adapt: pre_logits dropped (the model has none)")
   extra = [k for k in src if k not in dst and not k.startswith("pre_logits/")]
   if extra:
     raise ValueError(f"checkpoint keys the model does not have: {extra[:5]}"
