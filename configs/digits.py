@@ -32,6 +32,10 @@ def get_config():
       name="adam", learning_rate=3e-3, warmup_steps=100, decay="cosine",
       weight_decay=1e-4, grad_clip_norm=1.0, b1=0.9, b2=0.999, momentum=0.9))
 
+  # A checkpoint to start from: an .npz or a workdir of ours (DIR[:STEP]).
+  config.init_from = ""
+  config.polyak_decay = 0.0  # 0: no Polyak average of the params.
+
   config.mesh = ml_collections.ConfigDict(dict(data=4, fsdp=1, model=2))
   config.seed = 0
   config.log_every = 50

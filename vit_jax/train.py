@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 from clu import parameter_overview, periodic_actions
 
 from vit_jax import (checkpoint, errors, input_pipeline, models, optim,
-                     preemption, sharding, writers)
+                     polyak, preemption, pretrained, sharding, writers)
 from vit_jax import workdir as workdir_lib
 
 SECONDS_PER_DAY = 86_400
@@ -32,6 +32,7 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
+  polyak: Any  # The params' moving average, or None (vit_jax/polyak.py).
 
 
 def create_model(config, num_classes):
@@ -39,22 +40,23 @@ def create_model(config, num_classes):
   return models.create(overrides.pop("name"), num_classes, **overrides)
 
 
-def init_state(model, tx, image_size, rng):
+def init_state(model, tx, image_size, polyak_decay, rng):
   """A fresh state whose params and moments are still in their logical boxes."""
   images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
   params = model.init(rng, images, train=False)["params"]
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=tx.init(params))
+                    opt_state=tx.init(params),
+                    polyak=polyak.init(params, polyak_decay))
 
 
-def abstract_state(model, tx, image_size, mesh):
+def abstract_state(model, tx, image_size, polyak_decay, mesh):
   """(shapes, shardings) of the train state, without allocating it.
 
   This is all that compiling the train step needs, here or ahead of time for
   a TPU topology.
   """
-  boxed = jax.eval_shape(
-      lambda: init_state(model, tx, image_size, jax.random.key(0)))
+  boxed = jax.eval_shape(lambda: init_state(model, tx, image_size,
+                                            polyak_decay, jax.random.key(0)))
   shardings = sharding.tree_shardings(boxed, mesh)
   shapes = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -66,7 +68,7 @@ def cross_entropy(logits, labels):
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def make_train_step(model, tx, schedule, accum_steps, seed):
+def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay):
   """state, batch -> state, metrics; gradients averaged over micro-batches."""
 
   def loss_and_grads(params, images, labels, dropout_key):
@@ -105,7 +107,8 @@ def make_train_step(model, tx, schedule, accum_steps, seed):
     params = optax.apply_updates(state.params, updates)
     metrics = {"train_loss": loss, "learning_rate": schedule(state.step),
                "grad_norm": optax.tree.norm(grads)}
-    return TrainState(state.step + 1, params, opt_state), metrics
+    average = polyak.update(state.polyak, params, polyak_decay)
+    return TrainState(state.step + 1, params, opt_state, average), metrics
 
   return train_step
 
@@ -170,14 +173,16 @@ def build(config, mesh, num_classes):
   or compiled until it is first called (or lowered, for a TPU topology)."""
   model = create_model(config, num_classes)
   tx, schedule = optim.create(config.optimizer, config.total_steps)
-  state_shapes, state_shardings = abstract_state(model, tx, config.image_size,
-                                                 mesh)
+  state_shapes, state_shardings = abstract_state(
+      model, tx, config.image_size, config.polyak_decay, mesh)
   batch_shard = sharding.batch_sharding(mesh)
   init = jax.jit(
-      lambda rng: nn.meta.unbox(init_state(model, tx, config.image_size, rng)),
+      lambda rng: nn.meta.unbox(init_state(model, tx, config.image_size,
+                                           config.polyak_decay, rng)),
       out_shardings=state_shardings)
   train_step = jax.jit(
-      make_train_step(model, tx, schedule, config.accum_steps, config.seed),
+      make_train_step(model, tx, schedule, config.accum_steps, config.seed,
+                      config.polyak_decay),
       in_shardings=(state_shardings, batch_shard),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)
@@ -187,6 +192,21 @@ def build(config, mesh, num_classes):
       out_shardings=sharding.replicated(mesh))
   return Program(model, state_shapes, state_shardings, batch_shard, init,
                  train_step, eval_step)
+
+
+def initial_state(program, config):
+  """A new run's state: fresh, with params from config.init_from if set."""
+  adapted = None
+  if config.init_from:  # Read and checked before anything is compiled.
+    adapted = pretrained.initial_params(config.init_from,
+                                        program.state_shapes.params)
+  state = program.init(jax.random.key(config.seed))
+  if adapted is None:
+    return state
+  params = pretrained.place(adapted, state.params,
+                            program.state_shardings.params)
+  return state.replace(params=params,
+                       polyak=None if state.polyak is None else params)
 
 
 def ensure_finite(metrics, step):
@@ -211,17 +231,18 @@ def train_and_evaluate(config, workdir):
   data_dir = config.data_dir or None
   program = build(config, mesh,
                   input_pipeline.num_classes(config.dataset, data_dir))
-  workdir_lib.prepare(config, workdir)  # Refuses a changed config first.
+  changes = workdir_lib.check(config, workdir)  # Before anything is written.
   manager = checkpoint.manager(os.path.join(workdir, "checkpoints"),
                                config.keep_checkpoints)
-
   restored = checkpoint.restore_latest(manager, program.state_shapes)
   if restored:
     state, progress = restored
-    logging.info("Resumed from step %d in %s", int(state.step), workdir)
+    logging.info("Resumed from step %d in %s%s", int(state.step), workdir,
+                 " (its own checkpoint, not init_from)" if config.init_from
+                 else "")
   else:
-    state = program.init(jax.random.key(config.seed))
-    progress = {"train_seconds": 0.0}
+    state, progress = initial_state(program, config), {"train_seconds": 0.0}
+  workdir_lib.record(config, workdir, changes)
   start_step = int(state.step)
   writer = writers.create(workdir, start_step)
   parameter_overview.log_parameter_overview(
@@ -286,7 +307,8 @@ def train_and_evaluate(config, workdir):
           window_metrics, window_start, window_steps = [], time.time(), 0
         paused = time.time()
         if step % config.eval_every == 0 or step == config.total_steps:
-          row["test_accuracy"] = evaluate(program, state.params, config)
+          row["test_accuracy"] = evaluate(program, polyak.eval_params(state),
+                                          config)
         if row:  # One row per step: metrics.jsonl has each value once.
           row["core_days"] = core_days()
           writer.write_scalars(step, row)
@@ -308,6 +330,7 @@ def train_and_evaluate(config, workdir):
     manager.wait_until_finished()
     writer.flush()
   if not last:  # Already finished in an earlier run: report, do not train.
-    last = {"test_accuracy": evaluate(program, state.params, config),
+    last = {"test_accuracy": evaluate(program, polyak.eval_params(state),
+                                      config),
             "core_days": core_days()}
   return last

@@ -1,9 +1,9 @@
 """A workdir guards its run: a restart must use the config it was started with.
 
 `config.json` in the workdir is the config of the run. A restart with a
-config that differs in anything but CHANGEABLE_KEYS is refused before anything
-in the workdir is written; allowed changes are appended to
-`config_changes.jsonl` and `config.json` is updated.
+config that differs in anything but CHANGEABLE_KEYS is refused (`check`)
+before anything in the workdir is written; allowed changes are appended to
+`config_changes.jsonl` and `config.json` is updated (`record`).
 """
 
 import json
@@ -24,29 +24,39 @@ CHANGEABLE_KEYS = ("log_every", "eval_every", "checkpoint_every",
                    "keep_checkpoints", "total_steps", "data_dir")
 
 
-def prepare(config, workdir):
-  """Checks `config` against the run in `workdir`, then records it there."""
+def check(config, workdir):
+  """Refuses `config` unless it is the config of the run in `workdir` (or
+  there is none yet) but for CHANGEABLE_KEYS; returns those changes."""
   path = os.path.join(workdir, CONFIG_FILE)
-  new = json.loads(config.to_json_best_effort())
-  changes = {}
-  if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
-    changes = differences(old, new)
-    refused = {k: v for k, v in changes.items() if k not in CHANGEABLE_KEYS}
-    if refused:
-      raise errors.ConfigError(refusal(workdir, refused))
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    changes = differences(json.load(f), _as_json(config))
+  refused = {k: v for k, v in changes.items() if k not in CHANGEABLE_KEYS}
+  if refused:
+    raise errors.ConfigError(refusal(workdir, refused))
+  return changes
+
+
+def record(config, workdir, changes):
+  """Writes `config` as the run's config.json, logging `changes` (from
+  `check`) to config_changes.jsonl. Only process 0 writes."""
   if jax.process_index() > 0:
     return
   os.makedirs(workdir, exist_ok=True)
   if changes:
-    logging.warning("Config changes on restart of %s: %s", workdir,
+    logging.warning("Config changes on restart of %s:\n%s", workdir,
                     _describe(changes))
     with open(os.path.join(workdir, CHANGES_FILE), "a") as f:
       f.write(json.dumps({"time": time.time(), "changes": {
           key: {"old": old, "new": new} for key, (old, new) in
           changes.items()}}) + "\n")
-  _write_atomically(path, json.dumps(new, indent=2))
+  _write_atomically(os.path.join(workdir, CONFIG_FILE),
+                    json.dumps(_as_json(config), indent=2))
+
+
+def _as_json(config):
+  return json.loads(config.to_json_best_effort())
 
 
 def differences(old, new):

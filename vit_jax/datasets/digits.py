@@ -11,7 +11,6 @@ from sklearn import model_selection
 import tensorflow_datasets as tfds
 
 IMAGE_SIZE = 8
-NUM_CLASSES = 10
 NUM_TEST_EXAMPLES = 360
 SKLEARN_MAX_VALUE = 16  # Pixels count the set bits of 4x4 cells.
 
@@ -28,14 +27,34 @@ def split_indices(labels):
       random_state=0)
 
 
+class DigitsConfig(tfds.core.BuilderConfig):
+  """Which digits a variant holds; they are relabelled 0, 1, ... in order."""
+
+  def __init__(self, *, digits, **kwargs):
+    super().__init__(version="1.0.0", **kwargs)
+    self.digits = tuple(digits)
+
+
 class Digits(tfds.core.GeneratorBasedBuilder):
-  """1,797 grayscale 8x8 digits, 10 classes; 1,437 train / 360 test."""
+  """1,797 grayscale 8x8 digits, 10 classes; 1,437 train / 360 test.
+
+  `digits` (= `digits/all`) holds them all; `digits/0to4` and `digits/5to9`
+  hold halves, with the same train/test assignment, for transfer
+  experiments (configs/digits_transfer.py).
+  """
 
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {
       "1.0.0": "sklearn load_digits, pixels scaled to uint8, fixed stratified "
                "360-example test split (random_state=0).",
   }
+  BUILDER_CONFIGS = [
+      DigitsConfig(name="all", digits=range(10), description="All digits."),
+      DigitsConfig(name="0to4", digits=range(5),
+                   description="Digits 0-4, labels 0-4."),
+      DigitsConfig(name="5to9", digits=range(5, 10),
+                   description="Digits 5-9, labels 0-4."),
+  ]
 
   @tfds.core.utils.classproperty
   @classmethod
@@ -53,7 +72,8 @@ class Digits(tfds.core.GeneratorBasedBuilder):
         features=tfds.features.FeaturesDict({
             "image": tfds.features.Image(
                 shape=(IMAGE_SIZE, IMAGE_SIZE, 1), dtype=np.uint8),
-            "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
+            "label": tfds.features.ClassLabel(
+                names=[str(d) for d in self.builder_config.digits]),
         }),
         supervised_keys=("image", "label"),
         homepage="https://scikit-learn.org/stable/modules/generated/"
@@ -70,7 +90,11 @@ class Digits(tfds.core.GeneratorBasedBuilder):
     }
 
   def _generate_examples(self, digits, indices):
+    kept = self.builder_config.digits
     for index in indices:
+      if digits.target[index] not in kept:
+        continue
       image = to_uint8(digits.images[index])[..., np.newaxis]
       # The index into load_digits() is a stable, unique key.
-      yield int(index), {"image": image, "label": int(digits.target[index])}
+      yield int(index), {"image": image,
+                         "label": kept.index(digits.target[index])}

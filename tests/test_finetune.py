@@ -1,0 +1,167 @@
+"""Fine-tuning: init_from any checkpoint, Polyak averaging, export."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint, input_pipeline, pretrained, sharding, train
+from tests.util import (REPO, assert_trees_equal, latest_checkpoint,
+                        small_config)
+
+POSEMB = "Transformer/posembed_input/pos_embedding"
+
+
+def flat(tree):
+  return checkpoint.flax.traverse_util.flatten_dict(
+      jax.device_get(tree), sep="/")
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(digits_data_dir, tmp_path_factory):
+  """A digits run at 8x8 with a pre-logits layer, and its export."""
+  workdir = str(tmp_path_factory.mktemp("pretrained"))
+  config = small_config(digits_data_dir, **{"model.representation_size": 32})
+  train.train_and_evaluate(config, workdir)
+  npz = os.path.join(workdir, "export.npz")
+  done = subprocess.run(
+      [sys.executable, "-m", "vit_jax.export", f"--workdir={workdir}",
+       f"--out={npz}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return workdir, npz, config
+
+
+def start_of(config):
+  """The state a run of `config` starts from, before any update."""
+  program = train.build(config, sharding.make_mesh(config.mesh), 10)
+  return train.initial_state(program, config), program
+
+
+@pytest.mark.parametrize("source", ["npz", "workdir", "workdir:6"])
+def test_init_from_loads_the_checkpoint_and_adapts_only_what_it_must(
+    digits_data_dir, pretrained_run, source):
+  workdir, npz, _ = pretrained_run
+  init_from = {"npz": npz, "workdir": workdir,
+               "workdir:6": workdir + ":6"}[source]
+  # 16x16 images: 64 patches instead of 16; no pre-logits layer.
+  config = small_config(digits_data_dir, init_from=init_from, image_size=16)
+  state, _ = start_of(config)
+  loaded = flat(checkpoint.load_npz(npz))
+  started = flat(state.params)
+
+  assert set(loaded) - set(started) == {"pre_logits/kernel",
+                                        "pre_logits/bias"}
+  for key, value in started.items():
+    if key == POSEMB:
+      assert value.shape == (1, 65, 32)
+      np.testing.assert_array_equal(value, checkpoint.resize_posemb(
+          loaded[key], (1, 65, 32), has_class_token=True))
+    elif key.startswith("head/"):  # It sat on the dropped pre-logits.
+      assert not value.any()
+    else:
+      np.testing.assert_array_equal(value, loaded[key], err_msg=key)
+
+
+def test_a_checkpoint_that_does_not_fit_is_named_before_compiling(
+    digits_data_dir, pretrained_run, tmp_path):
+  _, npz, _ = pretrained_run
+  config = small_config(digits_data_dir, init_from=npz,
+                        **{"model.hidden_size": 48})
+  from tests.test_train import compiles_during  # pylint: disable=g-import-not-at-top
+  compiles, error = compiles_during(
+      lambda: train.train_and_evaluate(config, str(tmp_path)))
+  assert "has shape (32,) in the checkpoint but the model wants (48,)" in error
+  assert npz in error
+  assert not compiles
+  assert not os.path.exists(tmp_path / "config.json")
+
+
+def test_a_resumed_fine_tune_reads_its_own_checkpoint_not_init_from(
+    digits_data_dir, pretrained_run, tmp_path):
+  _, npz, _ = pretrained_run
+  source = str(tmp_path / "source.npz")
+  checkpoint.save_npz(checkpoint.load_npz(npz), source)
+  config = small_config(digits_data_dir, init_from=source, total_steps=3)
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  os.remove(source)  # Reading it again would fail.
+  longer = small_config(digits_data_dir, init_from=source, total_steps=6)
+  train.train_and_evaluate(longer, str(tmp_path / "run"))
+  step, _, _ = latest_checkpoint(str(tmp_path / "run"), longer)
+  assert step == 6
+
+
+def test_polyak_average_follows_the_recurrence(digits_data_dir):
+  decay = 0.8
+  config = small_config(digits_data_dir, polyak_decay=decay)
+  state, program = start_of(config)
+  batches = input_pipeline.train_dataset(
+      "digits", "train", batch_size=config.batch_size, image_size=8,
+      data_dir=digits_data_dir).as_numpy_iterator()
+  expected = jax.tree.map(lambda p: np.asarray(p, np.float64),
+                          jax.device_get(state.params))
+  np.testing.assert_array_equal(flat(state.polyak)[POSEMB],
+                                flat(state.params)[POSEMB])
+  for _ in range(4):
+    state, _ = program.train_step(
+        state, input_pipeline.to_global(next(batches), program.batch_sharding))
+    expected = jax.tree.map(lambda a, p: decay * a + (1 - decay) * p,
+                            expected, jax.device_get(state.params))
+  average = jax.device_get(state.polyak)
+  jax.tree.map(lambda a, e: np.testing.assert_allclose(a, e, rtol=1e-5,
+                                                       atol=1e-7),
+               average, expected)
+  # It is a real average: not the params themselves.
+  assert not np.allclose(flat(average)[POSEMB], flat(state.params)[POSEMB])
+
+
+def test_export_writes_the_polyak_average_and_gives_the_same_logits(
+    digits_data_dir, tmp_path):
+  config = small_config(digits_data_dir, polyak_decay=0.5)
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(config, workdir)
+  npz = str(tmp_path / "exported.npz")
+  done = subprocess.run(
+      [sys.executable, "-m", "vit_jax.export", f"--workdir={workdir}",
+       "--step=6", f"--out={npz}"], cwd=REPO, capture_output=True, text=True,
+      timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "Polyak average" in done.stdout
+
+  mesh = sharding.make_mesh(config.mesh)
+  program = train.build(config, mesh, 10)
+  manager = checkpoint.manager(os.path.join(workdir, "checkpoints"), 3)
+  state, _ = checkpoint.restore_latest(manager, program.state_shapes)
+  exported = checkpoint.load_npz(npz)
+  assert_trees_equal(exported, jax.device_get(state.polyak))
+  images = np.random.default_rng(0).uniform(-1, 1, (4, 8, 8, 3))
+  logits = program.model.apply({"params": exported}, images, train=False)
+  expected = program.model.apply({"params": jax.device_get(state.polyak)},
+                                 images, train=False)
+  np.testing.assert_array_equal(logits, expected)
+
+
+def test_export_converts_any_readable_npz_to_the_release_layout(tmp_path):
+  rng = np.random.default_rng(0)
+  big_vision = {"params/pos_embedding": rng.normal(size=(1, 5, 8)),
+                "params/Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel":
+                rng.normal(size=(8, 16))}
+  source = str(tmp_path / "bv.npz")
+  np.savez(source, **big_vision)
+  out = str(tmp_path / "release.npz")
+  done = subprocess.run(
+      [sys.executable, "-m", "vit_jax.export", f"--from={source}",
+       f"--out={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  with np.load(out) as release:
+    assert sorted(release.files) == [
+        "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel", POSEMB]
+
+
+def test_pretrained_source_names_parse():
+  assert pretrained.parse_source("runs/a") == ("runs/a", None)
+  assert pretrained.parse_source("gs://b/runs/a:1200") == ("gs://b/runs/a",
+                                                           1200)
+  assert pretrained.parse_source("b16.npz") == ("b16.npz", None)
