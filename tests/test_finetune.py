@@ -7,6 +7,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from vit_jax import checkpoint, input_pipeline, pretrained, sharding, train
 from tests.util import (REPO, assert_trees_equal, latest_checkpoint,
@@ -165,3 +166,37 @@ def test_pretrained_source_names_parse():
   assert pretrained.parse_source("gs://b/runs/a:1200") == ("gs://b/runs/a",
                                                            1200)
   assert pretrained.parse_source("b16.npz") == ("b16.npz", None)
+
+
+def test_a_folder_of_png_and_jpeg_images_fine_tunes(digits_data_dir,
+                                                    pretrained_run, tmp_path):
+  """The one-command case: a released-layout .npz, a folder of the user's
+  images, a new resolution and class count."""
+  _, npz, _ = pretrained_run
+  rng = np.random.default_rng(0)
+  # Three classes told apart by colour, under noise; sizes vary.
+  colours = {"red": (200, 40, 40), "green": (40, 200, 40),
+             "blue": (40, 40, 200)}
+  for name, rgb in colours.items():
+    os.makedirs(tmp_path / "images" / name)
+    for i in range(30):
+      size = tuple(rng.integers(12, 40, 2))
+      pixels = np.clip(rng.normal(rgb, 40, size + (3,)), 0, 255).astype(
+          np.uint8)
+      if i % 2:
+        file_name, encoded = f"{i}.png", tf.io.encode_png(pixels)
+      else:
+        file_name, encoded = f"{i}.JPG", tf.io.encode_jpeg(pixels, quality=90)
+      with open(tmp_path / "images" / name / file_name, "wb") as f:
+        f.write(encoded.numpy())
+  config = small_config(
+      digits_data_dir, init_from=npz, dataset=f"folder:{tmp_path / 'images'}",
+      train_split="train[:80%]", test_split="train[80%:]", image_size=16,
+      augment="random_crop,flip", total_steps=30, eval_every=30,
+      checkpoint_every=30, **{"optimizer.name": "sgd",
+                              "optimizer.learning_rate": 0.03,
+                              "optimizer.weight_decay": 0.0,
+                              "batch_size": 24})
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert result["test_accuracy"] >= 0.9
+

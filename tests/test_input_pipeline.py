@@ -360,3 +360,115 @@ def test_to_global_builds_arrays_sharded_over_all_devices():
   assert len(arrays["label"].addressable_shards) == 8
   np.testing.assert_array_equal(arrays["image"], batch["image"])
   np.testing.assert_array_equal(arrays["label"], np.arange(16))
+
+
+def gradient_image(height, width):
+  """Distinct values everywhere: rows in channel 0, columns in channel 1."""
+  rows = np.linspace(-1, 1, height, dtype=np.float32)[:, None]
+  cols = np.linspace(-1, 1, width, dtype=np.float32)[None, :]
+  return np.stack([np.broadcast_to(rows, (height, width)),
+                   np.broadcast_to(cols, (height, width)),
+                   rows * cols], axis=-1)
+
+
+def test_random_crop_crops_the_7_6_resized_image():
+  image = gradient_image(20, 30)
+  # 12 * 7 / 6 = 14: the crop starts at one of 3 x 3 offsets.
+  resized = tf.image.resize(image, (14, 14)).numpy()
+  offsets = set()
+  for seed in range(12):
+    crop = preprocess.random_crop(tf.constant(image), tf.constant([seed, 0]),
+                                  image_size=12).numpy()
+    assert crop.shape == (12, 12, 3)
+    matches = [(top, left) for top in range(3) for left in range(3)
+               if np.array_equal(crop, resized[top:top + 12, left:left + 12])]
+    assert len(matches) == 1, f"seed {seed}: not a crop of the resized image"
+    offsets.add(matches[0])
+  assert len(offsets) > 3  # Different seeds, different offsets.
+
+
+def test_random_crop_of_the_release_is_448_then_384():
+  crop = preprocess.random_crop(tf.zeros((500, 300, 3)), tf.constant([0, 0]),
+                                image_size=384)
+  assert crop.shape == (384, 384, 3)
+  assert round(384 * preprocess.RANDOM_CROP_RESIZE_FACTOR) == 448
+
+
+def test_augment_image_keeps_the_streams_of_the_other_augmentations():
+  """flip, shift, inception_crop get the same seeds and ignore image_size."""
+  image = tf.constant(gradient_image(16, 16))
+  seed = tf.constant([3, 4])
+  names = ("inception_crop", "shift", "flip")
+  seeds = tf.random.experimental.stateless_split(seed, num=3)
+  expected = preprocess.inception_crop(image, seeds[0])
+  expected = preprocess.shift(expected, seeds[1])
+  expected = preprocess.flip(expected, seeds[2])
+  np.testing.assert_array_equal(
+      preprocess.augment_image(image, names, seed, 16), expected)
+  cropped = preprocess.augment_image(image, ("random_crop", "flip"), seed, 8)
+  assert cropped.shape == (8, 8, 3)
+
+
+def test_random_crop_batches_are_the_image_size_and_in_range(
+    digits_data_dir):
+  batches = train_batches(digits_data_dir, 2, image_size=12,
+                          augment="random_crop,flip", seed=2)
+  again = train_batches(digits_data_dir, 2, image_size=12,
+                        augment="random_crop,flip", seed=2)
+  assert_same_batches(again, batches)
+  for batch in batches:
+    assert batch["image"].shape == (32, 12, 12, 3)
+    assert batch["image"].dtype == np.float32
+    assert -1 <= batch["image"].min() and batch["image"].max() <= 1
+
+
+def stored_test_images(data_dir, split):
+  """The split's images decoded as the pipeline does, in file order."""
+  builder = input_pipeline.get_builder("digits", data_dir)
+  records = builder.as_dataset(split=split, shuffle_files=False,
+                               decoders={"image": tfds.decode.SkipDecoding()})
+  return [preprocess.decode(record["image"]) for record in records]
+
+
+# 14 -> 16, a margin of 1 each side; 10 -> 11, the odd row and column go to
+# the bottom and right.
+@pytest.mark.parametrize("image_size", [14, 10])
+def test_eval_crop_fraction_resizes_larger_then_crops_the_centre(
+    digits_data_dir, image_size):
+  [batch] = list(input_pipeline.eval_dataset(
+      "digits", "test[:10]", batch_size=10, image_size=image_size,
+      data_dir=digits_data_dir, eval_crop_fraction=0.875).as_numpy_iterator())
+  larger = round(image_size / 0.875)
+  margin = (larger - image_size) // 2
+  expected = np.stack([
+      tf.image.resize(image, (larger, larger)).numpy()[
+          margin:margin + image_size, margin:margin + image_size]
+      for image in stored_test_images(digits_data_dir, "test[:10]")])
+  assert batch["image"].shape == (10, image_size, image_size, 3)
+  np.testing.assert_allclose(batch["image"], expected, atol=1e-6)
+  assert -1 <= batch["image"].min() and batch["image"].max() <= 1
+
+
+def test_eval_crop_fraction_one_is_the_plain_resize(digits_data_dir):
+  def batch(**kwargs):
+    return next(input_pipeline.eval_dataset(
+        "digits", "test[:10]", batch_size=10, image_size=16,
+        data_dir=digits_data_dir, **kwargs).as_numpy_iterator())
+  np.testing.assert_array_equal(batch(eval_crop_fraction=1.0)["image"],
+                                batch()["image"])
+  assert not np.array_equal(batch(eval_crop_fraction=0.5)["image"],
+                            batch()["image"])
+
+
+@pytest.mark.parametrize("fraction", [0, -0.5, 1.5, float("nan")])
+def test_eval_crop_fraction_outside_0_1_is_refused(digits_data_dir, fraction):
+  with pytest.raises(ValueError, match="eval_crop_fraction must be in"):
+    input_pipeline.eval_dataset(
+        "digits", "test", batch_size=8, image_size=8, data_dir=digits_data_dir,
+        eval_crop_fraction=fraction)
+
+
+def test_missing_split_is_named_with_the_splits_there(digits_data_dir):
+  with pytest.raises(ValueError, match="'validation'.*'train', 'test'"):
+    input_pipeline.train_dataset("digits", "validation", batch_size=8,
+                                 image_size=8, data_dir=digits_data_dir)

@@ -11,6 +11,11 @@ Training streams are deterministic functions of (seed, step): each epoch's
 shuffle has its own seed, augmentations are seeded per example, and
 `start_step` jumps to its epoch and skips encoded records within it, so a
 resumed run sees the same batches as an uninterrupted one.
+
+A dataset is a TFDS name, one shipped with vit_jax ("digits"), or
+"folder:PATH", a folder of images laid out by class (see
+vit_jax/datasets/folder.py); the last two are prepared into `data_dir` on
+first use.
 """
 
 import jax
@@ -21,10 +26,13 @@ import tensorflow_datasets as tfds
 # Imported for its side effect: registering the shipped TFDS builders.
 from vit_jax import datasets  # pylint: disable=unused-import
 from vit_jax import preprocess
+from vit_jax.datasets import folder
 
 # Built by vit_jax.datasets, so prepared on first use instead of requiring
 # `tfds build`.
 SHIPPED_DATASETS = ("digits",)
+# "folder:PATH": the images under PATH, prepared on first use (datasets/folder).
+FOLDER_PREFIX = folder.PREFIX
 PREFETCH_BATCHES = 2
 # Per share. Large enough to permute a digits or CIFAR share completely; on
 # ImageNet-sized records it holds about 1 GB of encoded JPEGs.
@@ -35,11 +43,14 @@ _FOREVER = 2**62  # Epochs in an "infinite" stream.
 def get_builder(dataset: str, data_dir: str | None):
   """The prepared TFDS builder of `dataset`; never downloads anything.
 
-  `dataset` is a TFDS name ("cifar10", "imagenet2012:5.1.0", ...) or one of
-  SHIPPED_DATASETS, which is prepared into `data_dir` the first time. Other
+  `dataset` is a TFDS name ("cifar10", "imagenet2012:5.1.0", ...), one of
+  SHIPPED_DATASETS, or "folder:PATH"; the last two are prepared into
+  `data_dir` the first time (a folder again whenever its files change). Other
   datasets must have been prepared in `data_dir` (None: TFDS's default)
   beforehand.
   """
+  if dataset.startswith(FOLDER_PREFIX):
+    return _folder_builder(dataset[len(FOLDER_PREFIX):], data_dir)
   builder = _builder(dataset, data_dir)
   if builder.is_prepared():
     return builder
@@ -54,6 +65,17 @@ def get_builder(dataset: str, data_dir: str | None):
   return _builder(dataset, data_dir)
 
 
+def _folder_builder(root, data_dir):
+  # Named by a fingerprint of the folder's files: a changed folder is a new
+  # config, prepared afresh, and never the stale copy of an earlier one.
+  config = folder.make_config(root)
+  builder = folder.Folder(config=config, data_dir=data_dir)
+  if builder.is_prepared():
+    return builder
+  _prepare_shipped(builder)
+  return folder.Folder(config=config, data_dir=data_dir)
+
+
 def _builder(dataset, data_dir):
   try:
     return tfds.builder(dataset, data_dir=data_dir)
@@ -61,11 +83,12 @@ def _builder(dataset, data_dir):
     # TFDS's own message lists every dataset it knows, burying the point.
     raise ValueError(
         f"unknown dataset {dataset!r}: it is not a TFDS dataset nor one "
-        f"shipped with vit_jax ({', '.join(SHIPPED_DATASETS)})") from None
+        f"shipped with vit_jax ({', '.join(SHIPPED_DATASETS)}), nor a folder "
+        f"of images ({FOLDER_PREFIX}PATH)") from None
 
 
 def _prepare_shipped(builder):
-  """Generates a shipped dataset, tolerating a process that did it first.
+  """Generates a shipped or folder dataset; another process may do it first.
 
   The processes of a local multi-process run all prepare at once; TFDS
   generates into a private directory and renames it into place, so every
@@ -85,7 +108,22 @@ def num_classes(dataset: str, data_dir: str | None) -> int:
 
 def num_examples(dataset: str, split: str, data_dir: str | None) -> int:
   """Examples in `split`, which may be a slice such as "train[:90%]"."""
-  return get_builder(dataset, data_dir).info.splits[split].num_examples
+  return _num_examples(get_builder(dataset, data_dir), dataset, split)
+
+
+def _num_examples(builder, dataset, split):
+  try:
+    return builder.info.splits[split].num_examples
+  except (KeyError, ValueError) as e:
+    hint = ""
+    if dataset.startswith(FOLDER_PREFIX):
+      hint = (f" A folder's splits are its split folders (root/<split>/"
+              f"<class>/<image>), or a single {folder.SINGLE_SPLIT!r} split "
+              f"when the class folders are directly in it (root/<class>/"
+              f"<image>); slice that, e.g. train_split "
+              f"'{folder.SINGLE_SPLIT}[:90%]' and test_split "
+              f"'{folder.SINGLE_SPLIT}[90%:]'.")
+    raise ValueError(f"dataset {dataset!r}: {e}{hint}") from None
 
 
 def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
@@ -111,6 +149,7 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
   names = preprocess.parse_augmentations(augment)
   block = _block_size(batch_size, image_size, shares, num_shares)
   builder = get_builder(dataset, data_dir)
+  _num_examples(builder, dataset, split)  # A clear error for a missing split.
   blocks = []
   for share in shares:
     share_split = tfds.even_splits(split, num_shares)[share]
@@ -135,7 +174,7 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
       example_seed = tf.random.experimental.stateless_fold_in(share_key,
                                                               position)
       image = preprocess.decode(example["image"])
-      image = preprocess.augment_image(image, names, example_seed)
+      image = preprocess.augment_image(image, names, example_seed, image_size)
       return {"image": preprocess.resize(image, image_size),
               "label": tf.cast(example["label"], tf.int32)}
 
@@ -151,7 +190,8 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
 
 
 def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
-                 num_shares=1, data_dir=None) -> tf.data.Dataset:
+                 num_shares=1, data_dir=None,
+                 eval_crop_fraction=1.0) -> tf.data.Dataset:
   """This process's rows of every evaluation batch over `split`, once.
 
   As in training, block s of every global batch comes from share s of the
@@ -160,16 +200,23 @@ def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
   "mask": float32 [rows]}. Every share yields the same number of blocks,
   ceil(largest share / block), so that the collectives of a multi-host
   evaluation line up and every example is counted exactly once.
+
+  Images are resized to image_size (eval_crop_fraction 1.0), or with
+  eval_crop_fraction f in (0, 1) to round(image_size / f) and centrally
+  cropped to image_size, as `preprocess.eval_resize`.
   """
   block = _block_size(batch_size, image_size, shares, num_shares)
+  preprocess.check_crop_fraction(eval_crop_fraction)
   builder = get_builder(dataset, data_dir)
+  _num_examples(builder, dataset, split)  # A clear error for a missing split.
   share_splits = tfds.even_splits(split, num_shares)
   largest = max(builder.info.splits[s].num_examples for s in share_splits)
   num_blocks = -(-largest // block)  # Ceiling division.
 
   def eval_example(example):
     image = preprocess.decode(example["image"])
-    return {"image": preprocess.resize(image, image_size),
+    return {"image": preprocess.eval_resize(image, image_size,
+                                            eval_crop_fraction),
             "label": tf.cast(example["label"], tf.int32),
             "mask": tf.constant(1.0)}
 

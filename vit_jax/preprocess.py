@@ -2,7 +2,10 @@
 
 Images go in as the encoded PNG/JPEG bytes of a TFDS record and come out as
 float32 RGB in [-1, 1] (x / 127.5 - 1, the scaling of the released
-checkpoints). Training augmentations are stateless: each takes an explicit
+checkpoints), whatever their size: grayscale is repeated into the three
+channels, an alpha channel is dropped (the stored colour of transparent
+pixels is kept, not composited onto a background) and 16-bit PNGs are scaled
+to 8 bits. Training augmentations are stateless: each takes an explicit
 seed, so an example's augmentation depends only on (run seed, example index)
 and a resumed run sees the very pixels an uninterrupted one would have.
 
@@ -15,6 +18,14 @@ applied in the order given, to the decoded image, before the final resize:
   inception_crop  random crop of 5%-100% of the area with aspect ratio in
                   [3/4, 4/3], as in ImageNet training; the resize that follows
                   brings it to the model's image size.
+  random_crop     the released fine-tuning recipe: resize to a square of
+                  round(image_size * 7 / 6) (448 for 384), then a random
+                  image_size x image_size crop, so the final resize is a no-op.
+                  Usually followed by flip: "random_crop,flip".
+
+Evaluation resizes to the image size, or with a crop fraction f < 1 resizes
+to round(image_size / f) and takes the central image_size square (the
+ImageNet-style f = 0.875: 256 -> 224); see `eval_resize`.
 """
 
 import tensorflow as tf
@@ -22,10 +33,15 @@ import tensorflow as tf
 SHIFT_DIVISOR = 8  # "shift" moves by at most ceil(side / SHIFT_DIVISOR).
 INCEPTION_AREA_RANGE = (0.05, 1.0)
 INCEPTION_ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
+# "random_crop" resizes to RANDOM_CROP_RESIZE_FACTOR * image_size, then crops.
+RANDOM_CROP_RESIZE_FACTOR = 7 / 6  # 448 -> 384, as in the released recipe.
 
 
 def decode(encoded):
-  """PNG/JPEG bytes -> float32 [h, w, 3] in [-1, 1]; grayscale becomes RGB."""
+  """PNG/JPEG bytes -> float32 [h, w, 3] in [-1, 1].
+
+  Grayscale becomes RGB and alpha is dropped (`channels=3`).
+  """
   image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
   return tf.cast(image, tf.float32) / 127.5 - 1
 
@@ -37,6 +53,40 @@ def resize(image, image_size):
       already_sized, lambda: image,
       lambda: tf.image.resize(image, (image_size, image_size)))
   return tf.ensure_shape(image, (image_size, image_size, 3))
+
+
+def central_crop(image, image_size):
+  """The central [image_size, image_size] of an image at least that large.
+
+  An odd margin leaves its extra pixel at the bottom / right.
+  """
+  shape = tf.shape(image)
+  top = (shape[0] - image_size) // 2
+  left = (shape[1] - image_size) // 2
+  image = image[top:top + image_size, left:left + image_size]
+  return tf.ensure_shape(image, (image_size, image_size, 3))
+
+
+def check_crop_fraction(crop_fraction):
+  if not 0 < crop_fraction <= 1:  # Also refuses NaN.
+    raise ValueError(
+        f"eval_crop_fraction must be in (0, 1], got {crop_fraction!r}: 1 "
+        f"resizes to the image size, f < 1 resizes to image_size / f and "
+        f"takes the central crop")
+
+
+def eval_resize(image, image_size, crop_fraction=1.0):
+  """Evaluation's resize to [image_size, image_size, 3].
+
+  crop_fraction 1: a plain (bilinear) resize. f < 1: resize to the square of
+  round(image_size / f), then the central image_size square (0.875 on 224:
+  256 then the central 224).
+  """
+  check_crop_fraction(crop_fraction)
+  if crop_fraction == 1:
+    return resize(image, image_size)
+  larger = round(image_size / crop_fraction)
+  return central_crop(resize(image, larger), image_size)
 
 
 def flip(image, seed):
@@ -63,10 +113,24 @@ def inception_crop(image, seed):
   return tf.slice(image, begin, size)
 
 
+def random_crop(image, seed, image_size):
+  """Resize to round(image_size * 7 / 6) square, random image_size crop."""
+  larger = round(image_size * RANDOM_CROP_RESIZE_FACTOR)
+  image = resize(image, larger)
+  return tf.image.stateless_random_crop(image, (image_size, image_size, 3),
+                                        seed)
+
+
+def _ignoring_image_size(augmentation):
+  return lambda image, seed, image_size: augmentation(image, seed)
+
+
+# name -> function(image, seed, image_size) -> image.
 AUGMENTATIONS = {
-    "flip": flip,
-    "shift": shift,
-    "inception_crop": inception_crop,
+    "flip": _ignoring_image_size(flip),
+    "shift": _ignoring_image_size(shift),
+    "inception_crop": _ignoring_image_size(inception_crop),
+    "random_crop": random_crop,
 }
 
 
@@ -82,13 +146,15 @@ def parse_augmentations(augment):
   return names
 
 
-def augment_image(image, names, seed):
+def augment_image(image, names, seed, image_size):
   """Applies the named augmentations in order; seed: int [2], one per example.
+
+  `image_size` is the model's resolution, which "random_crop" crops to.
 
   Each augmentation gets its own seed split off `seed`: reusing one seed would
   correlate their draws (e.g. every flipped image also shifted the same way).
   """
   seeds = tf.random.experimental.stateless_split(seed, num=len(names))
   for i, name in enumerate(names):
-    image = AUGMENTATIONS[name](image, seeds[i])
+    image = AUGMENTATIONS[name](image, seeds[i], image_size)
   return image

@@ -21,7 +21,8 @@ from jax.sharding import NamedSharding
 from clu import parameter_overview, periodic_actions
 
 from vit_jax import (checkpoint, errors, input_pipeline, models, optim,
-                     polyak, preemption, pretrained, sharding, writers)
+                     polyak, preemption, preprocess, pretrained, sharding,
+                     writers)
 from vit_jax import workdir as workdir_lib
 
 SECONDS_PER_DAY = 86_400
@@ -134,11 +135,19 @@ def check_config(config, mesh):
       config.model.name)[1]
   if config.image_size % patch:
     raise errors.ConfigError(f"config.model patch size {patch} does not divide "
-                     f"config.image_size={config.image_size}")
+                             f"config.image_size={config.image_size}")
   for key in ("total_steps", "accum_steps", "log_every", "eval_every",
               "checkpoint_every"):
     if config[key] < 1:
       raise errors.ConfigError(f"config.{key} must be >= 1, got {config[key]}")
+  try:  # Data problems surface now, not at the first evaluation.
+    preprocess.check_crop_fraction(config.eval_crop_fraction)
+    preprocess.parse_augmentations(config.augment)
+    for split in (config.train_split, config.test_split):
+      input_pipeline.num_examples(config.dataset, split,
+                                  config.data_dir or None)
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from e
 
 
 def evaluate(program, params, config):
@@ -147,7 +156,8 @@ def evaluate(program, params, config):
   dataset = input_pipeline.eval_dataset(
       config.dataset, config.test_split, batch_size=config.batch_size,
       image_size=config.image_size, shares=shares, num_shares=num_shares,
-      data_dir=config.data_dir or None)
+      data_dir=config.data_dir or None,
+      eval_crop_fraction=config.eval_crop_fraction)
   correct = count = 0
   for batch in dataset.as_numpy_iterator():
     totals = program.eval_step(

@@ -1,0 +1,335 @@
+"""`folder:PATH` datasets: layouts, labels, shares, fresh copies, errors."""
+
+import collections
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax import input_pipeline
+from vit_jax.datasets import folder
+
+CLASSES = ["apple", "banana", "cherry"]
+# (split, class, file name, (height, width), mode): every image a solid
+# colour of its own; sizes, formats, extension cases and modes vary.
+IMAGES = [
+    ("train", "apple", "a.png", (5, 7), "rgb"),
+    ("train", "apple", "b.JPG", (12, 9), "gray"),
+    ("train", "apple", "c.jpeg", (16, 16), "rgb"),
+    ("train", "banana", "d.png", (3, 20), "gray"),
+    ("train", "banana", "e.jpg", (8, 8), "rgb"),
+    ("train", "cherry", "f.PNG", (9, 4), "rgba"),
+    ("train", "cherry", "g.png", (1, 1), "rgb"),
+    ("test", "apple", "h.jpg", (10, 6), "rgb"),
+    ("test", "cherry", "i.png", (7, 7), "gray"),
+    ("test", "cherry", "j.jpeg", (6, 11), "gray"),
+]
+# Well apart, so that JPEG's few levels of error cannot confuse two images.
+TOLERANCE = 8
+
+
+def colour(index, mode):
+  """The RGB colour (0..255) of image `index` as the pipeline decodes it."""
+  level = 20 + 20 * index
+  return (level,) * 3 if mode == "gray" else (level, 255 - level, 60)
+
+
+def write_image(path, index, size, mode):
+  rgb = colour(index, mode)
+  if mode == "gray":
+    pixels = np.full(size + (1,), rgb[0], np.uint8)
+  elif mode == "rgba":  # Fully transparent: the stored colour must survive.
+    pixels = np.full(size + (4,), rgb + (0,), np.uint8)
+  else:
+    pixels = np.full(size + (3,), rgb, np.uint8)
+  if path.lower().endswith(".png"):
+    encoded = tf.io.encode_png(pixels)
+  else:
+    encoded = tf.io.encode_jpeg(pixels, quality=95)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "wb") as f:
+    f.write(encoded.numpy())
+
+
+def make_folder(root, single_split=False, images=IMAGES):
+  """Writes `images` under root; returns {relative path: (colour, label)}."""
+  expected = {}
+  for index, (split, name, file_name, size, mode) in enumerate(images):
+    if single_split:
+      if split != "train":
+        continue
+      relative = f"{name}/{file_name}"
+    else:
+      relative = f"{split}/{name}/{file_name}"
+    write_image(os.path.join(root, relative), index, size, mode)
+    expected[relative] = (colour(index, mode), CLASSES.index(name))
+  return expected
+
+
+@pytest.fixture(scope="module")
+def split_layout(tmp_path_factory):
+  """(dataset, data_dir, {split: [(colour, label)]}), prepared once."""
+  root = str(tmp_path_factory.mktemp("images") / "fruit")
+  expected = make_folder(root)
+  # Ignored: hidden files, other extensions, a hidden folder.
+  with open(os.path.join(root, "README.txt"), "w") as f:
+    f.write("not an image")
+  write_image(os.path.join(root, "train", "apple", ".hidden.png"), 0, (2, 2),
+              "rgb")
+  write_image(os.path.join(root, ".cache", "x", "y.png"), 0, (2, 2), "rgb")
+  with open(os.path.join(root, "test", "cherry", "notes.txt"), "w") as f:
+    f.write("ignored")
+  by_split = collections.defaultdict(list)
+  for relative, value in expected.items():
+    by_split[relative.split("/")[0]].append(value)
+  data_dir = str(tmp_path_factory.mktemp("tensorflow_datasets"))
+  dataset = folder.PREFIX + root
+  input_pipeline.get_builder(dataset, data_dir)
+  return dataset, data_dir, dict(by_split)
+
+
+def eval_examples(dataset, split, data_dir, shares=(0,), num_shares=1):
+  """[(RGB colour 0..255, label)] of the real examples of an evaluation."""
+  batches = list(input_pipeline.eval_dataset(
+      dataset, split, batch_size=4 * num_shares, image_size=6, shares=shares,
+      num_shares=num_shares, data_dir=data_dir).as_numpy_iterator())
+  examples = []
+  for batch in batches:
+    assert batch["image"].shape[1:] == (6, 6, 3)
+    assert batch["image"].dtype == np.float32
+    for image, label, mask in zip(batch["image"], batch["label"],
+                                  batch["mask"]):
+      if mask:
+        # A solid colour stays solid through the resize.
+        assert np.ptp(image, axis=(0, 1)).max() < 2 * TOLERANCE / 127.5
+        examples.append(((image.mean(axis=(0, 1)) + 1) * 127.5, int(label)))
+  return examples
+
+
+def identify(examples, expected):
+  """Indices into `expected` [(colour, label)] of each decoded example."""
+  found = []
+  for rgb, label in examples:
+    matches = [i for i, (colour_, label_) in enumerate(expected)
+               if np.abs(np.subtract(rgb, colour_)).max() <= TOLERANCE]
+    assert len(matches) == 1, f"{rgb} matches images {matches}"
+    assert expected[matches[0]][1] == label, f"{rgb}: label {label}"
+    found.append(matches[0])
+  return found
+
+
+def test_classes_are_the_sorted_folder_names_of_all_splits(split_layout):
+  dataset, data_dir, _ = split_layout
+  assert input_pipeline.num_classes(dataset, data_dir) == 3
+  builder = input_pipeline.get_builder(dataset, data_dir)
+  assert builder.info.features["label"].names == CLASSES
+  assert set(builder.info.splits) == {"train", "test"}
+  assert input_pipeline.num_examples(dataset, "train", data_dir) == 7
+  assert input_pipeline.num_examples(dataset, "test", data_dir) == 3
+  assert input_pipeline.num_examples(dataset, "train[:4]", data_dir) == 4
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_every_image_comes_back_once_with_its_label(split_layout, split):
+  dataset, data_dir, expected = split_layout
+  found = identify(eval_examples(dataset, split, data_dir), expected[split])
+  assert sorted(found) == list(range(len(expected[split])))
+  if split == "test":  # banana has no test images; cherry is still 2.
+    assert {label for _, label in expected[split]} == {0, 2}
+
+
+def test_images_are_stored_byte_for_byte(split_layout):
+  dataset, data_dir, _ = split_layout
+  root = dataset[len(folder.PREFIX):]
+  builder = input_pipeline.get_builder(dataset, data_dir)
+  stored = builder.as_dataset(split="train",
+                              decoders={"image": tfds.decode.SkipDecoding()})
+  stored = sorted(example["image"] for example in tfds.as_numpy(stored))
+  files = []
+  for split, name, file_name, _, _ in IMAGES:
+    if split == "train":
+      with open(os.path.join(root, split, name, file_name), "rb") as f:
+        files.append(f.read())
+  assert stored == sorted(files)
+
+
+@pytest.mark.parametrize("num_shares", [2, 3])
+def test_shares_are_disjoint_and_cover_the_split(split_layout, num_shares):
+  dataset, data_dir, expected = split_layout
+  shares = [identify(eval_examples(dataset, "train", data_dir, shares=(s,),
+                                   num_shares=num_shares), expected["train"])
+            for s in range(num_shares)]
+  assert all(shares)
+  every = [index for share in shares for index in share]
+  assert sorted(every) == list(range(7))  # Disjoint, and all of them.
+
+
+def test_train_batches_are_rgb_in_range_with_random_crop(split_layout):
+  dataset, data_dir, expected = split_layout
+  batches = list(input_pipeline.train_dataset(
+      dataset, "train", batch_size=7, image_size=6,
+      augment="random_crop,flip", seed=1, data_dir=data_dir).take(2)
+                 .as_numpy_iterator())
+  for batch in batches:
+    assert batch["image"].shape == (7, 6, 6, 3)
+    assert batch["image"].dtype == np.float32
+    assert -1 <= batch["image"].min() and batch["image"].max() <= 1
+    examples = [((image.mean(axis=(0, 1)) + 1) * 127.5, int(label))
+                for image, label in zip(batch["image"], batch["label"])]
+    assert sorted(identify(examples, expected["train"])) == list(range(7))
+
+
+def test_single_split_layout_is_train_and_can_be_sliced(tmp_path):
+  root = str(tmp_path / "fruit")
+  expected = list(make_folder(root, single_split=True).values())
+  dataset, data_dir = folder.PREFIX + root, str(tmp_path / "data")
+  builder = input_pipeline.get_builder(dataset, data_dir)
+  assert list(builder.info.splits) == ["train"]
+  assert builder.info.features["label"].names == CLASSES
+  assert input_pipeline.num_examples(dataset, "train", data_dir) == 7
+  head = identify(eval_examples(dataset, "train[:5]", data_dir), expected)
+  tail = identify(eval_examples(dataset, "train[5:]", data_dir), expected)
+  assert len(head) == 5 and len(tail) == 2
+  assert sorted(head + tail) == list(range(7))
+  with pytest.raises(ValueError, match=r"Unknown split 'test'.*'train\[:90%\]'"):
+    input_pipeline.eval_dataset(dataset, "test", batch_size=4, image_size=6,
+                                data_dir=data_dir)
+  with pytest.raises(ValueError, match=r"train\[90%:\]"):
+    input_pipeline.num_examples(dataset, "validation", data_dir)
+
+
+def test_a_changed_folder_is_prepared_afresh(tmp_path):
+  root = tmp_path / "fruit"
+  make_folder(str(root), single_split=True)
+  dataset, data_dir = folder.PREFIX + str(root), str(tmp_path / "data")
+  first = input_pipeline.get_builder(dataset, data_dir)
+  assert input_pipeline.num_examples(dataset, "train", data_dir) == 7
+
+  write_image(str(root / "banana" / "new.png"), 11, (4, 4), "rgb")
+  second = input_pipeline.get_builder(dataset, data_dir)
+  assert second.data_dir != first.data_dir
+  assert input_pipeline.num_examples(dataset, "train", data_dir) == 8
+  assert os.path.isdir(first.data_dir)  # The old copy is left alone.
+
+  # Unchanged: the same copy, not prepared again.
+  assert input_pipeline.get_builder(dataset, data_dir).data_dir == (
+      second.data_dir)
+  # Replaced (new mtime) or removed: another config.
+  names = {folder.make_config(str(root)).name}
+  os.utime(root / "banana" / "new.png", ns=(1, 1))
+  names.add(folder.make_config(str(root)).name)
+  os.remove(root / "banana" / "new.png")
+  names.add(folder.make_config(str(root)).name)
+  assert len(names) == 3
+  assert folder.make_config(str(root)).name == first.builder_config.name
+
+
+def test_config_name_is_readable_and_valid(tmp_path):
+  root = tmp_path / "my photos!"
+  make_folder(str(root), single_split=True)
+  name = folder.make_config(str(root)).name
+  assert name.startswith("my_photos-")
+  assert len(name) == len("my_photos-") + folder.HASH_LENGTH
+
+
+def test_processes_preparing_a_folder_at_once_all_succeed(tmp_path,
+                                                          monkeypatch):
+  root = str(tmp_path / "fruit")
+  make_folder(root, single_split=True)
+  dataset, data_dir = folder.PREFIX + root, str(tmp_path / "data")
+  split_generators = folder.Folder._split_generators
+
+  def another_process_finishes_first(self, dl_manager):
+    monkeypatch.setattr(folder.Folder, "_split_generators", split_generators)
+    folder.Folder(config=folder.make_config(root),
+                  data_dir=data_dir).download_and_prepare(
+                      download_config=tfds.download.DownloadConfig(
+                          try_download_gcs=False))
+    return split_generators(self, dl_manager)
+
+  monkeypatch.setattr(folder.Folder, "_split_generators",
+                      another_process_finishes_first)
+  assert input_pipeline.num_examples(dataset, "train", data_dir) == 7
+
+
+def write_png(path):
+  write_image(str(path), 0, (2, 2), "rgb")
+
+
+def folder_error(root, data_dir):
+  with pytest.raises(ValueError) as error:
+    input_pipeline.get_builder(folder.PREFIX + str(root), str(data_dir))
+  return str(error.value)
+
+
+def test_folders_without_images_are_clear_errors(tmp_path):
+  data_dir = tmp_path / "data"
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  message = folder_error(empty, data_dir)
+  assert str(empty) in message and "is empty" in message
+
+  no_images = tmp_path / "no_images"
+  no_images.mkdir()
+  (no_images / "notes.txt").write_text("x")
+  (no_images / "photo.gif").write_text("x")
+  message = folder_error(no_images, data_dir)
+  assert str(no_images) in message and "no folders of images" in message
+
+  # A class folder holding no images, in either layout.
+  single = tmp_path / "single"
+  write_png(single / "cat" / "1.png")
+  (single / "dog").mkdir()
+  (single / "dog" / "readme.txt").write_text("x")
+  message = folder_error(single, data_dir)
+  assert str(single / "dog") in message and "no images" in message
+
+  splits = tmp_path / "splits"
+  write_png(splits / "train" / "cat" / "1.png")
+  (splits / "test" / "cat").mkdir(parents=True)
+  message = folder_error(splits, data_dir)
+  assert str(splits / "test" / "cat") in message and "no images" in message
+  assert not data_dir.exists()  # Nothing was prepared.
+
+
+def test_malformed_folders_are_clear_errors(tmp_path):
+  data_dir = tmp_path / "data"
+  missing = tmp_path / "missing"
+  assert "not a directory" in folder_error(missing, data_dir)
+
+  loose = tmp_path / "loose"
+  write_png(loose / "1.png")
+  message = folder_error(loose, data_dir)
+  assert str(loose) in message and "1.png" in message
+
+  mixed = tmp_path / "mixed"
+  write_png(mixed / "cat" / "1.png")
+  write_png(mixed / "train" / "dog" / "1.png")
+  message = folder_error(mixed, data_dir)
+  assert str(mixed) in message and "mixes split folders" in message
+
+  nested = tmp_path / "nested"
+  write_png(nested / "train" / "cat" / "1.png")
+  write_png(nested / "train" / "cat" / "more" / "2.png")
+  message = folder_error(nested, data_dir)
+  assert str(nested / "train" / "cat") in message
+
+  bad_split = tmp_path / "bad_split"
+  write_png(bad_split / "all" / "cat" / "1.png")
+  assert "'all'" in folder_error(bad_split, data_dir)
+
+  with pytest.raises(ValueError, match="names no folder"):
+    input_pipeline.get_builder(folder.PREFIX, str(data_dir))
+  with pytest.raises(ValueError, match="must be a local directory"):
+    input_pipeline.get_builder(folder.PREFIX + "gs://bucket/images",
+                               str(data_dir))
+
+
+def test_a_file_that_is_not_an_image_is_named(tmp_path):
+  root = tmp_path / "fruit"
+  write_png(root / "cat" / "1.png")
+  (root / "cat" / "2.jpg").write_bytes(b"<html>not an image</html>")
+  message = folder_error(root, tmp_path / "data")
+  assert str(root / "cat" / "2.jpg") in message
