@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 CPU_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8 \
 	JAX_PLATFORMS=cpu TPU_SKIP_MDS_QUERY=1 TF_CPP_MIN_LOG_LEVEL=2
 
-.PHONY: train test clean
+.PHONY: train test transfer clean
 
 $(VENV)/installed: pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -19,6 +19,15 @@ $(VENV)/installed: pyproject.toml
 train: $(VENV)/installed
 	$(CPU_DEVICES) $(PYTHON) -m vit_jax.main --config=configs/digits.py \
 		--workdir=workdir/digits
+
+# Pre-train on digits 0-4 at 8x8, fine-tune on 5-9 at 16x16, and train the
+# same model on 5-9 from scratch with the same budget (configs/digits_transfer.py).
+transfer: $(VENV)/installed
+	for run in pretrain finetune scratch; do \
+	  $(CPU_DEVICES) $(PYTHON) -m vit_jax.main \
+	    --config=configs/digits_transfer.py:$$run \
+	    --workdir=workdir/transfer/$$run | sed "s/^/$$run: /" || exit 1; \
+	done
 
 test: $(VENV)/installed
 	$(CPU_DEVICES) $(PYTHON) -m pytest -n 2 -q

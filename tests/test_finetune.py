@@ -200,3 +200,24 @@ def test_a_folder_of_png_and_jpeg_images_fine_tunes(digits_data_dir,
   result = train.train_and_evaluate(config, str(tmp_path / "run"))
   assert result["test_accuracy"] >= 0.9
 
+
+
+def test_the_transfer_configs_chain(digits_data_dir, tmp_path):
+  """configs/digits_transfer.py, shortened: pretrain feeds finetune."""
+  from configs import digits_transfer  # pylint: disable=g-import-not-at-top
+  short = {"data_dir": digits_data_dir, "total_steps": 20,
+           "optimizer.warmup_steps": 2}
+  pretrain = digits_transfer.get_config("pretrain")
+  pretrain.update_from_flattened_dict(short)
+  train.train_and_evaluate(pretrain, str(tmp_path / "pretrain"))
+  results = {}
+  for arg in ("finetune", "scratch"):
+    config = digits_transfer.get_config(arg)
+    config.update_from_flattened_dict(short)
+    if config.init_from:
+      config.init_from = str(tmp_path / "pretrain")
+    results[arg] = train.train_and_evaluate(config, str(tmp_path / arg))
+  assert digits_transfer.get_config("finetune").image_size == 16
+  assert all(r["test_accuracy"] > 0.2 for r in results.values())  # Chance.
+  with pytest.raises(ValueError, match="pretrain, finetune or scratch"):
+    digits_transfer.get_config("finetuning")
