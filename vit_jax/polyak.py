@@ -12,8 +12,6 @@ import jax
 
 def init(params, decay):
   """The average's initial value, or None when averaging is off."""
-  if not 0 <= decay < 1:
-    raise ValueError(f"config.polyak_decay must be in [0, 1), got {decay}")
   return params if decay else None
 
 

@@ -140,6 +140,9 @@ def check_config(config, mesh):
               "checkpoint_every"):
     if config[key] < 1:
       raise errors.ConfigError(f"config.{key} must be >= 1, got {config[key]}")
+  if not 0 <= config.polyak_decay < 1:
+    raise errors.ConfigError(f"config.polyak_decay must be in [0, 1), got "
+                             f"{config.polyak_decay}")
   try:  # Data problems surface now, not at the first evaluation.
     preprocess.check_crop_fraction(config.eval_crop_fraction)
     preprocess.parse_augmentations(config.augment)
