@@ -24,6 +24,7 @@ from vit_jax import (checkpoint, errors, input_pipeline, models, optim,
                      polyak, preemption, preprocess, pretrained, sharding,
                      writers)
 from vit_jax import workdir as workdir_lib
+from vit_jax.evaluators import accuracy
 
 SECONDS_PER_DAY = 86_400
 
@@ -151,23 +152,6 @@ def check_config(config, mesh):
                                   config.data_dir or None)
   except ValueError as e:
     raise errors.ConfigError(str(e)) from e
-
-
-def evaluate(program, params, config):
-  """Top-1 accuracy on config.test_split, every example counted once."""
-  shares, num_shares = sharding.process_shares(program.batch_sharding.mesh)
-  dataset = input_pipeline.eval_dataset(
-      config.dataset, config.test_split, batch_size=config.batch_size,
-      image_size=config.image_size, shares=shares, num_shares=num_shares,
-      data_dir=config.data_dir or None,
-      eval_crop_fraction=config.eval_crop_fraction)
-  correct = count = 0
-  for batch in dataset.as_numpy_iterator():
-    totals = program.eval_step(
-        params, input_pipeline.to_global(batch, program.batch_sharding))
-    correct += int(totals["correct"])
-    count += int(totals["count"])
-  return correct / count
 
 
 class Program(NamedTuple):
@@ -320,8 +304,8 @@ def train_and_evaluate(config, workdir):
           window_metrics, window_start, window_steps = [], time.time(), 0
         paused = time.time()
         if step % config.eval_every == 0 or step == config.total_steps:
-          row["test_accuracy"] = evaluate(program, polyak.eval_params(state),
-                                          config)
+          row["test_accuracy"] = accuracy.evaluate(
+              program, polyak.eval_params(state), config)
         if row:  # One row per step: metrics.jsonl has each value once.
           row["core_days"] = core_days()
           writer.write_scalars(step, row)
@@ -343,7 +327,7 @@ def train_and_evaluate(config, workdir):
     manager.wait_until_finished()
     writer.flush()
   if not last:  # Already finished in an earlier run: report, do not train.
-    last = {"test_accuracy": evaluate(program, polyak.eval_params(state),
-                                      config),
+    last = {"test_accuracy": accuracy.evaluate(
+                program, polyak.eval_params(state), config),
             "core_days": core_days()}
   return last

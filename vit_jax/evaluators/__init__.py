@@ -1,0 +1,1 @@
+"""Evaluators: what a run measures on held-out data."""
