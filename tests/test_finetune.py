@@ -221,3 +221,16 @@ def test_the_transfer_configs_chain(digits_data_dir, tmp_path):
   assert all(r["test_accuracy"] > 0.2 for r in results.values())  # Chance.
   with pytest.raises(ValueError, match="pretrain, finetune or scratch"):
     digits_transfer.get_config("finetuning")
+
+
+def test_init_from_with_polyak_trains(digits_data_dir, pretrained_run,
+                                      tmp_path):
+  """The average starts at the loaded params but in buffers of its own (the
+  step donates the state: a shared buffer would be donated twice)."""
+  _, npz, _ = pretrained_run
+  config = small_config(digits_data_dir, init_from=npz, polyak_decay=0.5,
+                        total_steps=3)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result["test_accuracy"] >= 0
+  step, _, _ = latest_checkpoint(str(tmp_path), config)
+  assert step == 3

@@ -17,6 +17,7 @@ import re
 
 import flax
 import flax.linen as nn
+from etils import epath
 import ml_dtypes
 import numpy as np
 import orbax.checkpoint as ocp
@@ -93,7 +94,9 @@ def load_npz(path):
   exactly: every bfloat16 is a float32. Any other void, structured or object
   array is refused with a ValueError naming its key.
   """
-  with np.load(path, allow_pickle=False) as npz:
+  # epath: gs:// paths (the released files) read like local ones.
+  with epath.Path(path).open("rb") as f, np.load(
+      f, allow_pickle=False) as npz:
     flat = {key: _read_array(npz, key, path) for key in npz.files}
   return flax.traverse_util.unflatten_dict(to_release_layout(flat), sep="/")
 

@@ -202,8 +202,10 @@ def initial_state(program, config):
     return state
   params = pretrained.place(adapted, state.params,
                             program.state_shardings.params)
-  return state.replace(params=params,
-                       polyak=None if state.polyak is None else params)
+  # The average starts from the same values, in buffers of its own: the
+  # train step donates the state, and one buffer donated twice crashes XLA.
+  return state.replace(params=params, polyak=None if state.polyak is None
+                       else jax.tree.map(jnp.copy, params))
 
 
 def ensure_finite(metrics, step):
