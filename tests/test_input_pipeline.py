@@ -472,3 +472,116 @@ def test_missing_split_is_named_with_the_splits_there(digits_data_dir):
   with pytest.raises(ValueError, match="'validation'.*'train', 'test'"):
     input_pipeline.train_dataset("digits", "validation", batch_size=8,
                                  image_size=8, data_dir=digits_data_dir)
+
+
+def noisy_image(height, width, channels=3):
+  """uint8 pixels, smooth colours plus noise: JPEG's chroma has detail."""
+  rng = np.random.default_rng(height * 1000 + width)
+  coarse = rng.uniform(0, 255, (1, height // 8 + 2, width // 8 + 2, channels))
+  smooth = tf.image.resize(coarse, (height, width), method="bicubic")[0]
+  pixels = smooth.numpy() + rng.normal(0, 12, (height, width, channels))
+  return np.clip(np.round(pixels), 0, 255).astype(np.uint8)
+
+
+# (height, width, channels, chroma_downsampling): 4:2:0 (the default of
+# libjpeg and of most photos), 4:4:4, grayscale; even and odd sizes.
+JPEG_CASES = [(75, 100, 3, True), (101, 67, 3, True), (64, 80, 3, False),
+              (57, 90, 1, True)]
+
+
+def encoded_jpeg(height, width, channels, chroma_downsampling):
+  return tf.io.encode_jpeg(noisy_image(height, width, channels), quality=90,
+                           chroma_downsampling=chroma_downsampling)
+
+
+@pytest.mark.parametrize("case", JPEG_CASES)
+def test_decoding_only_the_crop_of_a_jpeg_gives_the_same_pixels(case):
+  """Bitwise equal to a full decode then inception_crop, seed for seed."""
+  encoded = encoded_jpeg(*case)
+  crop_sizes = set()
+  for seed in range(12):
+    seed = tf.constant([seed, 1])
+    fused = preprocess.decode_and_inception_crop(encoded, seed).numpy()
+    expected = preprocess.inception_crop(preprocess.decode(encoded), seed)
+    np.testing.assert_array_equal(fused, expected.numpy())
+    assert fused.shape[2] == 3
+    crop_sizes.add(fused.shape)
+  assert len(crop_sizes) > 6  # Real, varied crops, not the whole image.
+
+
+def test_without_the_margin_subsampled_chroma_differs_at_the_edges(
+    monkeypatch):
+  """Why JPEG_CROP_MARGIN: libjpeg takes a tight window's edge for the
+  image's when it upsamples 4:2:0 chroma."""
+  monkeypatch.setattr(preprocess, "JPEG_CROP_MARGIN", 0)
+  encoded = encoded_jpeg(*JPEG_CASES[0])
+  differing = 0
+  for seed in range(12):
+    seed = tf.constant([seed, 1])
+    fused = preprocess.decode_and_inception_crop(encoded, seed).numpy()
+    expected = preprocess.inception_crop(preprocess.decode(encoded),
+                                         seed).numpy()
+    if not np.array_equal(fused, expected):
+      differing += 1
+      inside = np.s_[:, 1:-1]  # The columns away from the window's edges.
+      np.testing.assert_array_equal(fused[inside], expected[inside])
+  assert differing > 0
+
+
+@pytest.mark.parametrize("channels", [3, 4, 1])
+def test_a_png_is_decoded_whole_then_cropped(channels):
+  encoded = tf.io.encode_png(noisy_image(40, 30, channels))
+  for seed in range(5):
+    seed = tf.constant([seed, 2])
+    fused = preprocess.decode_and_inception_crop(encoded, seed)
+    expected = preprocess.inception_crop(preprocess.decode(encoded), seed)
+    np.testing.assert_array_equal(fused, expected)
+    assert fused.shape[2] == 3
+
+
+@pytest.mark.parametrize("names", [
+    ("inception_crop", "flip"), ("inception_crop",),
+    ("inception_crop", "shift", "flip"), ("flip", "inception_crop"),
+    ("random_crop", "flip"), ()])
+def test_decode_and_augment_is_decode_then_augment_image(names):
+  """In tf.data's graph mode too, where the crop is decoded first."""
+  jpeg = encoded_jpeg(*JPEG_CASES[1])
+  png = tf.io.encode_png(noisy_image(40, 30))
+
+  @tf.function
+  def fused(encoded, seed):
+    return preprocess.decode_and_augment(encoded, names, seed, 16)
+
+  @tf.function
+  def expected(encoded, seed):
+    return preprocess.augment_image(preprocess.decode(encoded), names, seed,
+                                    16)
+
+  for encoded in (jpeg, png):
+    for seed in range(4):
+      seed = tf.constant([seed, 3], tf.int64)
+      np.testing.assert_array_equal(fused(encoded, seed),
+                                    expected(encoded, seed))
+
+
+def test_train_batches_of_jpegs_are_those_of_a_full_decode(tmp_path,
+                                                           monkeypatch):
+  """The pipeline's inception_crop batches, decoding only crops, equal the
+  batches it made when it decoded every image whole."""
+  for index, (height, width) in enumerate([(60, 80), (80, 60), (61, 79)] * 4):
+    path = tmp_path / "images" / f"class{index % 2}" / f"{index}.jpg"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(tf.io.encode_jpeg(noisy_image(height, width)).numpy())
+
+  def batches():
+    return take(input_pipeline.train_dataset(
+        f"folder:{tmp_path / 'images'}", "train", batch_size=8,
+        image_size=32, augment="inception_crop,flip", seed=4, shares=(0, 1),
+        num_shares=2, data_dir=str(tmp_path / "data")), 3)
+
+  fused = batches()
+  monkeypatch.setattr(
+      preprocess, "decode_and_augment",
+      lambda encoded, names, seed, image_size: preprocess.augment_image(
+          preprocess.decode(encoded), names, seed, image_size))
+  assert_same_batches(fused, batches())

@@ -81,10 +81,18 @@ def _builder(dataset, data_dir):
     return tfds.builder(dataset, data_dir=data_dir)
   except tfds.core.DatasetNotFoundError:
     # TFDS's own message lists every dataset it knows, burying the point.
+    where = data_dir or ("TFDS's default data_dir ($TFDS_DATA_DIR or "
+                         "~/tensorflow_datasets)")
     raise ValueError(
         f"unknown dataset {dataset!r}: it is not a TFDS dataset nor one "
         f"shipped with vit_jax ({', '.join(SHIPPED_DATASETS)}), nor a folder "
-        f"of images ({FOLDER_PREFIX}PATH)") from None
+        f"of images ({FOLDER_PREFIX}PATH), and {where} holds no prepared "
+        f"copy of it. A dataset outside the TFDS catalog (JFT-300M, "
+        f"ImageNet-21k) is read from its TFDS files: put them in "
+        f"DATA_DIR/{dataset.split(':')[0]}/VERSION/ (dataset_info.json, "
+        f"features.json and the record files, with features 'image' and a "
+        f"ClassLabel 'label', as `tfds build` of your own builder writes "
+        f"them) and set config.data_dir=DATA_DIR") from None
 
 
 def _prepare_shipped(builder):
@@ -173,8 +181,8 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
       # pixels wherever the run (re)started.
       example_seed = tf.random.experimental.stateless_fold_in(share_key,
                                                               position)
-      image = preprocess.decode(example["image"])
-      image = preprocess.augment_image(image, names, example_seed, image_size)
+      image = preprocess.decode_and_augment(example["image"], names,
+                                            example_seed, image_size)
       return {"image": preprocess.resize(image, image_size),
               "label": tf.cast(example["label"], tf.int32)}
 

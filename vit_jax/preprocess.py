@@ -42,7 +42,12 @@ def decode(encoded):
 
   Grayscale becomes RGB and alpha is dropped (`channels=3`).
   """
-  image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+  return _scale(tf.io.decode_image(encoded, channels=3,
+                                   expand_animations=False))
+
+
+def _scale(image):
+  """uint8 -> float32 in [-1, 1]."""
   return tf.cast(image, tf.float32) / 127.5 - 1
 
 
@@ -102,15 +107,57 @@ def shift(image, seed):
 
 
 def inception_crop(image, seed):
+  begin, size = _inception_window(tf.shape(image), seed)
+  return tf.slice(image, begin, size)
+
+
+def _inception_window(shape, seed):
+  """(begin, size) of inception_crop: [top, left, 0], [height, width, -1].
+
+  Depends on the image's height and width (shape[:2]) only.
+  """
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-      tf.shape(image),
+      shape,
       bounding_boxes=tf.zeros([1, 0, 4]),  # None: crop from the whole image.
       seed=seed,
       min_object_covered=0.0,
       aspect_ratio_range=INCEPTION_ASPECT_RATIO_RANGE,
       area_range=INCEPTION_AREA_RANGE,
       use_image_if_no_bounding_boxes=True)
-  return tf.slice(image, begin, size)
+  return begin, size
+
+
+# Pixels decoded around a JPEG crop on each side, then dropped. libjpeg
+# rebuilds subsampled chroma (4:2:0, 4:2:2) from neighbouring samples and
+# takes the edge of the decoded window for the image's, so a tight window's
+# outer rows or columns differ from a full decode's (by up to 20 of 255);
+# one chroma sample (2 pixels) more on each side makes them bitwise equal.
+JPEG_CROP_MARGIN = 2
+
+
+def decode_and_inception_crop(encoded, seed):
+  """inception_crop(decode(encoded), seed), decoding only the crop of a JPEG.
+
+  The crop window needs only the image's height and width, which a JPEG's
+  header holds, so libjpeg decodes just that window (plus JPEG_CROP_MARGIN):
+  about half the work for an average crop. The pixels equal those of a full
+  decode and crop, bitwise (tests/test_input_pipeline.py). Other formats
+  (PNG) are decoded whole, then cropped.
+  """
+  return tf.cond(tf.io.is_jpeg(encoded),
+                 lambda: _decode_jpeg_window(encoded, seed),
+                 lambda: inception_crop(decode(encoded), seed))
+
+
+def _decode_jpeg_window(encoded, seed):
+  shape = tf.io.extract_jpeg_shape(encoded)  # [height, width, channels]
+  begin, size = _inception_window(shape, seed)
+  start = tf.maximum(begin[:2] - JPEG_CROP_MARGIN, 0)
+  end = tf.minimum(begin[:2] + size[:2] + JPEG_CROP_MARGIN, shape[:2])
+  window = tf.io.decode_and_crop_jpeg(
+      encoded, tf.concat([start, end - start], 0), channels=3)
+  crop = tf.slice(window, tf.concat([begin[:2] - start, [0]], 0), size)
+  return _scale(crop)
 
 
 def random_crop(image, seed, image_size):
@@ -156,5 +203,21 @@ def augment_image(image, names, seed, image_size):
   """
   seeds = tf.random.experimental.stateless_split(seed, num=len(names))
   for i, name in enumerate(names):
+    image = AUGMENTATIONS[name](image, seeds[i], image_size)
+  return image
+
+
+def decode_and_augment(encoded, names, seed, image_size):
+  """augment_image(decode(encoded), names, seed, image_size), the same pixels.
+
+  When "inception_crop" comes first, only its crop of a JPEG is decoded
+  (decode_and_inception_crop), and the other augmentations follow with the
+  seeds augment_image gives them. Otherwise it is decode then augment_image.
+  """
+  if names[:1] != ("inception_crop",):
+    return augment_image(decode(encoded), names, seed, image_size)
+  seeds = tf.random.experimental.stateless_split(seed, num=len(names))
+  image = decode_and_inception_crop(encoded, seeds[0])
+  for i, name in enumerate(names[1:], start=1):
     image = AUGMENTATIONS[name](image, seeds[i], image_size)
   return image
