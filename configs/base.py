@@ -1,0 +1,46 @@
+"""Every config key and its default, in one place.
+
+A config file starts from `get_config()` and sets what its experiment
+needs; `vit_jax.main` then takes any key as --config.KEY=VALUE. README's
+"Config keys" table explains each.
+"""
+
+import ml_collections
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.dataset = ""
+  config.data_dir = ""  # "": TFDS's default (or $TFDS_DATA_DIR).
+  config.train_split = "train"
+  config.test_split = "test"
+  config.image_size = 0
+  # Comma-separated: flip, shift, inception_crop, random_crop (resize to 7/6
+  # of image_size, crop back: the fine-tuning recipe).
+  config.augment = ""
+  # Evaluation resizes to image_size; f < 1 resizes to image_size / f and
+  # takes the central crop (0.875: 256 -> 224).
+  config.eval_crop_fraction = 1.0
+  # `name` ("B/16") gives the sizes (Table 1); any other field overrides
+  # models.create's.
+  config.model = ml_collections.ConfigDict(dict(
+      name="", classifier="token", representation_size=None,
+      dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32"))
+  config.batch_size = 0
+  config.accum_steps = 1  # Raise it where a batch does not fit in memory.
+  config.total_steps = 0
+  config.optimizer = ml_collections.ConfigDict(dict(
+      name="", learning_rate=0.0, warmup_steps=0, decay="", weight_decay=0.0,
+      grad_clip_norm=0.0, b1=0.9, b2=0.999, momentum=0.9))
+  # A checkpoint to start from: an .npz or a workdir of ours (DIR[:STEP]).
+  config.init_from = ""
+  config.polyak_decay = 0.0  # 0: no Polyak average of the params.
+  # Pure data parallelism over every device; a model that does not fit can
+  # use --config.mesh.fsdp=N or model=N (data then takes the rest).
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1))
+  config.seed = 0
+  config.log_every = 100
+  config.eval_every = 1000
+  config.checkpoint_every = 1000
+  config.keep_checkpoints = 3
+  return config
