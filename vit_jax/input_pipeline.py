@@ -60,7 +60,7 @@ def get_builder(dataset: str, data_dir: str | None):
         f"datasets must be prepared beforehand (`tfds build {builder.name} "
         f"--data_dir=DIR`, after any manual download its documentation asks "
         f"for) and data_dir set to DIR; vit_jax does not download data")
-  _prepare_shipped(builder)
+  _prepare_here(builder)
   # A fresh builder reads the info of the files on disk, whoever wrote them.
   return _builder(dataset, data_dir)
 
@@ -72,7 +72,7 @@ def _folder_builder(root, data_dir):
   builder = folder.Folder(config=config, data_dir=data_dir)
   if builder.is_prepared():
     return builder
-  _prepare_shipped(builder)
+  _prepare_here(builder)
   return folder.Folder(config=config, data_dir=data_dir)
 
 
@@ -95,7 +95,7 @@ def _builder(dataset, data_dir):
         f"them) and set config.data_dir=DATA_DIR") from None
 
 
-def _prepare_shipped(builder):
+def _prepare_here(builder):
   """Generates a shipped or folder dataset; another process may do it first.
 
   The processes of a local multi-process run all prepare at once; TFDS

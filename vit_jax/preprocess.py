@@ -193,17 +193,19 @@ def parse_augmentations(augment):
   return names
 
 
-def augment_image(image, names, seed, image_size):
+def augment_image(image, names, seed, image_size, done=0):
   """Applies the named augmentations in order; seed: int [2], one per example.
 
-  `image_size` is the model's resolution, which "random_crop" crops to.
+  `image_size` is the model's resolution, which "random_crop" crops to. The
+  first `done` augmentations were applied already (decode_and_augment crops
+  while decoding); the rest keep their own seeds.
 
   Each augmentation gets its own seed split off `seed`: reusing one seed would
   correlate their draws (e.g. every flipped image also shifted the same way).
   """
   seeds = tf.random.experimental.stateless_split(seed, num=len(names))
-  for i, name in enumerate(names):
-    image = AUGMENTATIONS[name](image, seeds[i], image_size)
+  for i in range(done, len(names)):
+    image = AUGMENTATIONS[names[i]](image, seeds[i], image_size)
   return image
 
 
@@ -211,13 +213,10 @@ def decode_and_augment(encoded, names, seed, image_size):
   """augment_image(decode(encoded), names, seed, image_size), the same pixels.
 
   When "inception_crop" comes first, only its crop of a JPEG is decoded
-  (decode_and_inception_crop), and the other augmentations follow with the
-  seeds augment_image gives them. Otherwise it is decode then augment_image.
+  (decode_and_inception_crop), with the seed augment_image would give it.
   """
   if names[:1] != ("inception_crop",):
     return augment_image(decode(encoded), names, seed, image_size)
-  seeds = tf.random.experimental.stateless_split(seed, num=len(names))
-  image = decode_and_inception_crop(encoded, seeds[0])
-  for i, name in enumerate(names[1:], start=1):
-    image = AUGMENTATIONS[name](image, seeds[i], image_size)
-  return image
+  crop_seed = tf.random.experimental.stateless_split(seed, num=len(names))[0]
+  image = decode_and_inception_crop(encoded, crop_seed)
+  return augment_image(image, names, seed, image_size, done=1)
