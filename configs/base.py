@@ -13,7 +13,6 @@ def get_config():
   config.dataset = ""
   config.data_dir = ""  # "": TFDS's default (or $TFDS_DATA_DIR).
   config.train_split = "train"
-  config.test_split = "test"
   config.image_size = 0
   # Comma-separated: flip, shift, inception_crop, random_crop (resize to 7/6
   # of image_size, crop back: the fine-tuning recipe).
@@ -40,7 +39,11 @@ def get_config():
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1))
   config.seed = 0
   config.log_every = 100
-  config.eval_every = 1000
+  # What the run measures, each every N steps and at the end (0: never):
+  # name -> kind and settings, see vit_jax/evaluators/__init__.py. The
+  # name prefixes the metrics: "test" logs test_accuracy.
+  config.evaluators = ml_collections.ConfigDict(dict(
+      test=dict(kind="accuracy", every=1000, split="test")))
   config.checkpoint_every = 1000
   config.keep_checkpoints = 3
   return config

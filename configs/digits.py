@@ -31,6 +31,6 @@ def get_config():
 
   config.mesh.update(data=4, model=2)
   config.log_every = 50
-  config.eval_every = 250
+  config.evaluators.test.every = 250
   config.checkpoint_every = 250
   return config

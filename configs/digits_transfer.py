@@ -22,11 +22,11 @@ def get_config(arg="finetune"):
   config.total_steps = FINETUNE_STEPS
   config.optimizer.warmup_steps = 10
   config.log_every = 25
-  config.eval_every = config.checkpoint_every = FINETUNE_STEPS
+  config.evaluators.test.every = config.checkpoint_every = FINETUNE_STEPS
   if arg == "pretrain":
     config.dataset = "digits/0to4"
     config.total_steps = 300
-    config.eval_every = config.checkpoint_every = 300
+    config.evaluators.test.every = config.checkpoint_every = 300
   elif arg in ("finetune", "scratch"):
     config.dataset = "digits/5to9"
     config.image_size = 16

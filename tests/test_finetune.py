@@ -191,9 +191,10 @@ def test_a_folder_of_png_and_jpeg_images_fine_tunes(digits_data_dir,
         f.write(encoded.numpy())
   config = small_config(
       digits_data_dir, init_from=npz, dataset=f"folder:{tmp_path / 'images'}",
-      train_split="train[:80%]", test_split="train[80%:]", image_size=16,
-      augment="random_crop,flip", total_steps=30, eval_every=30,
-      checkpoint_every=30, **{"optimizer.name": "sgd",
+      train_split="train[:80%]", image_size=16,
+      augment="random_crop,flip", total_steps=30,
+      checkpoint_every=30, **{"evaluators.test.split": "train[80%:]",
+                              "evaluators.test.every": 30,"optimizer.name": "sgd",
                               "optimizer.learning_rate": 0.03,
                               "optimizer.weight_decay": 0.0,
                               "batch_size": 24})

@@ -19,8 +19,8 @@ from tests.util import (assert_trees_equal, finish, latest_checkpoint,
 # that are exactly zero in exact arithmetic (the attention key biases: a
 # softmax ignores a constant added to all its logits) into steps of +-lr,
 # so that params from a different summation order differ by 1e-4.
-POD = {"total_steps": 16, "log_every": 1, "eval_every": 8,
-       "checkpoint_every": 8, "test_split": "test[:357]",
+POD = {"total_steps": 16, "log_every": 1, "evaluators.test.every": 8,
+       "checkpoint_every": 8, "evaluators.test.split": "test[:357]",
        "optimizer.name": "sgd", "optimizer.learning_rate": 0.1,
        "optimizer.weight_decay": 0.0}
 

@@ -15,7 +15,8 @@ from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
                         main_flags, metric_rows, small_config, start_main,
                         wait_for_step)
 
-LONG = dict(total_steps=60, log_every=1, eval_every=30, checkpoint_every=25)
+LONG = {"total_steps": 60, "log_every": 1, "evaluators.test.every": 30,
+        "checkpoint_every": 25}
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,8 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
 
   monkeypatch.setattr(train, "make_train_step", poisoned_at_step_5)
   config = small_config(digits_data_dir, total_steps=12, log_every=1,
-                        checkpoint_every=2, eval_every=12)
+                        checkpoint_every=2,
+                        **{"evaluators.test.every": 12})
   with pytest.raises(errors.RunError, match="train_loss is nan at step 5"):
     train.train_and_evaluate(config, str(tmp_path))
   step, params, _ = latest_checkpoint(str(tmp_path), config)

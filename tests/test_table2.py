@@ -74,6 +74,7 @@ SPLITS = {
     "oxford_iiit_pet": {"train": 3_680, "test": 3_669},
     "oxford_flowers102": {"train": 1_020, "validation": 1_020,
                           "test": 6_149},
+    "imagenet2012_real": {"validation": 50_000},
 }
 # Not in the catalog: (train images, classes). JFT-300M has 18,291 classes,
 # big_vision's ImageNet-21k 21,843.
@@ -136,11 +137,16 @@ def fake_records(builder, split, decoders=None, **_):
   oxford_iiit_pet's bounding boxes, drawing ymin > ymax.)"""
   del split, decoders
   rng = np.random.default_rng(0)
-  num_classes = builder.info.features["label"].num_classes
   images = [tf.io.encode_png(rng.integers(
       0, 256, (*rng.integers(20, 61, 2), 3), dtype=np.uint8)).numpy()
             for _ in range(16)]
-  labels = rng.integers(0, num_classes, 16)
+  if builder.name == "imagenet2012_real":  # A set of 0 to 2 labels each.
+    return tf.data.Dataset.from_tensor_slices({
+        "image": images, "original_label": np.arange(16),
+        "real_label": tf.ragged.constant([[i, 2 * i][:i % 3] for i in
+                                          range(16)], dtype=tf.int64)})
+  num_classes = builder.info.features["label"].num_classes
+  labels = np.arange(16) % num_classes  # Some classes of each, for few-shot.
   return tf.data.Dataset.from_tensor_slices({"image": images,
                                              "label": labels})
 
@@ -163,19 +169,31 @@ def shrunk(config, image_size):
   config.total_steps = 2
   config.optimizer.warmup_steps = 1
   config.log_every = 1
-  config.eval_every = config.checkpoint_every = 2
+  config.checkpoint_every = 2
+  for evaluator in config.evaluators.values():
+    evaluator.every = 2
+  if "fewshot" in config.evaluators:
+    # What 16 random examples per share can fill; small splits, for the
+    # padding of every share is as long as the metadata's sizes say.
+    fewshot = config.evaluators.fewshot
+    fewshot.update(shots=(1, 5), heldout_per_class=2)
+    for dataset, (pool, test) in fewshot.datasets.items():
+      fewshot.datasets[dataset] = (f"{pool.split('+')[0]}[:128]",
+                                   f"{test}[:16]")
   config.mesh.update(data=8, fsdp=1, model=1)
   return config
 
 
 def flat_keys(config):
+  """Dotted keys, but for the evaluators, which each config names."""
   def walk(d, prefix):
     for key, value in d.items():
       if isinstance(value, dict):
         yield from walk(value, prefix + key + ".")
       else:
         yield prefix + key
-  return set(walk(config.to_dict(), ""))
+  return {key for key in walk(config.to_dict(), "")
+          if not key.startswith("evaluators.")}
 
 
 # --- The numbers -------------------------------------------------------------
@@ -212,7 +230,14 @@ def test_pretrain_is_table3(arg):
   assert config.mesh.to_dict() == dict(data=-1, fsdp=1, model=1)
   # The held-out images are not trained on.
   assert config.train_split == "train[51200:]"
-  assert config.test_split == "train[:51200]"
+  assert config.evaluators.val.to_dict() == dict(
+      kind="accuracy", every=10_000, split="train[:51200]")
+  # Few-shot linear probes of Table 2's downstream datasets (Section 4.1).
+  assert config.evaluators.fewshot.kind == "fewshot"
+  assert config.evaluators.fewshot.datasets.to_dict() == {
+      "imagenet2012": ("train", "validation"), "cifar10": ("train", "test"),
+      "cifar100": ("train", "test"), "oxford_iiit_pet": ("train", "test"),
+      "oxford_flowers102": ("train+validation", "test")}
 
 
 @pytest.mark.parametrize("arg", OTHER_PRETRAIN)
@@ -285,8 +310,9 @@ def test_finetune_is_table4(arg):
       name=model_name, classifier="token", representation_size=None,
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16")
   # 2% of the train split held out: the minival that picks the lr.
-  assert (config.train_split, config.test_split) == ("train[:98%]",
-                                                     "train[98%:]")
+  assert config.train_split == "train[:98%]"
+  assert config.evaluators.to_dict() == {"minival": dict(
+      kind="accuracy", every=steps // 10, split="train[98%:]")}
   if source == "i21k":
     assert config.init_from == "gs://vit_models/imagenet21k/ViT-L_16.npz"
   else:  # A placeholder that names the way out, and no file.
@@ -296,7 +322,15 @@ def test_finetune_is_table4(arg):
 
   for extra in ("test", "0.01,test", "test,0.01"):
     on_test = finetune.get_config(f"{arg},{extra}")
-    assert (on_test.train_split, on_test.test_split) == ("train", test_split)
+    assert on_test.train_split == "train"
+    assert on_test.evaluators.test.to_dict() == dict(
+        kind="accuracy", every=steps // 10, split=test_split)
+    # ImageNet's validation images scored against ReaL's label sets too.
+    assert ("real" in on_test.evaluators) == on_imagenet
+    if on_imagenet:
+      assert on_test.evaluators.real.to_dict() == dict(
+          kind="real", every=steps // 10, dataset="imagenet2012_real",
+          split="validation")
     assert on_test.optimizer.learning_rate == (
         0.01 if "0.01" in extra else opt.learning_rate)
   for lr in sweep:
@@ -365,44 +399,59 @@ def test_full_size_model_builds(mock_tfds, name):
   assert (program.state_shapes.polyak is None) == (config.polyak_decay == 0)
 
 
+def small_split(split):
+  """64 examples of the split (of its first part): evaluating a whole
+  held-out split, as large as its metadata says, would be thousands of
+  padded batches of 16."""
+  return split.split("[")[0].split("+")[0] + "[:64]"
+
+
 def run_two_steps(name, workdir, image_patches=2, **overrides):
   """Two steps of `name` with a tiny model on images of image_patches^2
-  patches, on random examples; returns its config."""
+  patches, on random examples, every evaluator included; returns its
+  config."""
   config = get(name)
   patch = int(config.model.name.split("/")[1])
   shrunk(config, image_size=image_patches * patch)
-  config.update(overrides)
+  for evaluator in config.evaluators.values():
+    if "split" in evaluator:
+      evaluator.split = small_split(evaluator.split)
+  config.update_from_flattened_dict(overrides)
   result = train.train_and_evaluate(config, str(workdir))
-  assert 0.0 <= result["test_accuracy"] <= 1.0
+  for evaluator in config.evaluators:
+    scores = [v for k, v in result.items() if k.startswith(evaluator)]
+    assert scores and all(0.0 <= v <= 1.0 for v in scores), evaluator
   assert os.path.exists(os.path.join(workdir, "checkpoints", "2"))
-  return config
-
-
-# Evaluating whole held-out splits of 51,200 (pre-training) and 25,623
-# (ImageNet's minival) images is thousands of batches of 16: these runs
-# evaluate 64 images inside them.
-PRETRAIN_EVAL = "train[:64]"
-IMAGENET_EVAL = "train[-64:]"
-
-
-def test_two_steps_of_jft_pretraining(mock_tfds, tmp_path):
-  run_two_steps("pretrain:H/14,jft", tmp_path, test_split=PRETRAIN_EVAL)
-
-
-def test_two_steps_of_pets_finetune(mock_tfds, tmp_path):
-  run_two_steps("finetune:H/14-jft,pets", tmp_path, init_from="")
+  return config, result
 
 
 def test_imagenet_finetune_starts_from_an_i21k_pretrain_run(
-    mock_tfds, tmp_path, monkeypatch):
+    mock_tfds, tmp_path):
   """L/16 pre-trained on ImageNet-21k (2x2 patches, pre-logits) feeds the
-  ImageNet fine-tune (3x3 patches, no pre-logits, Polyak) via init_from."""
+  ImageNet fine-tune (3x3 patches, no pre-logits, Polyak) via init_from,
+  scored on the validation split and its ReaL labels."""
   upstream = tmp_path / "pretrain"
-  run_two_steps("pretrain:L/16,i21k", upstream, test_split=PRETRAIN_EVAL)
-  config = run_two_steps("finetune:L/16-i21k,imagenet", tmp_path / "finetune",
-                         image_patches=3, init_from=str(upstream),
-                         test_split=IMAGENET_EVAL)
+  run_two_steps("pretrain:L/16,i21k", upstream)
+  config, result = run_two_steps("finetune:L/16-i21k,imagenet,test",
+                                 tmp_path / "finetune", image_patches=3,
+                                 init_from=str(upstream))
   assert config.polyak_decay == 0.9999
+  assert {"test_accuracy", "real_accuracy"} <= set(result)
+
+
+# Every other config of Table 2 (ReaL is ImageNet's), from scratch: the
+# JFT models are not public, and loading is the test above's.
+OTHER_RUNS = (["pretrain:H/14,jft", "pretrain:L/16,jft"] + [
+    f"finetune:{column},{row}" for column in COLUMNS
+    for row in ("imagenet", "cifar10", "cifar100", "pets", "flowers")
+    if (column, row) != ("L/16-i21k", "imagenet")])
+
+
+@pytest.mark.parametrize("name", OTHER_RUNS)
+def test_two_steps(mock_tfds, tmp_path, name):
+  _, result = run_two_steps(name, tmp_path, init_from="")
+  if name.startswith("pretrain:"):  # cifar10's classes fill 1 and 5 shots.
+    assert {"fewshot/cifar10_1shot", "fewshot/cifar10_5shot"} <= set(result)
 
 
 def test_jft_finetune_placeholder_stops_before_compiling(mock_tfds, tmp_path):
@@ -421,6 +470,7 @@ def test_jft_is_read_from_prepared_files(tmp_path):
   write_private_metadata(str(tmp_path), "jft300m", *PRIVATE["jft300m"])
   config = pretrain.get_config("H/14,jft")
   config.data_dir = str(tmp_path)
+  config.evaluators.fewshot.every = 0  # Its datasets are not here.
   train.check_config(config, sharding.make_mesh(config.mesh))
   assert input_pipeline.num_classes("jft300m", str(tmp_path)) == 18_291
   assert pretrain.get_config("H/14,jft,jft_v2").dataset == "jft_v2"

@@ -117,8 +117,8 @@ def test_a_crashed_run_resumes_to_the_uninterrupted_result(
 
 def test_a_vit_learns_digits(digits_data_dir, tmp_path):
   config = small_config(
-      digits_data_dir, total_steps=150, log_every=25, eval_every=75,
-      checkpoint_every=150, batch_size=64, **{
+      digits_data_dir, total_steps=150, log_every=25,
+      checkpoint_every=150, batch_size=64, **{"evaluators.test.every": 75,
           "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 20,
           "model.hidden_size": 64, "model.mlp_dim": 128})
   result = train.train_and_evaluate(config, str(tmp_path))
@@ -138,7 +138,7 @@ def test_command_line_overrides_take_effect(digits_data_dir, tmp_path):
       sys.executable, "-m", "vit_jax.main", "--config=configs/digits.py",
       f"--workdir={workdir}", f"--config.data_dir={digits_data_dir}",
       "--config.total_steps=4", "--config.batch_size=16",
-      "--config.log_every=2", "--config.eval_every=4",
+      "--config.log_every=2", "--config.evaluators.test.every=4",
       "--config.checkpoint_every=4", "--config.model.hidden_size=16",
       "--config.model.num_layers=1", "--config.mesh.data=8",
       "--config.mesh.model=1", "--config.optimizer.warmup_steps=1"]

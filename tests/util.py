@@ -25,7 +25,7 @@ def randomize(tree, seed=0, scale=0.2):
 SMALL = {
     "model.hidden_size": 32, "model.num_layers": 2, "model.mlp_dim": 64,
     "model.num_heads": 4, "batch_size": 32, "total_steps": 6,
-    "optimizer.warmup_steps": 2, "log_every": 3, "eval_every": 3,
+    "optimizer.warmup_steps": 2, "log_every": 3, "evaluators.test.every": 3,
     "checkpoint_every": 3,
 }
 

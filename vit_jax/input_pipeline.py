@@ -12,11 +12,15 @@ shuffle has its own seed, augmentations are seeded per example, and
 `start_step` jumps to its epoch and skips encoded records within it, so a
 resumed run sees the same batches as an uninterrupted one.
 
-A dataset is a TFDS name, one shipped with vit_jax ("digits"), or
+A dataset is a TFDS name, one shipped with vit_jax ("digits"),
 "folder:PATH", a folder of images laid out by class (see
-vit_jax/datasets/folder.py); the last two are prepared into `data_dir` on
-first use.
+vit_jax/datasets/folder.py), or "vtab:TASK", a VTAB-1k task (a TFDS dataset
+and the label the task reads from it, vit_jax/datasets/vtab.py). Shipped
+datasets and folders are prepared into `data_dir` on first use.
 """
+
+import dataclasses
+from typing import Callable
 
 import jax
 import numpy as np
@@ -26,13 +30,17 @@ import tensorflow_datasets as tfds
 # Imported for its side effect: registering the shipped TFDS builders.
 from vit_jax import datasets  # pylint: disable=unused-import
 from vit_jax import preprocess
-from vit_jax.datasets import folder
+from vit_jax.datasets import folder, vtab
 
 # Built by vit_jax.datasets, so prepared on first use instead of requiring
 # `tfds build`.
 SHIPPED_DATASETS = ("digits",)
 # "folder:PATH": the images under PATH, prepared on first use (datasets/folder).
 FOLDER_PREFIX = folder.PREFIX
+VTAB_PREFIX = "vtab:"
+# Datasets whose class label is not the feature "label": ImageNet ReaL's
+# validation images carry the original ImageNet label beside the ReaL sets.
+LABEL_FEATURES = {"imagenet2012_real": "original_label"}
 PREFETCH_BATCHES = 2
 # Per share. Large enough to permute a digits or CIFAR share completely; on
 # ImageNet-sized records it holds about 1 GB of encoded JPEGs.
@@ -110,13 +118,40 @@ def _prepare_here(builder):
       raise
 
 
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """A prepared dataset, and how an example's image and class are read."""
+  builder: tfds.core.DatasetBuilder
+  num_classes: int
+  label: Callable  # TFDS example (image still encoded) -> int32 class
+  image_key: str = "image"
+  fix_image: Callable | None = None  # encoded image -> encoded image
+
+
+def get_source(dataset: str, data_dir: str | None) -> Source:
+  """The Source of `dataset` (see the module docstring for the names)."""
+  if dataset.startswith(VTAB_PREFIX):
+    task = vtab.get(dataset[len(VTAB_PREFIX):])
+    builder = get_builder(task.tfds_name, data_dir)
+    label = task.label or _feature("label")
+    return Source(builder, task.num_classes, label, task.image_key,
+                  task.image)
+  builder = get_builder(dataset, data_dir)
+  key = LABEL_FEATURES.get(builder.name, "label")
+  return Source(builder, builder.info.features[key].num_classes, _feature(key))
+
+
+def _feature(key):
+  return lambda example: tf.cast(example[key], tf.int32)
+
+
 def num_classes(dataset: str, data_dir: str | None) -> int:
-  return get_builder(dataset, data_dir).info.features["label"].num_classes
+  return get_source(dataset, data_dir).num_classes
 
 
 def num_examples(dataset: str, split: str, data_dir: str | None) -> int:
   """Examples in `split`, which may be a slice such as "train[:90%]"."""
-  return _num_examples(get_builder(dataset, data_dir), dataset, split)
+  return _num_examples(get_source(dataset, data_dir).builder, dataset, split)
 
 
 def _num_examples(builder, dataset, split):
@@ -129,7 +164,7 @@ def _num_examples(builder, dataset, split):
               f"<class>/<image>), or a single {folder.SINGLE_SPLIT!r} split "
               f"when the class folders are directly in it (root/<class>/"
               f"<image>); slice that, e.g. train_split "
-              f"'{folder.SINGLE_SPLIT}[:90%]' and test_split "
+              f"'{folder.SINGLE_SPLIT}[:90%]' and evaluators.test.split "
               f"'{folder.SINGLE_SPLIT}[90%:]'.")
     raise ValueError(f"dataset {dataset!r}: {e}{hint}") from None
 
@@ -156,7 +191,8 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
   """
   names = preprocess.parse_augmentations(augment)
   block = _block_size(batch_size, image_size, shares, num_shares)
-  builder = get_builder(dataset, data_dir)
+  source = get_source(dataset, data_dir)
+  builder = source.builder
   _num_examples(builder, dataset, split)  # A clear error for a missing split.
   blocks = []
   for share in shares:
@@ -165,9 +201,7 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
     share_key = tf.constant([seed, share], tf.int64)
     # Records in file order; each epoch shuffles them with its own seed, a
     # function of (seed, share, epoch), so any epoch can be built directly.
-    records = builder.as_dataset(
-        split=share_split, shuffle_files=False,
-        decoders={"image": tfds.decode.SkipDecoding()})
+    records = _records(source, share_split)
 
     def epoch(number, records=records, share_key=share_key, size=size):
       epoch_seed = tf.random.stateless_uniform(
@@ -181,10 +215,10 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
       # pixels wherever the run (re)started.
       example_seed = tf.random.experimental.stateless_fold_in(share_key,
                                                               position)
-      image = preprocess.decode_and_augment(example["image"], names,
+      image = preprocess.decode_and_augment(example[source.image_key], names,
                                             example_seed, image_size)
       return {"image": preprocess.resize(image, image_size),
-              "label": tf.cast(example["label"], tf.int32)}
+              "label": source.label(example)}
 
     first = start_step * block  # Records of this share consumed before.
     first_epoch = first // size
@@ -198,8 +232,8 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
 
 
 def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
-                 num_shares=1, data_dir=None,
-                 eval_crop_fraction=1.0) -> tf.data.Dataset:
+                 num_shares=1, data_dir=None, eval_crop_fraction=1.0,
+                 extras=None) -> tf.data.Dataset:
   """This process's rows of every evaluation batch over `split`, once.
 
   As in training, block s of every global batch comes from share s of the
@@ -209,40 +243,52 @@ def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
   ceil(largest share / block), so that the collectives of a multi-host
   evaluation line up and every example is counted exactly once.
 
+  `extras`, if given, maps a TFDS example to a dict of further fixed-shape
+  tensors to yield beside those (zeros in padding): ReaL's label sets.
+
   Images are resized to image_size (eval_crop_fraction 1.0), or with
   eval_crop_fraction f in (0, 1) to round(image_size / f) and centrally
   cropped to image_size, as `preprocess.eval_resize`.
   """
   block = _block_size(batch_size, image_size, shares, num_shares)
   preprocess.check_crop_fraction(eval_crop_fraction)
-  builder = get_builder(dataset, data_dir)
+  source = get_source(dataset, data_dir)
+  builder = source.builder
   _num_examples(builder, dataset, split)  # A clear error for a missing split.
   share_splits = tfds.even_splits(split, num_shares)
   largest = max(builder.info.splits[s].num_examples for s in share_splits)
   num_blocks = -(-largest // block)  # Ceiling division.
 
   def eval_example(example):
-    image = preprocess.decode(example["image"])
+    image = preprocess.decode(example[source.image_key])
     return {"image": preprocess.eval_resize(image, image_size,
                                             eval_crop_fraction),
-            "label": tf.cast(example["label"], tf.int32),
-            "mask": tf.constant(1.0)}
+            "label": source.label(example),
+            "mask": tf.constant(1.0),
+            **(extras(example) if extras else {})}
 
-  padding = tf.data.Dataset.from_tensors({
-      "image": tf.zeros((image_size, image_size, 3)),
-      "label": tf.constant(0),
-      "mask": tf.constant(0.0),
-  }).repeat()
   blocks = []
   for share in shares:
-    examples = builder.as_dataset(
-        split=share_splits[share], shuffle_files=False,
-        decoders={"image": tfds.decode.SkipDecoding()})
-    examples = examples.map(eval_example, num_parallel_calls=tf.data.AUTOTUNE,
-                            deterministic=True)
+    examples = _records(source, share_splits[share]).map(
+        eval_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    padding = tf.data.Dataset.from_tensors(jax.tree.map(
+        lambda spec: tf.zeros(spec.shape, spec.dtype),
+        examples.element_spec)).repeat()
     examples = examples.concatenate(padding).take(num_blocks * block)
     blocks.append(examples.batch(block, drop_remainder=True))
   return _concatenate(blocks)
+
+
+def _records(source, split):
+  """A split's examples in file order, the image left encoded (decoding is
+  the pipeline's, which can crop while decoding)."""
+  records = source.builder.as_dataset(
+      split=split, shuffle_files=False,
+      decoders={source.image_key: tfds.decode.SkipDecoding()})
+  if source.fix_image is None:
+    return records
+  key, fix = source.image_key, source.fix_image
+  return records.map(lambda example: {**example, key: fix(example[key])})
 
 
 def _block_size(batch_size, image_size, shares, num_shares):

@@ -54,9 +54,9 @@ def initialize_distributed():
                jax.local_device_count(), jax.device_count())
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+def prepare():
+  """What every entry point that trains does first: quiet logs, devices for
+  JAX alone, and the pod's processes joined."""
   # TensorFlow only feeds data; it must not take accelerator memory from JAX.
   import tensorflow as tf
   tf.config.set_visible_devices([], "GPU")
@@ -70,6 +70,12 @@ def main(argv):
                  for part in ("/orbax/", "/tensorflow_datasets/")))
 
   initialize_distributed()
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  prepare()
   workdir = flags.FLAGS.workdir
   try:
     result = train.train_and_evaluate(flags.FLAGS.config, workdir)
@@ -82,9 +88,14 @@ def main(argv):
     print(f"stopped at step {result['stopped_at_step']}: checkpoint saved in "
           f"{os.path.abspath(workdir)}; run the same command to resume")
     return
-  print(f"test_accuracy {result['test_accuracy']:.4f} | core_days "
-        f"{result['core_days']:.6f} | TensorBoard: tensorboard --logdir "
-        f"{os.path.abspath(workdir)}")
+  # What the evaluators measured last: their names prefix their metrics.
+  prefixes = tuple(f"{name}{sep}" for name in flags.FLAGS.config.evaluators
+                   for sep in "_/")
+  scores = [f"{key} {value:.4f}" for key, value in sorted(result.items())
+            if key.startswith(prefixes)]
+  print(" | ".join([*scores, f"core_days {result['core_days']:.6f}",
+                    f"TensorBoard: tensorboard --logdir "
+                    f"{os.path.abspath(workdir)}"]))
 
 
 if __name__ == "__main__":

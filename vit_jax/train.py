@@ -20,11 +20,10 @@ from absl import logging
 from jax.sharding import NamedSharding
 from clu import parameter_overview, periodic_actions
 
-from vit_jax import (checkpoint, errors, input_pipeline, models, optim,
-                     polyak, preemption, preprocess, pretrained, sharding,
-                     writers)
+from vit_jax import (checkpoint, errors, evaluators, input_pipeline, models,
+                     optim, polyak, preemption, preprocess, pretrained,
+                     sharding, writers)
 from vit_jax import workdir as workdir_lib
-from vit_jax.evaluators import accuracy
 
 SECONDS_PER_DAY = 86_400
 
@@ -115,14 +114,6 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay):
   return train_step
 
 
-def make_eval_step(model):
-  def eval_step(params, batch):
-    logits = model.apply({"params": params}, batch["image"], train=False)
-    hits = (jnp.argmax(logits, axis=-1) == batch["label"]) * batch["mask"]
-    return {"correct": hits.sum(), "count": batch["mask"].sum()}
-  return eval_step
-
-
 def check_config(config, mesh):
   """Refuses a config that cannot run, with one message, before compiling."""
   data_parallel = sharding.data_parallel_size(mesh)
@@ -137,8 +128,7 @@ def check_config(config, mesh):
   if config.image_size % patch:
     raise errors.ConfigError(f"config.model patch size {patch} does not divide "
                              f"config.image_size={config.image_size}")
-  for key in ("total_steps", "accum_steps", "log_every", "eval_every",
-              "checkpoint_every"):
+  for key in ("total_steps", "accum_steps", "log_every", "checkpoint_every"):
     if config[key] < 1:
       raise errors.ConfigError(f"config.{key} must be >= 1, got {config[key]}")
   if not 0 <= config.polyak_decay < 1:
@@ -147,9 +137,9 @@ def check_config(config, mesh):
   try:  # Data problems surface now, not at the first evaluation.
     preprocess.check_crop_fraction(config.eval_crop_fraction)
     preprocess.parse_augmentations(config.augment)
-    for split in (config.train_split, config.test_split):
-      input_pipeline.num_examples(config.dataset, split,
-                                  config.data_dir or None)
+    input_pipeline.num_examples(config.dataset, config.train_split,
+                                config.data_dir or None)
+    evaluators.check(config)
   except ValueError as e:
     raise errors.ConfigError(str(e)) from e
 
@@ -162,7 +152,6 @@ class Program(NamedTuple):
   batch_sharding: NamedSharding
   init: Callable         # rng -> sharded TrainState
   train_step: Callable   # state, batch -> state, metrics (state donated)
-  eval_step: Callable    # params, batch -> {"correct", "count"}
 
 
 def build(config, mesh, num_classes):
@@ -183,12 +172,8 @@ def build(config, mesh, num_classes):
       in_shardings=(state_shardings, batch_shard),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)
-  eval_step = jax.jit(
-      make_eval_step(model),
-      in_shardings=(state_shardings.params, batch_shard),
-      out_shardings=sharding.replicated(mesh))
   return Program(model, state_shapes, state_shardings, batch_shard, init,
-                 train_step, eval_step)
+                 train_step)
 
 
 def initial_state(program, config):
@@ -222,8 +207,9 @@ def ensure_finite(metrics, step):
 def train_and_evaluate(config, workdir):
   """Trains `config` in `workdir`, resuming from its latest checkpoint.
 
-  Returns the last metrics written (including `test_accuracy`, `core_days`),
-  and `stopped_at_step` when a signal stopped the run early.
+  Returns the last metrics written (the evaluators' last results and
+  `core_days` among them), and `stopped_at_step` when a signal stopped the
+  run early.
   """
   mesh = sharding.make_mesh(config.mesh)
   check_config(config, mesh)
@@ -242,6 +228,7 @@ def train_and_evaluate(config, workdir):
   else:
     state, progress = initial_state(program, config), {"train_seconds": 0.0}
   workdir_lib.record(config, workdir, changes)
+  evaluate = evaluators.Evaluators(config, program)
   start_step = int(state.step)
   writer = writers.create(workdir, start_step)
   parameter_overview.log_parameter_overview(
@@ -292,8 +279,8 @@ def train_and_evaluate(config, workdir):
         stopping = stop_requested(step)
         due = lambda every: (step % every == 0 or step == config.total_steps
                              or stopping)
-        if due(config.log_every) or due(config.eval_every) or due(
-            config.checkpoint_every):
+        if (due(config.log_every) or due(config.checkpoint_every)
+            or evaluate.any_due(step)):
           ensure_finite(metrics, step)
         row = {}
         if due(config.log_every):
@@ -305,9 +292,7 @@ def train_and_evaluate(config, workdir):
                 / (time.time() - window_start) / num_devices)
           window_metrics, window_start, window_steps = [], time.time(), 0
         paused = time.time()
-        if step % config.eval_every == 0 or step == config.total_steps:
-          row["test_accuracy"] = accuracy.evaluate(
-              program, polyak.eval_params(state), config)
+        row.update(evaluate.run_due(step, polyak.eval_params(state)))
         if row:  # One row per step: metrics.jsonl has each value once.
           row["core_days"] = core_days()
           writer.write_scalars(step, row)
@@ -329,7 +314,6 @@ def train_and_evaluate(config, workdir):
     manager.wait_until_finished()
     writer.flush()
   if not last:  # Already finished in an earlier run: report, do not train.
-    last = {"test_accuracy": accuracy.evaluate(
-                program, polyak.eval_params(state), config),
+    last = {**evaluate.run_all(polyak.eval_params(state)),
             "core_days": core_days()}
   return last

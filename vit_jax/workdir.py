@@ -6,6 +6,7 @@ before anything in the workdir is written; allowed changes are appended to
 `config_changes.jsonl` and `config.json` is updated (`record`).
 """
 
+import fnmatch
 import json
 import os
 import time
@@ -19,9 +20,11 @@ CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
 
 # What may change between restarts of one run: how often it reports and
-# saves, how long it runs (extending a run), and where its data is stored.
-CHANGEABLE_KEYS = ("log_every", "eval_every", "checkpoint_every",
-                   "keep_checkpoints", "total_steps", "data_dir")
+# saves, how long it runs (extending a run), where its data is stored, and
+# what it evaluates (which does not change what it trains). fnmatch
+# patterns of dotted keys.
+CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
+                   "total_steps", "data_dir", "evaluators.*")
 
 
 def check(config, workdir):
@@ -32,10 +35,14 @@ def check(config, workdir):
     return {}
   with open(path) as f:
     changes = differences(json.load(f), _as_json(config))
-  refused = {k: v for k, v in changes.items() if k not in CHANGEABLE_KEYS}
+  refused = {k: v for k, v in changes.items() if not changeable(k)}
   if refused:
     raise errors.ConfigError(refusal(workdir, refused))
   return changes
+
+
+def changeable(key):
+  return any(fnmatch.fnmatchcase(key, pattern) for pattern in CHANGEABLE_KEYS)
 
 
 def record(config, workdir, changes):

@@ -15,9 +15,11 @@ evaluates on the dataset's test split (validation for ImageNet), as for
 the final numbers: e.g. `L/16-i21k,cifar10,0.01,test`.
 
 `real` is the ImageNet fine-tune itself (the same config): Table 2's
-ImageNet ReaL row evaluates that model on the ReaL labels of the ImageNet
-validation set (TFDS imagenet2012_real, "real_label"), which is the ReaL
-evaluator's work (vit_jax/evaluators), not a config's.
+ImageNet ReaL row is that model scored on the ReaL labels of the ImageNet
+validation set, which `imagenet,...,test` does beside the plain top-1
+(evaluator "real": TFDS imagenet2012_real, prepared in DATA_DIR, logged as
+real_accuracy). Evaluators log minival_accuracy, or test_accuracy with
+`test`.
 
 init_from is the pre-trained model: for ImageNet-21k the released file
 gs://vit_models/imagenet21k/ViT-L_16.npz; the JFT-300M models are not
@@ -130,11 +132,20 @@ def get_config(arg=None):
 
   config = common.base_config()
   config.dataset, test_split = TASKS[task]
+  every = STEPS[task] // 10  # Ten evaluations and checkpoints per run.
   if on_test:
-    config.train_split, config.test_split = "train", test_split
+    config.train_split = "train"
+    config.evaluators = dict(test=dict(kind="accuracy", every=every,
+                                       split=test_split))
+    if task == "imagenet":  # The same images, scored against ReaL's sets.
+      config.evaluators.real = dict(kind="real", every=every,
+                                    dataset="imagenet2012_real",
+                                    split="validation")
   else:
     config.train_split = f"train[:{100 - MINIVAL_PERCENT}%]"
-    config.test_split = f"train[{100 - MINIVAL_PERCENT}%:]"
+    config.evaluators = dict(minival=dict(
+        kind="accuracy", every=every,
+        split=f"train[{100 - MINIVAL_PERCENT}%:]"))
   config.image_size = IMAGE_SIZES[model]
   config.polyak_decay = 0.0
   if task == "imagenet":
@@ -156,8 +167,7 @@ def get_config(arg=None):
       name="sgd", learning_rate=learning_rate,
       warmup_steps=WARMUP_STEPS[task], decay="cosine", weight_decay=0.0,
       grad_clip_norm=GRAD_CLIP_NORM, momentum=MOMENTUM)
-  # Ten evaluations and checkpoints per run; a log line every 100 steps
-  # (every 10 in the 500-step runs).
-  config.eval_every = config.checkpoint_every = STEPS[task] // 10
+  config.checkpoint_every = every
+  # A log line every 100 steps (every 10 in the 500-step runs).
   config.log_every = min(100, STEPS[task] // 50)
   return config

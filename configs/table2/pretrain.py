@@ -10,10 +10,14 @@ TFDS catalog, so each must be prepared as TFDS files in DATA_DIR under its
 TFDS name: "jft300m" and "imagenet21k" by default, or TFDS_NAME (e.g.
 `L/16,jft,my_jft:2.0.0`). See configs/table2/common.py.
 
-The first 51,200 images of the train split are held out and evaluated every
-eval_every steps (top-1 against the dataset's "label"); training reads the
-rest. The run's workdir is what configs/table2/finetune.py's init_from takes
-for a JFT model.
+The first 51,200 images of the train split are held out and evaluated
+(top-1 against the dataset's "label": val_accuracy); training reads the
+rest. Linear few-shot accuracy of the pre-logits on Table 2's downstream
+datasets is logged too (fewshot/<dataset>_<k>shot, Section 4.1), which
+needs them prepared in DATA_DIR (--config.evaluators.fewshot.every=0
+turns it off). The
+run's workdir is what configs/table2/finetune.py's init_from takes for a
+JFT model.
 """
 
 import math
@@ -63,6 +67,15 @@ REPRESENTATION_SIZES = {"B": 768, "L": 1024, "H": 1280}
 # Not the paper's: the first images of the train split, held out to watch
 # upstream accuracy (big_vision holds out 51,200 of ImageNet-21k too).
 HELD_OUT = 51_200
+# Few-shot linear probes of Table 2's downstream datasets: TFDS name ->
+# (split the shots come from, test split). Flowers-102 has 10 training
+# images per class; its validation split doubles that.
+FEWSHOT_DATASETS = {"imagenet2012": ("train", "validation"),
+                    "cifar10": ("train", "test"),
+                    "cifar100": ("train", "test"),
+                    "oxford_iiit_pet": ("train", "test"),
+                    "oxford_flowers102": ("train+validation", "test")}
+EVAL_EVERY = 10_000
 USAGE = ("MODEL,DATA[,TFDS_NAME] with MODEL,DATA one of "
          + ", ".join(f"{m},{d}" for m, d in TABLE3))
 
@@ -84,7 +97,6 @@ def get_config(arg=None):
   config = common.base_config()
   config.dataset = parts[2] if len(parts) == 3 else common.SOURCES[data]
   config.train_split = f"train[{HELD_OUT}:]"
-  config.test_split = f"train[:{HELD_OUT}]"
   config.image_size = IMAGE_SIZE
   config.augment = "inception_crop,flip"
   # The usual evaluation of inception-crop training: resize to 256, central
@@ -102,6 +114,10 @@ def get_config(arg=None):
       grad_clip_norm=0.0, b1=ADAM_B1, b2=ADAM_B2)
   # Runs of 0.1M to 1M steps, days on a pod slice.
   config.log_every = 100
-  config.eval_every = 10_000
   config.checkpoint_every = 5_000
+  config.evaluators = dict(
+      val=dict(kind="accuracy", every=EVAL_EVERY,
+               split=f"train[:{HELD_OUT}]"),
+      fewshot=dict(kind="fewshot", every=EVAL_EVERY,
+                   datasets=FEWSHOT_DATASETS))
   return config

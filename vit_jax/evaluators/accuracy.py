@@ -1,20 +1,37 @@
-"""Top-1 accuracy over a split, every example counted once across hosts."""
+"""Top-1 accuracy over a split, every example counted once across hosts.
 
-from vit_jax import input_pipeline, sharding
+Settings (config.evaluators.NAME): split, and dataset ("": the run's
+config.dataset). Logs NAME_accuracy.
+"""
+
+import jax.numpy as jnp
+
+from vit_jax.evaluators import batches
+
+DEFAULTS = dict(dataset="", split="test")
 
 
-def evaluate(program, params, config):
-  """Top-1 accuracy on config.test_split, every example counted once."""
-  shares, num_shares = sharding.process_shares(program.batch_sharding.mesh)
-  dataset = input_pipeline.eval_dataset(
-      config.dataset, config.test_split, batch_size=config.batch_size,
-      image_size=config.image_size, shares=shares, num_shares=num_shares,
-      data_dir=config.data_dir or None,
-      eval_crop_fraction=config.eval_crop_fraction)
-  correct = count = 0
-  for batch in dataset.as_numpy_iterator():
-    totals = program.eval_step(
-        params, input_pipeline.to_global(batch, program.batch_sharding))
-    correct += int(totals["correct"])
-    count += int(totals["count"])
-  return correct / count
+def counts(logits, batch):
+  """Correct top-1 predictions and examples in a masked batch."""
+  hits = (jnp.argmax(logits, axis=-1) == batch["label"]) * batch["mask"]
+  return {"correct": hits.sum(), "count": batch["mask"].sum()}
+
+
+class Accuracy:
+
+  def __init__(self, name, settings, config, program):
+    self.name, self.settings, self.config = name, settings, config
+    self.program = program
+    self.step = batches.jit(program, lambda params, batch: counts(
+        program.model.apply({"params": params}, batch["image"], train=False),
+        batch))
+
+  @staticmethod
+  def check(settings, config):
+    batches.check_split(config, settings.dataset, settings.split)
+
+  def __call__(self, params):
+    totals = batches.sum_over(self.step, params, batches.global_batches(
+        self.program, self.config, self.settings.dataset,
+        self.settings.split))
+    return {f"{self.name}_accuracy": totals["correct"] / totals["count"]}

@@ -209,6 +209,9 @@ class VisionTransformer(nn.Module):
           bias_init=_init(nn.initializers.zeros, ("mlp",)),
           name="pre_logits")(x)
       x = nn.tanh(x)
+    # What the head reads (the pre-logits): few-shot evaluation fits its own
+    # linear classifiers to these.
+    self.sow("intermediates", "features", x)
     # Zero-initialised head: a fresh head starts from uniform predictions.
     logits = nn.Dense(
         self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,

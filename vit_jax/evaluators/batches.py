@@ -1,0 +1,44 @@
+"""What the evaluators share: a split's global batches and jitted functions
+of (params, batch) over the run's shardings."""
+
+import jax
+
+from vit_jax import input_pipeline, sharding
+
+
+def global_batches(program, config, dataset, split, extras=None):
+  """Every evaluation batch of `split` as global arrays, padded and masked
+  (input_pipeline.eval_dataset), read by each process for its devices."""
+  shares, num_shares = sharding.process_shares(program.batch_sharding.mesh)
+  dataset = input_pipeline.eval_dataset(
+      dataset or config.dataset, split, batch_size=config.batch_size,
+      image_size=config.image_size, shares=shares, num_shares=num_shares,
+      data_dir=config.data_dir or None,
+      eval_crop_fraction=config.eval_crop_fraction, extras=extras)
+  for batch in dataset.as_numpy_iterator():
+    yield input_pipeline.to_global(batch, program.batch_sharding)
+
+
+def jit(program, fn):
+  """fn(params, batch) compiled for the run's shardings; every process gets
+  the whole (replicated) result, so keep it small: sums, or a batch of
+  features."""
+  return jax.jit(fn, in_shardings=(program.state_shardings.params,
+                                   program.batch_sharding),
+                 out_shardings=sharding.replicated(program.batch_sharding.mesh))
+
+
+def sum_over(step, params, batches):
+  """Sums the integer counts `step` returns over all batches."""
+  totals = {}
+  for batch in batches:
+    for key, value in step(params, batch).items():
+      totals[key] = totals.get(key, 0) + int(value)
+  return totals
+
+
+def check_split(config, dataset, split):
+  """A ValueError now, not at the first evaluation, when the data is not
+  there."""
+  input_pipeline.num_examples(dataset or config.dataset, split,
+                              config.data_dir or None)
