@@ -62,8 +62,8 @@ def pipeline_keys(batches):
   if "mask" in batches[0]:
     real = np.concatenate([b["mask"] for b in batches]) == 1
     images, labels = images[real], labels[real]
-  uint8_pixels = np.round((images[..., 0] + 1) * 127.5)
-  return example_keys(np.round(uint8_pixels * 16 / 255), labels)
+  return example_keys(np.round(images[..., 0].astype(np.float64) * 16 / 255),
+                      labels)
 
 
 def test_digits_has_a_fixed_stratified_split(digits_data_dir):
@@ -91,10 +91,10 @@ def test_digits_splits_are_disjoint_and_cover_sklearns_data(digits_data_dir):
 def test_train_batches_are_rgb_images_in_range(digits_data_dir):
   batch, = train_batches(digits_data_dir, 1, augment=("shift", "flip"))
   image, label = batch["image"], batch["label"]
-  assert image.shape == (32, 8, 8, 3) and image.dtype == np.float32
+  # uint8, a quarter of float32's bytes; the model scales it to [-1, 1].
+  assert image.shape == (32, 8, 8, 3) and image.dtype == np.uint8
   assert label.shape == (32,) and label.dtype == np.int32
-  assert image.min() >= -1 and image.max() <= 1
-  assert image.min() == -1 and image.max() == 1  # Scaled, not just clipped.
+  assert image.min() == 0 and image.max() == 255  # Digits' full range.
   assert ((label >= 0) & (label < 10)).all()
   # Grayscale is tiled to the 3 channels the released models expect.
   np.testing.assert_array_equal(image[..., 0], image[..., 2])
@@ -234,15 +234,15 @@ def test_eval_pads_a_short_share_with_a_fully_masked_batch(digits_data_dir):
 
 
 def one_pixel_image(size, row, col):
-  image = -np.ones((size, size, 3), np.float32)
-  image[row, col] = 1
+  image = np.full((size, size, 3), 10, np.uint8)
+  image[row, col] = 255
   return image
 
 
 def translated(image, rows, cols):
-  """`image` moved by (rows, cols), uncovered pixels black (-1)."""
+  """`image` moved by (rows, cols), uncovered pixels black (0)."""
   size = image.shape[0]
-  padded = np.pad(image, ((1, 1), (1, 1), (0, 0)), constant_values=-1)
+  padded = np.pad(image, ((1, 1), (1, 1), (0, 0)))
   return padded[1 - rows:1 - rows + size, 1 - cols:1 - cols + size]
 
 
@@ -303,8 +303,9 @@ def test_resize_to_16_is_bilinear_and_aligned(digits_data_dir):
   for axis in (1, 2):
     blurred = (0.75 * blurred + 0.125 * np.roll(blurred, 1, axis)
                + 0.125 * np.roll(blurred, -1, axis))
+  # Each resized pixel is rounded to uint8: off by at most 0.5.
   np.testing.assert_allclose(pooled[:, 1:-1, 1:-1], blurred[:, 1:-1, 1:-1],
-                             atol=1e-5)
+                             atol=0.5 + 1e-9)
 
 
 def test_unknown_augmentation_is_named(digits_data_dir):
@@ -364,17 +365,23 @@ def test_to_global_builds_arrays_sharded_over_all_devices():
 
 def gradient_image(height, width):
   """Distinct values everywhere: rows in channel 0, columns in channel 1."""
-  rows = np.linspace(-1, 1, height, dtype=np.float32)[:, None]
-  cols = np.linspace(-1, 1, width, dtype=np.float32)[None, :]
-  return np.stack([np.broadcast_to(rows, (height, width)),
-                   np.broadcast_to(cols, (height, width)),
-                   rows * cols], axis=-1)
+  rows = np.linspace(0, 255, height)[:, None]
+  cols = np.linspace(0, 255, width)[None, :]
+  return np.round(np.stack([np.broadcast_to(rows, (height, width)),
+                            np.broadcast_to(cols, (height, width)),
+                            rows * cols / 255], axis=-1)).astype(np.uint8)
+
+
+def rounded_resize(image, size):
+  """Bilinear resize, rounded to uint8, computed apart from preprocess."""
+  resized = tf.image.resize(np.asarray(image, np.float32), size).numpy()
+  return np.round(resized).astype(np.uint8)
 
 
 def test_random_crop_crops_the_7_6_resized_image():
   image = gradient_image(20, 30)
   # 12 * 7 / 6 = 14: the crop starts at one of 3 x 3 offsets.
-  resized = tf.image.resize(image, (14, 14)).numpy()
+  resized = rounded_resize(image, (14, 14))
   offsets = set()
   for seed in range(12):
     crop = preprocess.random_crop(tf.constant(image), tf.constant([seed, 0]),
@@ -388,8 +395,8 @@ def test_random_crop_crops_the_7_6_resized_image():
 
 
 def test_random_crop_of_the_release_is_448_then_384():
-  crop = preprocess.random_crop(tf.zeros((500, 300, 3)), tf.constant([0, 0]),
-                                image_size=384)
+  crop = preprocess.random_crop(tf.zeros((500, 300, 3), tf.uint8),
+                                tf.constant([0, 0]), image_size=384)
   assert crop.shape == (384, 384, 3)
   assert round(384 * preprocess.RANDOM_CROP_RESIZE_FACTOR) == 448
 
@@ -418,8 +425,7 @@ def test_random_crop_batches_are_the_image_size_and_in_range(
   assert_same_batches(again, batches)
   for batch in batches:
     assert batch["image"].shape == (32, 12, 12, 3)
-    assert batch["image"].dtype == np.float32
-    assert -1 <= batch["image"].min() and batch["image"].max() <= 1
+    assert batch["image"].dtype == np.uint8
 
 
 def stored_test_images(data_dir, split):
@@ -441,12 +447,11 @@ def test_eval_crop_fraction_resizes_larger_then_crops_the_centre(
   larger = round(image_size / 0.875)
   margin = (larger - image_size) // 2
   expected = np.stack([
-      tf.image.resize(image, (larger, larger)).numpy()[
+      rounded_resize(image, (larger, larger))[
           margin:margin + image_size, margin:margin + image_size]
       for image in stored_test_images(digits_data_dir, "test[:10]")])
   assert batch["image"].shape == (10, image_size, image_size, 3)
-  np.testing.assert_allclose(batch["image"], expected, atol=1e-6)
-  assert -1 <= batch["image"].min() and batch["image"].max() <= 1
+  np.testing.assert_array_equal(batch["image"], expected)
 
 
 def test_eval_crop_fraction_one_is_the_plain_resize(digits_data_dir):

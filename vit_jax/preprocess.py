@@ -1,11 +1,13 @@
 """Image ops on single examples, for tf.data `map` functions.
 
 Images go in as the encoded PNG/JPEG bytes of a TFDS record and come out as
-float32 RGB in [-1, 1] (x / 127.5 - 1, the scaling of the released
-checkpoints), whatever their size: grayscale is repeated into the three
+uint8 RGB, whatever their size: grayscale is repeated into the three
 channels, an alpha channel is dropped (the stored colour of transparent
 pixels is kept, not composited onto a background) and 16-bit PNGs are scaled
-to 8 bits. Training augmentations are stateless: each takes an explicit
+to 8 bits. A resize rounds its result back to uint8. Batches of uint8 are a
+quarter of float32's bytes for the host to write and send; the model scales
+them to [-1, 1] (x / 127.5 - 1, as the released checkpoints expect) on the
+device. Training augmentations are stateless: each takes an explicit
 seed, so an example's augmentation depends only on (run seed, example index)
 and a resumed run sees the very pixels an uninterrupted one would have.
 
@@ -14,7 +16,7 @@ applied in the order given, to the decoded image, before the final resize:
   flip            random left-right flip.
   shift           random translation by up to ceil(side / 8) pixels along
                   each axis (1 on 8x8 digits, 4 on 32x32 CIFAR), filling the
-                  uncovered border with black (-1).
+                  uncovered border with black.
   inception_crop  random crop of 5%-100% of the area with aspect ratio in
                   [3/4, 4/3], as in ImageNet training; the resize that follows
                   brings it to the model's image size.
@@ -38,26 +40,27 @@ RANDOM_CROP_RESIZE_FACTOR = 7 / 6  # 448 -> 384, as in the released recipe.
 
 
 def decode(encoded):
-  """PNG/JPEG bytes -> float32 [h, w, 3] in [-1, 1].
+  """PNG/JPEG bytes -> uint8 [h, w, 3].
 
   Grayscale becomes RGB and alpha is dropped (`channels=3`).
   """
-  return _scale(tf.io.decode_image(encoded, channels=3,
-                                   expand_animations=False))
-
-
-def _scale(image):
-  """uint8 -> float32 in [-1, 1]."""
-  return tf.cast(image, tf.float32) / 127.5 - 1
+  return tf.io.decode_image(encoded, channels=3, expand_animations=False)
 
 
 def resize(image, image_size):
-  """Bilinear resize to [image_size, image_size, 3] unless already that size."""
+  """Bilinear resize of a uint8 image to [image_size, image_size, 3], rounded
+  to uint8, unless it is that size already."""
   already_sized = tf.reduce_all(tf.shape(image)[:2] == image_size)
-  image = tf.cond(
-      already_sized, lambda: image,
-      lambda: tf.image.resize(image, (image_size, image_size)))
+  image = tf.cond(already_sized, lambda: image,
+                  lambda: _resized(image, image_size))
   return tf.ensure_shape(image, (image_size, image_size, 3))
+
+
+def _resized(image, image_size):
+  # TensorFlow's bilinear kernel is faster on float32 than on uint8 input.
+  resized = tf.image.resize(tf.cast(image, tf.float32),
+                            (image_size, image_size))
+  return tf.saturate_cast(tf.round(resized), tf.uint8)
 
 
 def central_crop(image, image_size):
@@ -101,8 +104,7 @@ def flip(image, seed):
 def shift(image, seed):
   shape = tf.shape(image)
   pad = -(-shape[:2] // SHIFT_DIVISOR)  # Ceiling division.
-  padded = tf.pad(image, [[pad[0], pad[0]], [pad[1], pad[1]], [0, 0]],
-                  constant_values=-1.0)
+  padded = tf.pad(image, [[pad[0], pad[0]], [pad[1], pad[1]], [0, 0]])
   return tf.image.stateless_random_crop(padded, shape, seed)
 
 
@@ -156,8 +158,7 @@ def _decode_jpeg_window(encoded, seed):
   end = tf.minimum(begin[:2] + size[:2] + JPEG_CROP_MARGIN, shape[:2])
   window = tf.io.decode_and_crop_jpeg(
       encoded, tf.concat([start, end - start], 0), channels=3)
-  crop = tf.slice(window, tf.concat([begin[:2] - start, [0]], 0), size)
-  return _scale(crop)
+  return tf.slice(window, tf.concat([begin[:2] - start, [0]], 0), size)
 
 
 def random_crop(image, seed, image_size):

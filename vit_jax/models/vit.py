@@ -152,7 +152,8 @@ class Encoder(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-  """ViT classifier. Images are NHWC in [-1, 1]; returns float32 logits.
+  """ViT classifier. Images are NHWC in [-1, 1], or uint8 in [0, 255] (then
+  scaled to [-1, 1] here, on the device); returns float32 logits.
 
   classifier: "token" prepends a learned class token and reads it out; "gap"
     averages the patch tokens (no class token, Appendix D.3).
@@ -174,6 +175,8 @@ class VisionTransformer(nn.Module):
 
   @nn.compact
   def __call__(self, images, *, train):
+    if images.dtype == jnp.uint8:  # As the input pipeline ships them.
+      images = images.astype(jnp.float32) / 127.5 - 1
     if self.classifier not in ("token", "gap"):
       raise ValueError(f"classifier must be 'token' or 'gap', got "
                        f"{self.classifier!r}")
