@@ -67,11 +67,15 @@ def test_two_processes_of_4_devices_train_like_one_of_8(
   assert accuracies(pod_workdir) == accuracies(tmp_path)
   _, pod_params, _ = latest_checkpoint(pod_workdir, config)
   _, single_params, _ = latest_checkpoint(str(tmp_path), config)
+  # Gloo sums the gradients of the two processes in another order than the
+  # in-process all-reduce: float32 rounding, a few 1e-8 per step, which 16
+  # steps bring to about 1e-7 on params of up to 1 in size. A wrong share or
+  # batch would be off by far more than 1e-4.
   np.testing.assert_allclose(
       np.concatenate([x.ravel() for x in train.jax.tree.leaves(pod_params)]),
       np.concatenate([x.ravel() for x in
                       train.jax.tree.leaves(single_params)]),
-      rtol=1e-6, atol=1e-7)
+      rtol=1e-6, atol=5e-7)
 
 
 def test_sigterm_to_one_process_stops_the_pod_at_one_step_and_resumes(

@@ -5,6 +5,8 @@ random examples."""
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from vit_jax import sharding, train, vtab
 from vit_jax.datasets import vtab as registry
 from tests.test_table2 import TINY_MODEL, _split_dict
 from tests.test_vtab_registry import SPLIT_SIZES
+from tests.util import REPO
 
 @pytest.fixture(scope="module")
 def vtab_data_dir(tmp_path_factory):
@@ -129,3 +132,13 @@ def test_runner_tabulates_two_shrunk_tasks(vtab_data_dir, tmp_path,
   vtab.write(summary, str(tmp_path))
   assert json.load(open(tmp_path / "vtab.json")) == summary
   assert "| Structured | dSprites-Loc |" in open(tmp_path / "vtab.md").read()
+
+
+def test_command_line_names_the_tasks_it_knows(tmp_path):
+  done = subprocess.run(
+      [sys.executable, "-m", "vit_jax.vtab", "--config=configs/vtab.py:L/16",
+       f"--workdir={tmp_path}", "--tasks=natural,imagenet"],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 1
+  assert "Unknown VTAB task 'imagenet'; valid: caltech101" in done.stderr
+  assert not os.listdir(tmp_path)  # Nothing trained, nothing written.

@@ -41,10 +41,22 @@ _BIG_VISION_BLOCK_NAMES = {
 # compiled slicing program: some 90 of them, 3 s, in a small model's first
 # save on 8 CPU devices. Below 1 MiB per slice, replica 0 writes it alone.
 MIN_BYTES_PER_REPLICA_SLICE = 1 << 20
-ocp.type_handlers.register_type_handler(
-    jax.Array, ocp.type_handlers.ArrayHandler(
-        min_slice_bytes_for_replica_parallel=MIN_BYTES_PER_REPLICA_SLICE),
-    override=True)
+
+
+def _register_array_handler():
+  # Overriding is the point; orbax would log a warning for it in every run.
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(
+            min_slice_bytes_for_replica_parallel=MIN_BYTES_PER_REPLICA_SLICE),
+        override=True)
+  finally:
+    logging.set_verbosity(verbosity)
+
+
+_register_array_handler()
 
 
 def manager(directory, keep):

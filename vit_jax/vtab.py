@@ -22,13 +22,6 @@ from absl import app, flags, logging
 from vit_jax import errors, main as main_lib, train
 from vit_jax.datasets import vtab as registry
 
-flags.DEFINE_string("tasks", "all", "Comma-separated task names "
-                    f"({', '.join(registry.TASKS)}), group names "
-                    f"({', '.join(registry.GROUPS)}) or 'all'.")
-flags.DEFINE_bool("val", False, "Train on train800 and score val200 (to "
-                  "choose hyper-parameters) instead of train800val200 and "
-                  "test.")
-
 GROUP_TITLES = {registry.NATURAL: "Natural",
                 registry.SPECIALIZED: "Specialized",
                 registry.STRUCTURED: "Structured"}
@@ -142,5 +135,17 @@ def main(argv):
         "and vtab.json")
 
 
+def define_flags():
+  # Here, not at import: configs/vtab.py imports this module for
+  # task_config, and a second import would define the flags twice.
+  flags.DEFINE_string("tasks", "all", "Comma-separated task names "
+                      f"({', '.join(registry.TASKS)}), group names "
+                      f"({', '.join(registry.GROUPS)}) or 'all'.")
+  flags.DEFINE_bool("val", False, "Train on train800 and score val200 (to "
+                    "choose hyper-parameters) instead of train800val200 and "
+                    "test.")
+
+
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
