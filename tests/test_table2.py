@@ -25,7 +25,8 @@ import tensorflow_datasets as tfds
 
 from configs import digits
 from configs.table2 import finetune, pretrain
-from vit_jax import errors, input_pipeline, models, sharding, train
+from vit_jax import (compute, errors, input_pipeline, models, sharding,
+                     train)
 from tests.test_train import compiles_during
 
 # Table 3 (Section 4.1) and Table 1's widths, for Table 2's three columns.
@@ -250,27 +251,15 @@ def test_other_table3_rows(arg):
   assert config.model.dropout_rate == (0.0 if arg.endswith("jft") else 0.1)
 
 
-def forward_flops(name, image_size=224):
-  """Multiply-adds x 2 of one image through the encoder and embedding."""
-  v = models.VARIANTS[name[0]]
-  patch = int(name.split("/")[1])
-  d, tokens = v["hidden_size"], (image_size // patch) ** 2 + 1
-  per_layer = 2 * tokens * (4 * d * d + 2 * d * v["mlp_dim"]) + (
-      4 * tokens * tokens * d)
-  return v["num_layers"] * per_layer + 2 * (tokens - 1) * patch**2 * 3 * d
-
-
 def test_epochs_chosen_are_those_table2s_core_days_imply():
   # Pre-training cost ~ FLOPs per image x images, at one speed per FLOP:
   # predict each L/16 column from H/14's 2.5k core-days, for both epoch
   # counts Table 3 allows, and check the config took the nearer (in ratio).
   def cost(arg, epochs):
     model = arg.split(",")[0]
-    return forward_flops(model) * epochs * PRETRAIN[arg]["images"]
+    return compute.flops_per_image(model, 224) * epochs * PRETRAIN[arg]["images"]
 
   per_cost = CORE_DAYS["H/14,jft"] / cost("H/14,jft", 14)
-  assert forward_flops("H/14") / forward_flops("L/16") == pytest.approx(
-      2.72, abs=0.01)
   for arg, choices in (("L/16,jft", (7, 14)), ("L/16,i21k", (30, 90))):
     nearest = min(choices, key=lambda e: abs(math.log(
         per_cost * cost(arg, e) / CORE_DAYS[arg])))

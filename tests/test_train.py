@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import input_pipeline, sharding, train
+from vit_jax import compute, input_pipeline, sharding, train
 from tests.util import REPO, latest_checkpoint, metric_rows, small_config
 
 
@@ -127,8 +127,16 @@ def test_a_vit_learns_digits(digits_data_dir, tmp_path):
   assert losses[-1] < 0.5 * losses[0]
   assert result["test_accuracy"] > 0.6  # Chance is 0.1.
   for key in ("train_loss", "learning_rate", "img_per_sec_per_device",
-              "core_days", "test_accuracy"):
+              "core_days", "test_accuracy", "flops_per_step",
+              "tflops_per_sec_per_device", "mfu"):
     assert any(key in r for r in rows), key
+  logged = rows[-1]
+  assert logged["flops_per_step"] == 64 * compute.flops_per_image(
+      config.model, 8, train=True, num_classes=10)
+  assert logged["tflops_per_sec_per_device"] == pytest.approx(
+      logged["img_per_sec_per_device"] * logged["flops_per_step"] / 64 / 1e12)
+  # Against the measured matmul rate of the CPUs the 8 devices share.
+  assert 0 < logged["mfu"] < 1.5
   assert all(r["step"] > 0 for r in rows)
 
 

@@ -20,9 +20,9 @@ from absl import logging
 from jax.sharding import NamedSharding
 from clu import parameter_overview, periodic_actions
 
-from vit_jax import (checkpoint, errors, evaluators, input_pipeline, models,
-                     optim, polyak, preemption, preprocess, pretrained,
-                     sharding, writers)
+from vit_jax import (checkpoint, compute, errors, evaluators, input_pipeline,
+                     models, optim, polyak, preemption, preprocess,
+                     pretrained, sharding, writers)
 from vit_jax import workdir as workdir_lib
 
 SECONDS_PER_DAY = 86_400
@@ -214,8 +214,9 @@ def train_and_evaluate(config, workdir):
   mesh = sharding.make_mesh(config.mesh)
   check_config(config, mesh)
   data_dir = config.data_dir or None
-  program = build(config, mesh,
-                  input_pipeline.num_classes(config.dataset, data_dir))
+  num_classes = input_pipeline.num_classes(config.dataset, data_dir)
+  program = build(config, mesh, num_classes)
+  throughput = compute.Throughput(config, num_classes)
   changes = workdir_lib.check(config, workdir)  # Before anything is written.
   manager = checkpoint.manager(os.path.join(workdir, "checkpoints"),
                                config.keep_checkpoints)
@@ -290,6 +291,7 @@ def train_and_evaluate(config, workdir):
             row["img_per_sec_per_device"] = (
                 window_steps * config.batch_size
                 / (time.time() - window_start) / num_devices)
+            row.update(throughput.metrics(row["img_per_sec_per_device"]))
           window_metrics, window_start, window_steps = [], time.time(), 0
         paused = time.time()
         row.update(evaluate.run_due(step, polyak.eval_params(state)))

@@ -1,0 +1,126 @@
+"""What a step costs: analytic FLOPs, peak FLOP/s per device kind, MFU.
+
+FLOPs count multiply-adds as two: the matmuls of the patch embedding, the
+attention projections and the MLPs, the attention itself (queries x keys and
+weights x values), the pre-logits layer and the head. Layer norms, softmax,
+GELU and biases are left out (a few percent at Ti, less above; XLA's own
+count agrees within 5%, tests/test_compute.py). A training step is three
+forward passes per image: the forward, and a backward of twice its cost.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+
+from vit_jax import models
+
+# Dense bfloat16 peak per JAX device (a TPU v2/v3 core; a v4/v5p chip, whose
+# two cores JAX shows as one device; a v5e/v6e chip; a GPU), from the
+# vendors' data sheets.
+PEAK_FLOPS_PER_DEVICE = {
+    "TPU v2": 22.5e12,       # 45 TFLOP/s per chip, 2 cores.
+    "TPU v3": 61.5e12,       # 123 TFLOP/s per chip, 2 cores.
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,   # v5e.
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,        # v5p, as some runtimes name it.
+    "TPU v6 lite": 918e12,   # v6e (Trillium).
+    "A100": 312e12,
+    "H100": 989e12,          # SXM; dense, without sparsity.
+}
+TRAIN_FORWARDS = 3  # Forward + backward (two forwards' worth).
+
+
+def model_sizes(model, num_classes=1000):
+  """A model name ("B/16"), a config.model (name plus overrides) or a
+  VisionTransformer -> the VisionTransformer it describes."""
+  if isinstance(model, str):
+    return models.create(model, num_classes)
+  if isinstance(model, models.VisionTransformer):
+    return model
+  fields = dict(model)
+  return models.create(fields.pop("name"), num_classes, **fields)
+
+
+def flops_per_image(model, image_size, train=False, num_classes=1000):
+  """FLOPs of one image through the model (x3 for a training step)."""
+  vit = model_sizes(model, num_classes)
+  d, mlp, p = vit.hidden_size, vit.mlp_dim, vit.patch_size
+  patches = (image_size // p) ** 2
+  tokens = patches + (vit.classifier == "token")
+  embedding = 2 * patches * (p * p * 3) * d
+  per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections
+               + 2 * tokens * 2 * d * mlp     # the MLP's two matmuls
+               + 2 * 2 * tokens * tokens * d)  # q.k and weights.v
+  head_in = d
+  pre_logits = 0
+  if vit.representation_size is not None:
+    pre_logits = 2 * d * vit.representation_size
+    head_in = vit.representation_size
+  head = 2 * head_in * vit.num_classes
+  forward = embedding + vit.num_layers * per_layer + pre_logits + head
+  return forward * (TRAIN_FORWARDS if train else 1)
+
+
+def peak_flops_per_device(device=None):
+  """(peak FLOP/s, where it comes from) of one device of this kind.
+
+  A CPU has no table entry: a large float32 matmul is timed once, and the
+  rate is shared among the devices the host emulates.
+  """
+  device = device or jax.devices()[0]
+  for kind, peak in PEAK_FLOPS_PER_DEVICE.items():
+    if kind in device.device_kind:
+      return peak, f"{kind} data sheet, bfloat16 dense"
+  if device.platform == "cpu":
+    return (measured_matmul_flops() / jax.local_device_count(),
+            f"measured: a float32 matmul on this host's CPUs, shared by "
+            f"{jax.local_device_count()} devices")
+  return None, f"unknown device kind {device.device_kind!r}"
+
+
+_MEASURED = []
+
+
+def measured_matmul_flops(size=1024, repeats=3):
+  """FLOP/s of a size x size float32 matmul on one CPU device, best of a few
+  (once per process)."""
+  if not _MEASURED:
+    device = jax.devices("cpu")[0]
+    a = jax.device_put(jnp.ones((size, size), jnp.float32), device)
+    matmul = jax.jit(jnp.dot)
+    matmul(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+      start = time.perf_counter()
+      matmul(a, a).block_until_ready()
+      best = min(best, time.perf_counter() - start)
+    _MEASURED.append(2 * size**3 / best)
+  return _MEASURED[0]
+
+
+class Throughput:
+  """Turns img/s per device into TFLOP/s per device and MFU for the log."""
+
+  def __init__(self, config, num_classes):
+    self.flops_per_image = flops_per_image(
+        config.model, config.image_size, train=True, num_classes=num_classes)
+    self.flops_per_step = self.flops_per_image * config.batch_size
+    self.peak = None
+
+  def metrics(self, img_per_sec_per_device):
+    if self.peak is None:  # At the first log: a CPU's is measured.
+      self.peak, source = peak_flops_per_device()
+      logging.info("%.3g FLOPs per training step; peak %s FLOP/s per device "
+                   "(%s)", self.flops_per_step,
+                   "unknown" if self.peak is None else f"{self.peak:.3g}",
+                   source)
+      self.peak = self.peak or 0.0
+    flops = img_per_sec_per_device * self.flops_per_image
+    row = {"flops_per_step": float(self.flops_per_step),
+           "tflops_per_sec_per_device": flops / 1e12}
+    if self.peak:
+      row["mfu"] = flops / self.peak
+    return row
