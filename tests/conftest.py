@@ -1,6 +1,8 @@
 """Shared test setup: 8 emulated CPU devices, quiet TensorFlow, data."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # Set before jax or tensorflow is imported: both read them once, at import.
@@ -14,6 +16,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
       prefix="vit_jax_xla_cache_")
+  # The process that made it (the one pytest that starts the workers) is
+  # the last to exit.
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"],
+                  ignore_errors=True)
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
