@@ -18,11 +18,15 @@ def counts(logits, batch):
 
 
 class Accuracy:
+  """Top-1 on a split; subclasses change what is counted (`counts`) and
+  what each example brings besides its image and label (`extras`)."""
+
+  counts = staticmethod(counts)
 
   def __init__(self, name, settings, config, program):
     self.name, self.settings, self.config = name, settings, config
     self.program = program
-    self.step = batches.jit(program, lambda params, batch: counts(
+    self.step = batches.jit(program, lambda params, batch: self.counts(
         program.model.apply({"params": params}, batch["image"], train=False),
         batch))
 
@@ -30,8 +34,11 @@ class Accuracy:
   def check(settings, config):
     batches.check_split(config, settings.dataset, settings.split)
 
+  def extras(self, example):  # pylint: disable=unused-argument
+    return {}
+
   def __call__(self, params):
     totals = batches.sum_over(self.step, params, batches.global_batches(
         self.program, self.config, self.settings.dataset,
-        self.settings.split))
+        self.settings.split, extras=self.extras))
     return {f"{self.name}_accuracy": totals["correct"] / totals["count"]}

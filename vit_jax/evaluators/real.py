@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax import input_pipeline
-from vit_jax.evaluators import batches
+from vit_jax.evaluators import accuracy as top1
 
 DEFAULTS = dict(dataset="imagenet2012_real", split="validation")
 LABELS_FEATURE = "real_label"
@@ -44,35 +44,27 @@ def accuracy(logits, real_labels):
   return int(correct.sum()) / int(labelled.sum())
 
 
-class Real:
+def counts(logits, batch):
+  """Right predictions and labelled examples in a masked batch whose "real"
+  holds each image's label set as a multi-hot."""
+  correct, labelled = hits(logits, batch["real"])
+  counted = labelled & (batch["mask"] > 0)
+  return {"correct": (correct & counted).sum(), "count": counted.sum()}
+
+
+class Real(top1.Accuracy):
+  """Top-1 against the label sets: the accuracy evaluator, counting hits in
+  the sets its examples bring along."""
+
+  counts = staticmethod(counts)
 
   def __init__(self, name, settings, config, program):
-    self.name, self.settings, self.config = name, settings, config
-    self.program = program
     self.num_classes = input_pipeline.num_classes(settings.dataset,
                                                   config.data_dir or None)
+    super().__init__(name, settings, config, program)
 
-    def step(params, batch):
-      logits = program.model.apply({"params": params}, batch["image"],
-                                   train=False)
-      correct, labelled = hits(logits, batch["real"])
-      counted = labelled & (batch["mask"] > 0)
-      return {"correct": (correct & counted).sum(), "count": counted.sum()}
-
-    self.step = batches.jit(program, step)
-
-  @staticmethod
-  def check(settings, config):
-    batches.check_split(config, settings.dataset, settings.split)
-
-  def multi_hot(self, example):
+  def extras(self, example):
     """The example's label set as a fixed-size multi-hot, for batching."""
     sets = tf.one_hot(example[LABELS_FEATURE], self.num_classes,
                       dtype=tf.uint8)
     return {"real": tf.reduce_max(sets, axis=0)}  # Empty set: all zeros.
-
-  def __call__(self, params):
-    totals = batches.sum_over(self.step, params, batches.global_batches(
-        self.program, self.config, self.settings.dataset,
-        self.settings.split, extras=self.multi_hot))
-    return {f"{self.name}_accuracy": totals["correct"] / totals["count"]}
