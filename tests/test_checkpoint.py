@@ -105,6 +105,30 @@ def test_each_released_layout_loads(tmp_path, trained_tiny, layout):
   assert_trees_equal(checkpoint.load_npz(path), params)
 
 
+def test_a_scanned_model_saves_and_loads_the_release_layout(tmp_path,
+                                                           trained_tiny):
+  model, params = trained_tiny
+  scanned = models.create("Ti/4", num_classes=7, representation_size=24,
+                          scan_layers=True, **TINY)
+  shapes = jax.eval_shape(lambda: init_params(scanned, 16))
+  stacked = checkpoint.adapt(params, shapes)  # Released -> scanned.
+  assert stacked["Transformer"]["encoderblock"]["MlpBlock_3"]["Dense_0"][
+      "kernel"].shape == (3, 32, 64)
+  assert "encoderblock_0" not in stacked["Transformer"]
+  x = images(3, 16)
+  logits = lambda m, p: jax.jit(lambda p: m.apply({"params": p}, x,
+                                                  train=False))(p)
+  np.testing.assert_array_equal(logits(scanned, stacked), logits(model, params))
+
+  path = tmp_path / "scanned.npz"
+  checkpoint.save_npz(stacked, path)
+  with np.load(path) as npz:
+    assert sorted(npz.files) == sorted(flat(params))
+  assert_trees_equal(checkpoint.load_npz(path), params)
+  # And back to an unscanned model from the scanned tree itself.
+  assert_trees_equal(checkpoint.adapt(stacked, params), params)
+
+
 # As published: the original release partly under `opt/target/` next to its
 # optimizer state, big_vision under `params/` next to its own and a step.
 @pytest.mark.parametrize("prefix,layout", [("opt/target/", "release"),

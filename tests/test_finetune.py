@@ -66,6 +66,32 @@ def test_init_from_loads_the_checkpoint_and_adapts_only_what_it_must(
       np.testing.assert_array_equal(value, loaded[key], err_msg=key)
 
 
+def test_scanned_and_rematerialised_runs_exchange_params_with_plain_ones(
+    digits_data_dir, pretrained_run, tmp_path):
+  """A scanned model starts from a plain run's export, and a plain model
+  from a scanned run's workdir: each gets the same values, per layer."""
+  _, npz, _ = pretrained_run
+  scan = {"model.scan_layers": True, "model.remat_policy": "nothing_saveable"}
+  config = small_config(digits_data_dir, init_from=npz, **scan)
+  state, _ = start_of(config)
+  stacked = flat(state.params)
+  assert stacked["Transformer/encoderblock/MlpBlock_3/Dense_0/kernel"].shape \
+      == (2, 32, 64)
+  loaded = flat(checkpoint.load_npz(npz))
+  for key, value in checkpoint.unscan_blocks(stacked).items():
+    if not key.startswith(("head/", "pre_logits/")):
+      np.testing.assert_array_equal(value, loaded[key], err_msg=key)
+
+  workdir = str(tmp_path / "scanned")
+  train.train_and_evaluate(small_config(digits_data_dir, **scan), workdir)
+  _, trained, _ = latest_checkpoint(workdir, small_config(digits_data_dir,
+                                                          **scan))
+  plain, _ = start_of(small_config(digits_data_dir, init_from=workdir))
+  expected = checkpoint.unscan_blocks(flat(trained))
+  for key, value in flat(plain.params).items():
+    np.testing.assert_array_equal(value, expected[key], err_msg=key)
+
+
 def test_a_checkpoint_that_does_not_fit_is_named_before_compiling(
     digits_data_dir, pretrained_run, tmp_path):
   _, npz, _ = pretrained_run

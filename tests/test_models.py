@@ -1,5 +1,6 @@
 """The model: sizes of Table 1, shapes of the release, behaviour users rely on."""
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.util import randomize
-from vit_jax import models
+from vit_jax import checkpoint, models
 
 
 def abstract_params(model, image_size):
@@ -130,3 +131,66 @@ def test_unknown_names_are_refused_clearly():
   with pytest.raises(ValueError, match="classifier must be"):
     tiny(classifier="map").init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
                                 train=False)
+
+
+@pytest.mark.parametrize("remat_policy", ["", "nothing_saveable",
+                                          "dots_with_no_batch_dims_saveable"])
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_remat_and_scan_leave_logits_and_gradients_equal(remat_policy,
+                                                         scan_layers):
+  """The same params (stacked for the scan) give the same logits and
+  gradients, and attention weights for every layer."""
+  images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3), minval=-1)
+  labels = jnp.array([1, 3])
+  plain = tiny(num_layers=3, representation_size=16)
+  params = randomize(nn.meta.unbox(
+      plain.init(jax.random.key(0), images, train=False)["params"]))
+  model = tiny(num_layers=3, representation_size=16,
+               remat_policy=remat_policy, scan_layers=scan_layers)
+  flat = flax.traverse_util.flatten_dict(params, sep="/")
+  if scan_layers:
+    flat = checkpoint.scan_blocks(flat)
+  theirs = flax.traverse_util.unflatten_dict(flat, sep="/")
+  own = nn.meta.unbox(jax.eval_shape(
+      lambda: model.init(jax.random.key(0), images, train=False)["params"]))
+  assert jax.tree.structure(own) == jax.tree.structure(theirs)
+
+  def loss_and_grads(model, params):
+    def loss(params):
+      logits, state = model.apply(
+          {"params": params}, images, train=True, mutable="intermediates",
+          rngs={"dropout": jax.random.key(2)})
+      loss = -jnp.take_along_axis(jax.nn.log_softmax(logits),
+                                  labels[:, None], axis=1).mean()
+      return loss, (logits, state["intermediates"])
+    return jax.jit(jax.grad(loss, has_aux=True))(params)
+
+  expected_grads, (expected_logits, expected_sown) = loss_and_grads(
+      plain, params)
+  grads, (logits, sown) = loss_and_grads(model, theirs)
+  np.testing.assert_array_equal(logits, expected_logits)
+  grads = flax.traverse_util.flatten_dict(grads, sep="/")
+  if scan_layers:
+    grads = checkpoint.unscan_blocks(grads)
+  for key, expected in flax.traverse_util.flatten_dict(
+      expected_grads, sep="/").items():
+    np.testing.assert_allclose(grads[key], expected, rtol=1e-5, atol=1e-7,
+                               err_msg=key)
+  weights = sown["Transformer"]
+  if scan_layers:  # One stacked entry, layer first.
+    (stacked,) = weights["encoderblock"]["MultiHeadDotProductAttention_1"][
+        "attention_weights"]
+    per_layer = list(stacked)
+  else:
+    per_layer = [weights[f"encoderblock_{i}"]["MultiHeadDotProductAttention_1"]
+                 ["attention_weights"][0] for i in range(3)]
+  for i, layer in enumerate(per_layer):
+    np.testing.assert_array_equal(
+        layer, expected_sown["Transformer"][f"encoderblock_{i}"]
+        ["MultiHeadDotProductAttention_1"]["attention_weights"][0])
+
+
+def test_unknown_remat_policy_is_refused():
+  with pytest.raises(ValueError, match="unknown remat_policy 'dots'.*"
+                     "nothing_saveable"):
+    models.create("B/16", num_classes=10, remat_policy="dots")

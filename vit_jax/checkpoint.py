@@ -93,9 +93,10 @@ def save_npz(params, path):
   `params` may be what `model.init(...)["params"]` returns (arrays boxed in
   `nn.LogicallyPartitioned`, which are unboxed here), a FrozenDict or a plain
   dict, of numpy or jax arrays (sharded ones too, when fully addressable).
+  A scanned model's stacked blocks are written one per layer.
   """
   params = flax.core.unfreeze(nn.meta.unbox(params))
-  flat = flax.traverse_util.flatten_dict(params, sep="/")
+  flat = unscan_blocks(flax.traverse_util.flatten_dict(params, sep="/"))
   arrays = {}
   for key, value in flat.items():
     array = np.asarray(value)
@@ -189,23 +190,47 @@ def to_release_layout(flat):
         "not a ViT checkpoint of a known layout (released vit_jax or "
         "big_vision, optionally under 'opt/target/' or 'params/'); first keys: "
         f"{keys[:10]}{' ...' if len(keys) > 10 else ''}")
-  flat = params
-  if any(k.startswith("Transformer/encoderblock/") for k in flat):
-    flat = _unscan_blocks(flat)
+  flat = unscan_blocks(params)
   if any("/MlpBlock_0/" in k for k in flat):
     flat = {_rename_big_vision_key(k): v for k, v in flat.items()}
   return flat
 
 
-def _unscan_blocks(flat):
+SCANNED_BLOCK = "Transformer/encoderblock/"
+_BLOCK_KEY = re.compile(r"Transformer/encoderblock_(\d+)/(.*)")
+
+
+def unscan_blocks(flat):
+  """Splits the stacked `Transformer/encoderblock/...` arrays of a scanned
+  model (leading axis: layer) into `encoderblock_{i}`; other keys pass.
+
+  Leaves may be arrays or jax.ShapeDtypeStructs (a model's abstract params).
+  """
   out = {}
   for key, value in flat.items():
-    if key.startswith("Transformer/encoderblock/"):
-      rest = key[len("Transformer/encoderblock/"):]
-      for i, layer in enumerate(value):
-        out[f"Transformer/encoderblock_{i}/{rest}"] = layer
+    if not key.startswith(SCANNED_BLOCK):
+      out[key] = value
+      continue
+    rest = key[len(SCANNED_BLOCK):]
+    for i in range(value.shape[0]):
+      out[f"Transformer/encoderblock_{i}/{rest}"] = (
+          jax.ShapeDtypeStruct(value.shape[1:], value.dtype)
+          if isinstance(value, jax.ShapeDtypeStruct) else value[i])
+  return out
+
+
+def scan_blocks(flat):
+  """unscan_blocks' inverse: stacks `encoderblock_{i}` arrays, i = 0, 1, ..."""
+  out, layers = {}, {}
+  for key, value in flat.items():
+    match = _BLOCK_KEY.fullmatch(key)
+    if match:
+      layers.setdefault(match.group(2), {})[int(match.group(1))] = value
     else:
       out[key] = value
+  for rest, by_layer in layers.items():
+    out[SCANNED_BLOCK + rest] = np.stack(
+        [by_layer[i] for i in range(len(by_layer))])
   return out
 
 
@@ -229,11 +254,16 @@ def adapt(restored, init_params):
     target drops) is replaced by the target's fresh, zero-initialised head;
   - a pre-logits layer that the target has none of is dropped.
   Any other mismatch raises a ValueError naming the key and both shapes.
-  Each change is logged. `init_params` may hold jax.ShapeDtypeStructs; they
+  Each change is logged. Either tree may be scanned (stacked blocks) or not,
+  and `restored` may be in any layout `to_release_layout` reads. `init_params` may hold jax.ShapeDtypeStructs; they
   come back as they are where the target keeps its own initialisation.
   """
   src = flax.traverse_util.flatten_dict(flax.core.unfreeze(restored), sep="/")
+  src = to_release_layout(src)
   dst = flax.traverse_util.flatten_dict(flax.core.unfreeze(init_params), sep="/")
+  # A scanned model is matched layer by layer, then stacked again.
+  scanned = any(key.startswith(SCANNED_BLOCK) for key in dst)
+  dst = unscan_blocks(dst)
   dropped_pre_logits = any(k.startswith("pre_logits/") for k in src) and not any(
       k.startswith("pre_logits/") for k in dst)
 
@@ -265,6 +295,8 @@ def adapt(restored, init_params):
   if extra:
     raise ValueError(f"checkpoint keys the model does not have: {extra[:5]}"
                      f"{' ...' if len(extra) > 5 else ''}")
+  if scanned:
+    out = scan_blocks(out)
   return flax.traverse_util.unflatten_dict(out, sep="/")
 
 

@@ -28,7 +28,11 @@ LOGICAL_AXIS_RULES = (
     ("heads", "model"), # attention heads
     ("kv", None),       # per-head width D/heads
     ("classes", None),  # head outputs
+    ("layers", None),   # the stacked blocks of a scanned encoder
 )
+# FSDP never splits these: a scan step slices one block out of the stack,
+# and a stack split along its layers would be gathered whole for that.
+NOT_FSDP = ("layers",)
 
 
 def make_mesh(axis_sizes, devices=None):
@@ -108,7 +112,8 @@ def partition_spec(names, shape, mesh, path="param"):
   fsdp = mesh.shape["fsdp"]
   if fsdp > 1:
     free = [d for d, axis in enumerate(spec)
-            if axis is None and shape[d] % fsdp == 0]
+            if axis is None and shape[d] % fsdp == 0
+            and names[d] not in NOT_FSDP]
     if free:
       spec[max(free, key=lambda d: shape[d])] = "fsdp"
   return P(*spec)

@@ -20,11 +20,15 @@ CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
 
 # What may change between restarts of one run: how often it reports and
-# saves, how long it runs (extending a run), where its data is stored, and
-# what it evaluates (which does not change what it trains). fnmatch
-# patterns of dotted keys.
+# saves, how long it runs (extending a run), where its data is stored, what
+# it evaluates and what it recomputes (neither changes what it trains).
+# fnmatch patterns of dotted keys.
 CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
-                   "total_steps", "data_dir", "evaluators.*")
+                   "total_steps", "data_dir", "evaluators.*",
+                   "model.remat_policy")
+# Keys added since runs were first recorded, with the value that does what
+# a run recorded without them did.
+ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False}
 
 
 def check(config, workdir):
@@ -69,6 +73,8 @@ def _as_json(config):
 def differences(old, new):
   """{dotted key: (old value, new value)} for every leaf that differs."""
   old, new = _flatten(old), _flatten(new)
+  old.update({key: value for key, value in ADDED_KEYS.items()
+              if key in new and key not in old})
   return {key: (old.get(key, "<absent>"), new.get(key, "<absent>"))
           for key in sorted(old.keys() | new.keys())
           if old.get(key, "<absent>") != new.get(key, "<absent>")}

@@ -1,6 +1,6 @@
 """Model zoo: `create("B/16", num_classes=1000, ...)` -> a flax.linen Module."""
 
-from vit_jax.models.vit import VisionTransformer
+from vit_jax.models.vit import REMAT_POLICIES, VisionTransformer
 
 # Table 1 of the paper; Ti and S come from the later public release.
 VARIANTS = {
@@ -27,7 +27,8 @@ def create(name, num_classes, **overrides):
   """The ViT called `name` ("B/16", "H/14", ...) with a `num_classes` head.
 
   Overrides replace any VisionTransformer field: classifier, representation_size,
-  dropout_rate, attention_dropout_rate, dtype, param_dtype, and also the size
+  dropout_rate, attention_dropout_rate, dtype, param_dtype, remat_policy,
+  scan_layers, and also the size
   fields (hidden_size, num_layers, ...) for small models such as the digits one.
   Patch sizes outside PATCH_SIZES are accepted for small images (e.g. 2 on 8x8).
   """
@@ -37,4 +38,7 @@ def create(name, num_classes, **overrides):
   if unknown:
     raise ValueError(f"unknown model override(s) {sorted(unknown)} for {name!r}")
   fields.update(overrides)
+  if fields.get("remat_policy", "") not in REMAT_POLICIES:
+    raise ValueError(f"unknown remat_policy {fields['remat_policy']!r}; one "
+                     f"of {sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
   return VisionTransformer(num_classes=num_classes, **fields)

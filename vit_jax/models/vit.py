@@ -10,11 +10,22 @@ mesh axes.
 from typing import Any, Optional
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 Dtype = Any
 
 LAYERNORM_EPSILON = 1e-6  # The released models use 1e-6, not flax's 1e-5.
+
+# Rematerialisation: what the backward pass keeps of each block's forward
+# (jax.checkpoint_policies); the rest is recomputed. "" keeps everything.
+REMAT_POLICIES = {
+    "": None,
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable":
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 def _init(initializer, axes):
@@ -93,7 +104,11 @@ class MlpBlock(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-  """Pre-LN block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'."""
+  """Pre-LN block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'.
+
+  Returns (z, None), the form nn.scan takes; `train` is positional so that
+  nn.remat can hold it static.
+  """
   num_heads: int
   mlp_dim: int
   dropout_rate: float = 0.0
@@ -102,7 +117,7 @@ class EncoderBlock(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x, *, train):
+  def __call__(self, x, train):
     # One counter across module types, as in the release files.
     y = _layer_norm("LayerNorm_0", self.dtype, self.param_dtype)(x)
     y = Attention(self.num_heads, self.attention_dropout_rate, self.dtype,
@@ -113,7 +128,7 @@ class EncoderBlock(nn.Module):
     y = _layer_norm("LayerNorm_2", self.dtype, self.param_dtype)(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, self.param_dtype,
                  name="MlpBlock_3")(y, train=train)
-    return x + y
+    return x + y, None
 
 
 class AddPositionEmbedding(nn.Module):
@@ -130,7 +145,14 @@ class AddPositionEmbedding(nn.Module):
 
 
 class Encoder(nn.Module):
-  """Position embedding, then `num_layers` blocks and a final LayerNorm."""
+  """Position embedding, then `num_layers` blocks and a final LayerNorm.
+
+  remat_policy: a key of REMAT_POLICIES; each block's backward recomputes
+    what the policy does not keep, trading FLOPs for memory.
+  scan_layers: one `encoderblock` applied by nn.scan, its params stacked on
+    a leading "layers" axis: the step compiles one block, not num_layers.
+    `checkpoint` converts to and from the release's `encoderblock_{i}`.
+  """
   num_layers: int
   num_heads: int
   mlp_dim: int
@@ -138,16 +160,34 @@ class Encoder(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  remat_policy: str = ""
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, x, *, train):
     x = AddPositionEmbedding(self.param_dtype, name="posembed_input")(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
-    for i in range(self.num_layers):
-      x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate,
-                       self.attention_dropout_rate, self.dtype,
-                       self.param_dtype, name=f"encoderblock_{i}")(
-                           x, train=train)
+    block = EncoderBlock
+    if self.remat_policy:
+      # Argument 2 (after the module and x) is `train`, a Python bool.
+      # Inside a scan, XLA cannot merge the recomputation away, so the CSE
+      # barriers that nn.remat adds by default would only cost.
+      block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy],
+                       prevent_cse=not self.scan_layers, static_argnums=(2,))
+    sizes = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+                 dropout_rate=self.dropout_rate,
+                 attention_dropout_rate=self.attention_dropout_rate,
+                 dtype=self.dtype, param_dtype=self.param_dtype)
+    if self.scan_layers:
+      block = nn.scan(
+          block, variable_axes={"params": 0, "intermediates": 0},
+          split_rngs={"params": True, "dropout": True},
+          in_axes=nn.broadcast, length=self.num_layers,
+          metadata_params={nn.PARTITION_NAME: "layers"})
+      x, _ = block(**sizes, name="encoderblock")(x, train)
+    else:
+      for i in range(self.num_layers):
+        x, _ = block(**sizes, name=f"encoderblock_{i}")(x, train)
     return _layer_norm("encoder_norm", self.dtype, self.param_dtype)(x)
 
 
@@ -159,6 +199,7 @@ class VisionTransformer(nn.Module):
     averages the patch tokens (no class token, Appendix D.3).
   representation_size: width of the tanh pre-logits layer used in
     pre-training, or None for a plain linear head (fine-tuning).
+  remat_policy, scan_layers: see Encoder; neither changes the results.
   """
   num_classes: int
   patch_size: int
@@ -172,6 +213,8 @@ class VisionTransformer(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  remat_policy: str = ""
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, images, *, train):
@@ -201,7 +244,8 @@ class VisionTransformer(nn.Module):
 
     x = Encoder(self.num_layers, self.num_heads, self.mlp_dim,
                 self.dropout_rate, self.attention_dropout_rate, self.dtype,
-                self.param_dtype, name="Transformer")(x, train=train)
+                self.param_dtype, self.remat_policy, self.scan_layers,
+                name="Transformer")(x, train=train)
     x = x[:, 0] if self.classifier == "token" else x.mean(axis=1)
 
     if self.representation_size is not None:
