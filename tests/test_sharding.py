@@ -32,6 +32,11 @@ def test_fsdp_takes_the_largest_free_divisible_dimension():
   # 10 classes do not divide by 4: FSDP falls back to the width.
   assert spec((None, "classes"), (768, 10)) == jax.P("fsdp", None)
   assert spec(("embed",), (6,)) == jax.P(None)  # Nothing divisible: replicate.
+  # A scanned model's stack of 32 blocks is larger than its biases' width,
+  # but each scan step takes one block: FSDP splits within the block.
+  assert spec(("layers", "embed"), (32, 16)) == jax.P(None, "fsdp")
+  assert spec(("layers", "embed", "mlp"), (32, 768, 3072)) == jax.P(
+      None, "fsdp", "model")
 
 
 def test_rule_sharded_dimension_must_divide():

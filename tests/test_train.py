@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -121,7 +122,9 @@ def test_a_vit_learns_digits(digits_data_dir, tmp_path):
       checkpoint_every=150, batch_size=64, **{"evaluators.test.every": 75,
           "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 20,
           "model.hidden_size": 64, "model.mlp_dim": 128})
+  start = time.time()
   result = train.train_and_evaluate(config, str(tmp_path))
+  wall_seconds = time.time() - start
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   losses = [r["train_loss"] for r in rows if "train_loss" in r]
   assert losses[-1] < 0.5 * losses[0]
@@ -137,6 +140,12 @@ def test_a_vit_learns_digits(digits_data_dir, tmp_path):
       logged["img_per_sec_per_device"] * logged["flops_per_step"] / 64 / 1e12)
   # Against the measured matmul rate of the CPUs the 8 devices share.
   assert 0 < logged["mfu"] < 1.5
+  # Core-days: the loop's wall time (the first step's compile, evaluations
+  # and saves included) times the 8 devices, as saved for the next restart.
+  _, _, progress = latest_checkpoint(str(tmp_path), config)
+  assert result["core_days"] == pytest.approx(
+      progress["train_seconds"] * 8 / 86_400, rel=0.02)
+  assert 0.5 * wall_seconds < result["core_days"] * 86_400 / 8 < wall_seconds
   assert all(r["step"] > 0 for r in rows)
 
 

@@ -8,10 +8,12 @@ The mesh has three axes:
 
 Parameters carry logical axis names (set in vit_jax/models/vit.py). The table
 below maps them to mesh axes, and then FSDP splits the largest dimension that
-the table left unsharded and that `fsdp` divides. The batch is split over
-`data` and `fsdp` together.
+the table left unsharded and that `fsdp` divides (never a scanned model's
+`layers`). The batch is split over `data` and `fsdp` together, and so is
+each block's input inside the jitted step (`keep_batch_split`).
 """
 
+import functools
 import math
 
 import flax.linen as nn
@@ -68,6 +70,30 @@ def make_mesh(axis_sizes, devices=None):
 
 def _describe(sizes):
   return " x ".join(f"{axis}={size}" for axis, size in sizes.items())
+
+
+def constrained(fn, mesh):
+  """`fn`, traced so that `keep_batch_split` constrains its activations on
+  `mesh`. The train step and the evaluators' functions are jitted so."""
+  @functools.wraps(fn)
+  def traced(*args):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args)
+  return traced
+
+
+def keep_batch_split(x):
+  """x (examples first), split over the batch axes like the batch itself,
+  inside functions made by `constrained`; elsewhere x as it is.
+
+  The model calls it on each block's input. Without it, XLA may choose to
+  replicate the batch inside a layer scan rather than gather a weight, and
+  need tens of GiB per device.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+    return x
+  return jax.lax.with_sharding_constraint(x, P(BATCH_AXES))
 
 
 def batch_sharding(mesh):

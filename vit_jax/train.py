@@ -69,8 +69,14 @@ def cross_entropy(logits, labels):
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay):
-  """state, batch -> state, metrics; gradients averaged over micro-batches."""
+def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
+                    unroll=False):
+  """state, batch -> state, metrics; gradients averaged over micro-batches.
+
+  unroll: trace the micro-batch loop unrolled, for vit_jax.plan (XLA's cost
+  analysis counts a loop's body once); runs keep the loop, which compiles
+  one micro-step and frees each one's activations before the next.
+  """
 
   def loss_and_grads(params, images, labels, dropout_key):
     def loss_fn(params):
@@ -101,7 +107,7 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay):
       zeros = (jnp.zeros((), jnp.float32),
                jax.tree.map(jnp.zeros_like, state.params))
       (loss, grads), _ = jax.lax.scan(accumulate, zeros,
-                                      jnp.arange(accum_steps))
+                                      jnp.arange(accum_steps), unroll=unroll)
       loss, grads = jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -116,6 +122,24 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay):
 
 def check_config(config, mesh):
   """Refuses a config that cannot run, with one message, before compiling."""
+  check_program(config, mesh)
+  try:  # Data problems surface now, not at the first evaluation.
+    preprocess.check_crop_fraction(config.eval_crop_fraction)
+    preprocess.parse_augmentations(config.augment)
+    input_pipeline.num_examples(config.dataset, config.train_split,
+                                config.data_dir or None)
+    evaluators.check(config)
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from e
+
+
+def check_program(config, mesh):
+  """The checks that need no data: enough to build and compile the step
+  (vit_jax.plan does only these)."""
+  try:
+    model = create_model(config, num_classes=1)
+  except ValueError as e:
+    raise errors.ConfigError(f"config.model: {e}") from e
   data_parallel = sharding.data_parallel_size(mesh)
   per_step = data_parallel * config.accum_steps
   if config.batch_size % per_step:
@@ -123,8 +147,7 @@ def check_config(config, mesh):
         f"config.batch_size={config.batch_size} is not divisible by the "
         f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
         f" x fsdp={mesh.shape['fsdp']}) times accum_steps={config.accum_steps}")
-  patch = config.model.get("patch_size") or models.parse_name(
-      config.model.name)[1]
+  patch = model.patch_size
   if config.image_size % patch:
     raise errors.ConfigError(f"config.model patch size {patch} does not divide "
                              f"config.image_size={config.image_size}")
@@ -134,14 +157,6 @@ def check_config(config, mesh):
   if not 0 <= config.polyak_decay < 1:
     raise errors.ConfigError(f"config.polyak_decay must be in [0, 1), got "
                              f"{config.polyak_decay}")
-  try:  # Data problems surface now, not at the first evaluation.
-    preprocess.check_crop_fraction(config.eval_crop_fraction)
-    preprocess.parse_augmentations(config.augment)
-    input_pipeline.num_examples(config.dataset, config.train_split,
-                                config.data_dir or None)
-    evaluators.check(config)
-  except ValueError as e:
-    raise errors.ConfigError(str(e)) from e
 
 
 class Program(NamedTuple):
@@ -154,9 +169,10 @@ class Program(NamedTuple):
   train_step: Callable   # state, batch -> state, metrics (state donated)
 
 
-def build(config, mesh, num_classes):
+def build(config, mesh, num_classes, unroll=False):
   """Builds the run's program from abstract shapes only: nothing is allocated
-  or compiled until it is first called (or lowered, for a TPU topology)."""
+  or compiled until it is first called (or lowered, for a TPU topology).
+  `unroll`: see make_train_step."""
   model = create_model(config, num_classes)
   tx, schedule = optim.create(config.optimizer, config.total_steps)
   state_shapes, state_shardings = abstract_state(
@@ -167,8 +183,9 @@ def build(config, mesh, num_classes):
                                            config.polyak_decay, rng)),
       out_shardings=state_shardings)
   train_step = jax.jit(
-      make_train_step(model, tx, schedule, config.accum_steps, config.seed,
-                      config.polyak_decay),
+      sharding.constrained(
+          make_train_step(model, tx, schedule, config.accum_steps,
+                          config.seed, config.polyak_decay, unroll), mesh),
       in_shardings=(state_shardings, batch_shard),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)

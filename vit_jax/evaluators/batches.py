@@ -23,9 +23,11 @@ def jit(program, fn):
   """fn(params, batch) compiled for the run's shardings; every process gets
   the whole (replicated) result, so keep it small: sums, or a batch of
   features."""
-  return jax.jit(fn, in_shardings=(program.state_shardings.params,
-                                   program.batch_sharding),
-                 out_shardings=sharding.replicated(program.batch_sharding.mesh))
+  mesh = program.batch_sharding.mesh
+  return jax.jit(sharding.constrained(fn, mesh),
+                 in_shardings=(program.state_shardings.params,
+                               program.batch_sharding),
+                 out_shardings=sharding.replicated(mesh))
 
 
 def sum_over(step, params, batches):

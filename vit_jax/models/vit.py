@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import sharding
+
 Dtype = Any
 
 LAYERNORM_EPSILON = 1e-6  # The released models use 1e-6, not flax's 1e-5.
@@ -118,6 +120,7 @@ class EncoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, train):
+    x = sharding.keep_batch_split(x)
     # One counter across module types, as in the release files.
     y = _layer_norm("LayerNorm_0", self.dtype, self.param_dtype)(x)
     y = Attention(self.num_heads, self.attention_dropout_rate, self.dtype,
