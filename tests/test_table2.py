@@ -181,8 +181,7 @@ def shrunk(config, image_size):
     for dataset, (pool, test) in fewshot.datasets.items():
       fewshot.datasets[dataset] = (f"{pool.split('+')[0]}[:128]",
                                    f"{test}[:16]")
-  config.mesh.update(data=8, fsdp=1, model=1)
-  return config
+  return config  # With its own layout: scanned, FSDP over the 8 devices.
 
 
 def flat_keys(config):
@@ -225,10 +224,11 @@ def test_pretrain_is_table3(arg):
   assert config.model.to_dict() == dict(
       name=model_name, classifier="token",
       representation_size=expected["width"], dropout_rate=expected["dropout"],
-      attention_dropout_rate=0.0, dtype="bfloat16")
+      attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="",
+      scan_layers=True)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
-  assert config.mesh.to_dict() == dict(data=-1, fsdp=1, model=1)
+  assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
   # The held-out images are not trained on.
   assert config.train_split == "train[51200:]"
   assert config.evaluators.val.to_dict() == dict(
@@ -297,7 +297,9 @@ def test_finetune_is_table4(arg):
   assert 0 < opt.warmup_steps <= steps // 5
   assert config.model.to_dict() == dict(
       name=model_name, classifier="token", representation_size=None,
-      dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16")
+      dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16",
+      remat_policy="dots_with_no_batch_dims_saveable", scan_layers=True)
+  assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
   # 2% of the train split held out: the minival that picks the lr.
   assert config.train_split == "train[:98%]"
   assert config.evaluators.to_dict() == {"minival": dict(

@@ -160,6 +160,10 @@ def get_config(arg=None):
   # pre-training; the released fine-tunes use none.
   config.model.update(name=model, representation_size=None, dropout_rate=0.0,
                       attention_dropout_rate=0.0)
+  # 577 to 1,370 tokens per image: the attention of every layer, kept for
+  # the backward pass, would not fit; it is recomputed, the matmuls' outputs
+  # are kept (README, "What a run will cost").
+  config.model.remat_policy = "dots_with_no_batch_dims_saveable"
   config.init_from = init_from(model, data)
   config.batch_size = BATCH_SIZE
   config.total_steps = STEPS[task]
