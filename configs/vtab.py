@@ -37,6 +37,7 @@ def get_config(arg=None):
                       attention_dropout_rate=0.0)
   # 384 px, or the patch grid that covers it (H/14: 378).
   config.image_size = finetune.IMAGE_SIZES.get(model, 384)
+  config.model.remat_policy = finetune.REMAT_POLICY  # Same images, batch.
   # No flips or crops: they change the answer of structured tasks (the
   # position and orientation of dSprites, the distances of KITTI and Clevr).
   config.augment = ""
