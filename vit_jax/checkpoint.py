@@ -255,8 +255,9 @@ def adapt(restored, init_params):
   - a pre-logits layer that the target has none of is dropped.
   Any other mismatch raises a ValueError naming the key and both shapes.
   Each change is logged. Either tree may be scanned (stacked blocks) or not,
-  and `restored` may be in any layout `to_release_layout` reads. `init_params` may hold jax.ShapeDtypeStructs; they
-  come back as they are where the target keeps its own initialisation.
+  and `restored` may be in any layout `to_release_layout` reads.
+  `init_params` may hold jax.ShapeDtypeStructs; they come back as they are
+  where the target keeps its own initialisation.
   """
   src = flax.traverse_util.flatten_dict(flax.core.unfreeze(restored), sep="/")
   src = to_release_layout(src)

@@ -172,7 +172,8 @@ class Plan:
 
   def to_json(self):
     return {**dataclasses.asdict(self),
-            "hbm_capacity_bytes": HBM_BYTES_PER_CORE, "mfu": self.mfu, "train_core_days": self.train_core_days,
+            "hbm_capacity_bytes": HBM_BYTES_PER_CORE, "mfu": self.mfu,
+            "train_core_days": self.train_core_days,
             "predicted_core_days": self.predicted_core_days}
 
 
@@ -281,17 +282,16 @@ def plan(config, topology_name, classes=0, overhead=DEFAULT_OVERHEAD):
   classes = num_classes(config, classes)
   program, batch = build_step(config, devices, classes)
   compiled, needed, seconds = compile_step(program, batch)
-  if compiled is not None:
+  cost, cost_seconds = None, 0.0  # No estimate for a step that cannot run.
+  if compiled is None:  # The compiler stops at the temporaries it cannot place.
+    arguments = bytes_per_core((program.state_shapes, batch))
+    temporaries, hbm = needed, arguments + needed
+  else:
     memory = compiled.memory_analysis()
     arguments, temporaries = (memory.argument_size_in_bytes,
                               memory.temp_size_in_bytes)
     hbm = (arguments + memory.output_size_in_bytes - memory.alias_size_in_bytes
            + temporaries + memory.generated_code_size_in_bytes)
-  else:  # The compiler stops at the temporaries it cannot place.
-    arguments = bytes_per_core((program.state_shapes, batch))
-    temporaries, hbm = needed, arguments + needed
-  cost, cost_seconds = None, 0.0  # No estimate for a step that cannot run.
-  if compiled is not None:
     if config.model.scan_layers or config.accum_steps > 1:
       cost, cost_seconds = unrolled_cost(config, devices, classes)
     else:

@@ -28,8 +28,8 @@ def create(name, num_classes, **overrides):
 
   Overrides replace any VisionTransformer field: classifier, representation_size,
   dropout_rate, attention_dropout_rate, dtype, param_dtype, remat_policy,
-  scan_layers, and also the size
-  fields (hidden_size, num_layers, ...) for small models such as the digits one.
+  scan_layers, and also the size fields (hidden_size, num_layers, ...) for
+  small models such as the digits one.
   Patch sizes outside PATCH_SIZES are accepted for small images (e.g. 2 on 8x8).
   """
   variant, patch = parse_name(name)
