@@ -290,7 +290,7 @@ def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
   for share in shares:
     examples = _records(source, share_splits[share]).map(
         eval_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    padding = tf.data.Dataset.from_tensors(jax.tree.map(
+    padding = tf.data.Dataset.from_tensors(tf.nest.map_structure(
         lambda spec: tf.zeros(spec.shape, spec.dtype),
         examples.element_spec)).repeat()
     examples = examples.concatenate(padding).take(num_blocks * block)
@@ -341,7 +341,8 @@ def _concatenate(blocks):
     batches = blocks[0]
   else:
     batches = tf.data.Dataset.zip(tuple(blocks)).map(
-        lambda *parts: jax.tree.map(lambda *x: tf.concat(x, 0), *parts))
+        lambda *parts: tf.nest.map_structure(lambda *x: tf.concat(x, 0),
+                                             *parts))
   return batches.prefetch(PREFETCH_BATCHES).with_options(_options())
 
 
