@@ -194,3 +194,17 @@ def test_unknown_remat_policy_is_refused():
   with pytest.raises(ValueError, match="unknown remat_policy 'dots'.*"
                      "nothing_saveable"):
     models.create("B/16", num_classes=10, remat_policy="dots")
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(classifier="token", representation_size=None),
+    dict(classifier="gap", representation_size=24),
+])
+def test_the_architecture_is_read_back_from_the_params(overrides):
+  model = models.create("Ti/4", num_classes=7, hidden_size=48, num_layers=3,
+                        mlp_dim=96, num_heads=6, **overrides)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 20, 20, 3)),
+                      train=False)["params"]
+  read, image_size = models.from_params(nn.meta.unbox(params))
+  assert image_size == 20
+  assert read == model

@@ -25,7 +25,9 @@ import orbax.checkpoint as ocp
 import scipy.ndimage
 from absl import logging
 
-POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+from vit_jax import models
+
+POSEMB_KEY = models.POSEMB_KEY
 
 # big_vision numbers modules per type; the release counts across types.
 _BIG_VISION_BLOCK_NAMES = {

@@ -11,7 +11,7 @@ import os
 
 from absl import app, flags
 
-from vit_jax import checkpoint, pretrained
+from vit_jax import checkpoint, errors, pretrained
 
 flags.DEFINE_string("workdir", None, "A run's workdir.")
 flags.DEFINE_integer("step", None, "Its checkpoint to export (default: the "
@@ -24,6 +24,7 @@ flags.register_multi_flags_validator(
     "give exactly one of --workdir and --from")
 
 
+@errors.reported
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")

@@ -6,17 +6,26 @@
 Only params are taken (a run's Polyak average when it kept one); the new
 run's optimizer starts fresh. Everything is read to host memory as numpy,
 then `checkpoint.adapt` fits it to the new model.
+
+`for_inference` loads the same sources as a model ready to run on images
+(vit_jax.predict, vit_jax.inspect).
 """
+
+import dataclasses
 
 import os
 import re
 
+import flax
+import flax.linen as nn
 import jax
+import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from absl import logging
+from absl import flags, logging
 
-from vit_jax import checkpoint, errors
+from vit_jax import checkpoint, errors, models
+from vit_jax.workdir import read_config
 
 
 def parse_source(source):
@@ -97,3 +106,65 @@ def place(adapted, fresh_params, shardings):
                                         lambda index: value[index])
   return jax.tree.map(put, adapted, fresh_params, shardings,
                       is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+
+
+@dataclasses.dataclass(frozen=True)
+class Inference:
+  """A model and its params, ready to run on images."""
+  model: nn.Module  # float32, one module per block (no scan, no remat)
+  params: dict  # numpy arrays in the release layout
+  image_size: int  # the side its position embedding was trained at
+  what: str  # where the params came from, for messages
+  config: ml_collections.ConfigDict | None  # the run's; None for an .npz
+
+  @property
+  def crop_fraction(self):
+    """How the run's evaluation resized images (1.0: plain resize)."""
+    return self.config.eval_crop_fraction if self.config else 1.0
+
+  def data(self, dataset="", data_dir=""):
+    """(dataset, data_dir or None): those given, else the run's."""
+    config = self.config
+    return (dataset or (config.dataset if config else ""),
+            data_dir or (config.data_dir if config else "") or None)
+
+
+def for_inference(workdir=None, npz=None, step=None):
+  """The model of a run (its checkpoint of `step`, default the newest) or of
+  an .npz of any layout `checkpoint.load_npz` reads; give one of the two.
+
+  The architecture is read from the params' shapes (`models.from_params`),
+  so a released file needs no config.
+  """
+  if bool(workdir) == bool(npz):
+    raise ValueError("give exactly one of a workdir and an .npz")
+  if npz:
+    params, what, config = checkpoint.load_npz(npz), npz, None
+  else:
+    config = read_config(workdir)
+    params, what = load_run(workdir, step)
+    # A scanned run's stacked blocks, one per layer.
+    params = flax.traverse_util.unflatten_dict(checkpoint.to_release_layout(
+        flax.traverse_util.flatten_dict(params, sep="/")), sep="/")
+  params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+  model, image_size = models.from_params(params)
+  return Inference(model, params, image_size, what, config)
+
+
+def define_flags(verb):
+  """--workdir, --step and --npz: where a tool's model comes from."""
+  flags.DEFINE_string("workdir", None, f"A run's workdir, whose model to "
+                      f"{verb}.")
+  flags.DEFINE_integer("step", None, "The run's checkpoint (default: the "
+                       "newest).")
+  flags.DEFINE_string("npz", None, "An .npz of any layout load_npz reads, "
+                      "instead of a run.")
+  flags.register_multi_flags_validator(
+      ["workdir", "npz"], lambda v: bool(v["workdir"]) != bool(v["npz"]),
+      "give exactly one of --workdir and --npz")
+
+
+def from_flags():
+  """for_inference of the model the flags of define_flags name."""
+  f = flags.FLAGS
+  return for_inference(f.workdir, f.npz, f.step)

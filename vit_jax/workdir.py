@@ -12,6 +12,7 @@ import os
 import time
 
 import jax
+import ml_collections
 from absl import logging
 
 from vit_jax import errors
@@ -43,6 +44,15 @@ def check(config, workdir):
   if refused:
     raise errors.ConfigError(refusal(workdir, refused))
   return changes
+
+
+def read_config(workdir):
+  """The config of the run in `workdir`, as it was recorded."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise ValueError(f"{workdir} holds no run: it has no {CONFIG_FILE}")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
 
 
 def changeable(key):

@@ -1,6 +1,12 @@
 """Model zoo: `create("B/16", num_classes=1000, ...)` -> a flax.linen Module."""
 
+import flax
+import numpy as np
+
 from vit_jax.models.vit import REMAT_POLICIES, VisionTransformer
+
+# Where the release layout keeps the position embedding.
+POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 
 # Table 1 of the paper; Ti and S come from the later public release.
 VARIANTS = {
@@ -42,3 +48,42 @@ def create(name, num_classes, **overrides):
     raise ValueError(f"unknown remat_policy {fields['remat_policy']!r}; one "
                      f"of {sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
   return VisionTransformer(num_classes=num_classes, **fields)
+
+
+_BLOCK_0 = "Transformer/encoderblock_0/"
+
+
+def from_params(params):
+  """(the VisionTransformer that `params` belong to, the image side its
+  position embedding was trained at), with every size read from the shapes.
+
+  `params` is a tree in the release layout (`checkpoint.load_npz`'s), any
+  dtype; the model computes in float32. This is how a released file is run
+  with no config: the class token says "token" (else "gap"), `pre_logits`
+  gives representation_size and the query kernel (D, heads, D/heads) the
+  head count.
+  """
+  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+  wanted = ("embedding/kernel", "head/kernel", POSEMB_KEY,
+            _BLOCK_0 + "MultiHeadDotProductAttention_1/query/kernel",
+            _BLOCK_0 + "MlpBlock_3/Dense_0/kernel")
+  missing = [key for key in wanted if key not in flat]
+  if missing:
+    raise ValueError(f"params lack {missing}: not a ViT in the release layout")
+  patch, _, _, hidden = np.shape(flat["embedding/kernel"])
+  num_layers = len({key.split("/")[1] for key in flat
+                    if key.startswith("Transformer/encoderblock_")})
+  classifier = "token" if "cls" in flat else "gap"
+  tokens = np.shape(flat[POSEMB_KEY])[1] - (classifier == "token")
+  grid = int(round(np.sqrt(tokens)))
+  if grid * grid != tokens:
+    raise ValueError(f"{POSEMB_KEY} holds {tokens} patch positions, not a "
+                     "square grid")
+  model = VisionTransformer(
+      num_classes=np.shape(flat["head/kernel"])[1], patch_size=patch,
+      hidden_size=hidden, num_layers=num_layers,
+      num_heads=np.shape(flat[wanted[3]])[1],
+      mlp_dim=np.shape(flat[wanted[4]])[1], classifier=classifier,
+      representation_size=(np.shape(flat["pre_logits/kernel"])[1]
+                           if "pre_logits/kernel" in flat else None))
+  return model, grid * patch
