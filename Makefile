@@ -15,10 +15,12 @@ $(VENV)/installed: pyproject.toml
 	touch $@
 
 # The embedded default: a small ViT on 8x8 digits over a 4 x 2 mesh of
-# emulated devices. Rerunning resumes (or reports) the run in workdir/digits.
+# emulated devices, then the Section 4.5 figures and training curves of the
+# run in workdir/digits/figures. Rerunning resumes (or reports) the run.
 train: $(VENV)/installed
 	$(CPU_DEVICES) $(PYTHON) -m vit_jax.main --config=configs/digits.py \
 		--workdir=workdir/digits
+	$(CPU_DEVICES) $(PYTHON) -m vit_jax.inspect --workdir=workdir/digits
 
 # Pre-train on digits 0-4 at 8x8, fine-tune on 5-9 at 16x16, and train the
 # same model on 5-9 from scratch with the same budget (configs/digits_transfer.py).

@@ -47,6 +47,13 @@ def create(workdir, resume_step):
       JsonlWriter(path)])
 
 
+def read_rows(workdir):
+  """The rows of the run's metrics file; a line cut short by a crash is
+  skipped."""
+  with open(os.path.join(workdir, METRICS_FILE)) as f:
+    return [json.loads(line) for line in f if _step(line) is not None]
+
+
 def drop_rows_after(path, step):
   """Removes the rows past `step`: the steps a resumed run will write again."""
   if not os.path.exists(path):
