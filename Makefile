@@ -32,7 +32,7 @@ transfer: $(VENV)/installed
 	done
 
 test: $(VENV)/installed
-	$(CPU_DEVICES) $(PYTHON) -m pytest -n 2 -q
+	$(CPU_DEVICES) $(PYTHON) -m pytest -n 2 -q --durations=15
 
 clean:
 	rm -rf $(VENV) workdir

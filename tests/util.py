@@ -1,8 +1,10 @@
 """Small helpers shared by tests: random weights, small digits runs, and
 running `vit_jax.main` in processes of its own."""
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -11,6 +13,24 @@ import jax
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def made_once(tmp_path_factory, name, make):
+  """The directory `name`, filled by `make(path)` once for all the pytest
+  workers of the session: the first to get here makes it while the others
+  wait, then all read it."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # The session's directory, above each worker's own.
+  path = root / name
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (path / ".made").exists():
+      shutil.rmtree(path, ignore_errors=True)
+      path.mkdir()
+      make(str(path))
+      (path / ".made").touch()
+  return str(path)
 
 
 def randomize(tree, seed=0, scale=0.2):

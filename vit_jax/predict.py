@@ -46,6 +46,17 @@ def top_classes(probs, k, names=None):
           for row, order in zip(probs, best)]
 
 
+def as_text(path, top):
+  """The image's path, then a line per class: rank, probability, name."""
+  return "\n".join([path] + [f"  {rank}. {p:7.2%}  {name}"
+                             for rank, (_, name, p) in enumerate(top, 1)])
+
+
+def as_json(path, top):
+  return json.dumps({"image": path, "top": [
+      {"class": c, "name": name, "probability": p} for c, name, p in top]})
+
+
 def define_flags():
   pretrained.define_flags("run")
   images_lib.define_flags()
@@ -70,14 +81,7 @@ def main(argv):
   tops = top_classes(probabilities(inference, images, f.batch_size), f.top,
                      names)
   for path, top in zip(files, tops):
-    if f.json:
-      print(json.dumps({"image": path, "top": [
-          {"class": c, "name": name, "probability": p}
-          for c, name, p in top]}))
-      continue
-    print(path)
-    for rank, (_, name, p) in enumerate(top, 1):
-      print(f"  {rank}. {p:7.2%}  {name}")
+    print(as_json(path, top) if f.json else as_text(path, top))
 
 
 if __name__ == "__main__":
