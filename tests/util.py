@@ -4,6 +4,7 @@ running `vit_jax.main` in processes of its own."""
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,9 +69,12 @@ def main_flags(workdir, data_dir, **overrides):
 
 
 def start_main(args, devices=8):
-  """`python -m vit_jax.main ARGS` in a process of its own."""
-  env = dict(os.environ,
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  """`python -m vit_jax.main ARGS` in a process of its own, with `devices`
+  emulated devices and the session's other XLA flags."""
+  others = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                  os.environ.get("XLA_FLAGS", ""))
+  env = dict(os.environ, XLA_FLAGS=f"{others} "
+             f"--xla_force_host_platform_device_count={devices}".strip())
   return subprocess.Popen([sys.executable, "-m", "vit_jax.main", *args],
                           cwd=REPO, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
