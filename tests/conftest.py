@@ -9,9 +9,10 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # The tests compile hundreds of small programs and run each for a few steps:
 # LLVM at -O0 compiles them much faster (the five-mesh loss test: 76 s ->
-# 47 s; the suite's CPU time fell by a quarter). Results move within float32 rounding (fewer fused
-# multiply-adds); every comparison in the tests is between runs of this
-# same setting. Runs outside the tests keep XLA's default.
+# 47 s; the suite's CPU time fell by a quarter). Results move within float32
+# rounding (fewer fused multiply-adds); every comparison in the tests is
+# between runs of this same setting. Runs outside the tests keep XLA's
+# default.
 if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
