@@ -1,0 +1,109 @@
+"""How close the train step comes to the machine's matmul rate.
+
+  python benchmarks/train_step.py [--json] [--models=Ti/16:32,B/16:16]
+      [--dtypes=float32,bfloat16] [--steps=7]
+
+In one process: first the dense float32 matmul rate of this machine (a
+large `jnp.dot` on one device, best of a few), then the project's own train
+step (`train.build`: the jitted step with its shardings, Adam, on all the
+devices JAX sees) for each MODEL:BATCH at 224 px and each compute dtype,
+timed after two warm-up steps as the median of --steps. Achieved FLOP/s
+counts the analytic training FLOPs of `vit_jax.compute` (3 x forward);
+`ratio` is that over the matmul rate. Run it with nothing else on the
+machine. Not run by the tests.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+flags.DEFINE_list("models", ["Ti/16:32", "B/16:16"], "MODEL:BATCH pairs.")
+flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Compute dtypes.")
+flags.DEFINE_integer("image_size", 224, "Image side in pixels.")
+flags.DEFINE_integer("steps", 7, "Timed steps; the median is reported.")
+flags.DEFINE_integer("matmul_size", 4096, "Side of the square matmul.")
+flags.DEFINE_bool("json", False, "One JSON object per configuration.")
+
+
+def config_for(name, batch, dtype, image_size, steps):
+  from configs import base  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  config.image_size = image_size
+  config.model.name = name
+  config.model.dtype = dtype
+  config.batch_size = batch
+  config.total_steps = 1000 + steps
+  config.optimizer.update(name="adam", learning_rate=1e-4, warmup_steps=10,
+                          decay="cosine")
+  return config
+
+
+def time_train_step(config, num_classes=1000, warmup=2):
+  """Median seconds of the run's train step on a fixed random batch."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from vit_jax import input_pipeline, sharding, train  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(config.mesh)
+  program = train.build(config, mesh, num_classes)
+  state = program.init(jax.random.key(0))
+  rng = np.random.default_rng(0)
+  size = config.image_size
+  batch = input_pipeline.to_global({
+      "image": rng.integers(0, 256, (config.batch_size, size, size, 3),
+                            np.uint8),
+      "label": rng.integers(0, num_classes, config.batch_size, np.int32)},
+      program.batch_sharding)
+  times = []
+  for i in range(warmup + flags.FLAGS.steps):
+    start = time.perf_counter()
+    state, metrics = program.train_step(state, batch)
+    jax.block_until_ready((state, metrics))
+    if i >= warmup:
+      times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import compute  # pylint: disable=g-import-not-at-top
+  f = flags.FLAGS
+  matmul = compute.measured_matmul_flops(f.matmul_size, repeats=5)
+  rows = []
+  for entry in f.models:
+    name, batch = entry.split(":")
+    for dtype in f.dtypes:
+      config = config_for(name, int(batch), dtype, f.image_size, f.steps)
+      seconds = time_train_step(config)
+      flops = compute.flops_per_image(config.model, f.image_size, train=True)
+      achieved = flops * config.batch_size / seconds
+      rows.append({
+          "model": name, "image_size": f.image_size,
+          "batch": config.batch_size, "dtype": dtype,
+          "devices": jax.device_count(), "step_seconds": seconds,
+          "img_per_sec": config.batch_size / seconds,
+          "flops_per_sec": achieved, "matmul_flops_per_sec": matmul,
+          "ratio": achieved / matmul})
+      if f.json:
+        print(json.dumps(rows[-1]), flush=True)
+  if f.json:
+    return
+  print(f"float32 matmul ({f.matmul_size}^2) on this machine: "
+        f"{matmul / 1e9:.0f} GFLOP/s; {jax.device_count()} device(s) of "
+        f"{jax.devices()[0].device_kind}\n")
+  print("| model | px | batch | dtype | step s | img/s | GFLOP/s | of matmul |")
+  print("|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['model']} | {r['image_size']} | {r['batch']} | {r['dtype']} "
+          f"| {r['step_seconds']:.3f} | {r['img_per_sec']:.1f} "
+          f"| {r['flops_per_sec'] / 1e9:.0f} | {100 * r['ratio']:.0f}% |")
+
+
+if __name__ == "__main__":
+  app.run(main)
