@@ -306,8 +306,10 @@ def adapt(restored, init_params):
 def resize_posemb(posemb, target_shape, has_class_token):
   """(1, [1+] g*g, D) -> (1, [1+] G*G, D) by bilinear interpolation of the grid."""
   num_extra = 1 if has_class_token else 0
-  src_grid = _square_side(posemb.shape[1] - num_extra, posemb.shape)
-  dst_grid = _square_side(target_shape[1] - num_extra, target_shape)
+  src_grid = models.grid_side(posemb.shape[1] - num_extra,
+                              _cannot_interpolate(posemb.shape))
+  dst_grid = models.grid_side(target_shape[1] - num_extra,
+                              _cannot_interpolate(target_shape))
   extra, grid = posemb[:, :num_extra], posemb[0, num_extra:]
   grid = grid.reshape(src_grid, src_grid, -1)
   zoom = (dst_grid / src_grid, dst_grid / src_grid, 1)
@@ -315,9 +317,5 @@ def resize_posemb(posemb, target_shape, has_class_token):
   return np.concatenate([extra, grid.reshape(1, dst_grid * dst_grid, -1)], axis=1)
 
 
-def _square_side(num_tokens, shape):
-  side = int(round(np.sqrt(num_tokens)))
-  if side * side != num_tokens:
-    raise ValueError(f"{POSEMB_KEY!r} of shape {tuple(shape)} is not a square "
-                     "grid of patches; cannot interpolate it")
-  return side
+def _cannot_interpolate(shape):
+  return f"cannot interpolate {POSEMB_KEY!r} of shape {tuple(shape)}"

@@ -30,8 +30,8 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from vit_jax import errors, figures, images as images_lib, predict, pretrained
-from vit_jax import writers
+from vit_jax import errors, figures, images as images_lib, models, predict
+from vit_jax import pretrained, writers
 
 
 def attention_weights(model, params, images):
@@ -102,7 +102,7 @@ def attention_rollout(attentions, class_token=True):
     patches = rollout[:, 0, 1:]
   else:
     patches = rollout.mean(axis=1)
-  grid = _grid_side(patches.shape[-1])
+  grid = models.grid_side(patches.shape[-1])
   return patches.reshape(-1, grid, grid)
 
 
@@ -135,7 +135,7 @@ def position_similarity(posemb, class_token=True):
   grid_embeddings = posemb[0, 1:] if class_token else posemb[0]
   unit = grid_embeddings / np.linalg.norm(grid_embeddings, axis=-1,
                                           keepdims=True)
-  grid = _grid_side(len(unit))
+  grid = models.grid_side(len(unit))
   return (unit @ unit.T).reshape(grid, grid, grid, grid)
 
 
@@ -154,13 +154,6 @@ def embedding_components(kernel, count=28):
   count = min(count, len(variance))
   return (directions[:count].reshape(count, patch, patch, 3),
           variance[:count] / variance.sum())
-
-
-def _grid_side(num_patches):
-  side = int(round(np.sqrt(num_patches)))
-  if side * side != num_patches:
-    raise ValueError(f"{num_patches} patches do not form a square grid")
-  return side
 
 
 def describe(model, image_size):

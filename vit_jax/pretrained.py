@@ -12,7 +12,6 @@ then `checkpoint.adapt` fits it to the new model.
 """
 
 import dataclasses
-
 import os
 import re
 

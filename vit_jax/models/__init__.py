@@ -53,6 +53,16 @@ def create(name, num_classes, **overrides):
 _BLOCK_0 = "Transformer/encoderblock_0/"
 
 
+def grid_side(num_patches, what="the patches"):
+  """g for a square g x g grid of `num_patches`; a ValueError naming `what`
+  holds them otherwise."""
+  side = int(round(np.sqrt(num_patches)))
+  if side * side != num_patches:
+    raise ValueError(f"{what}: {num_patches} patch positions do not form a "
+                     "square grid")
+  return side
+
+
 def from_params(params):
   """(the VisionTransformer that `params` belong to, the image side its
   position embedding was trained at), with every size read from the shapes.
@@ -74,11 +84,8 @@ def from_params(params):
   num_layers = len({key.split("/")[1] for key in flat
                     if key.startswith("Transformer/encoderblock_")})
   classifier = "token" if "cls" in flat else "gap"
-  tokens = np.shape(flat[POSEMB_KEY])[1] - (classifier == "token")
-  grid = int(round(np.sqrt(tokens)))
-  if grid * grid != tokens:
-    raise ValueError(f"{POSEMB_KEY} holds {tokens} patch positions, not a "
-                     "square grid")
+  grid = grid_side(np.shape(flat[POSEMB_KEY])[1] - (classifier == "token"),
+                   POSEMB_KEY)
   model = VisionTransformer(
       num_classes=np.shape(flat["head/kernel"])[1], patch_size=patch,
       hidden_size=hidden, num_layers=num_layers,
