@@ -31,21 +31,21 @@ flags.DEFINE_integer("matmul_size", 4096, "Side of the square matmul.")
 flags.DEFINE_bool("json", False, "One JSON object per configuration.")
 
 
-def config_for(name, batch, dtype, image_size, steps):
+def config_for(name, batch, dtype, image_size):
   from configs import base  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   config.image_size = image_size
   config.model.name = name
   config.model.dtype = dtype
   config.batch_size = batch
-  config.total_steps = 1000 + steps
+  config.total_steps = 10_000  # Past the warm-up, whatever --steps is.
   config.optimizer.update(name="adam", learning_rate=1e-4, warmup_steps=10,
                           decay="cosine")
   return config
 
 
-def time_train_step(config, num_classes=1000, warmup=2):
-  """Median seconds of the run's train step on a fixed random batch."""
+def prepared_step(config, num_classes=1000):
+  """The run's jitted train step, a fresh state and a fixed random batch."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from vit_jax import input_pipeline, sharding, train  # pylint: disable=g-import-not-at-top
@@ -59,10 +59,17 @@ def time_train_step(config, num_classes=1000, warmup=2):
                             np.uint8),
       "label": rng.integers(0, num_classes, config.batch_size, np.int32)},
       program.batch_sharding)
+  return program.train_step, state, batch
+
+
+def time_train_step(config, steps, warmup=2):
+  """Median seconds of the run's train step on a fixed random batch."""
+  import jax  # pylint: disable=g-import-not-at-top
+  step, state, batch = prepared_step(config)
   times = []
-  for i in range(warmup + flags.FLAGS.steps):
+  for i in range(warmup + steps):
     start = time.perf_counter()
-    state, metrics = program.train_step(state, batch)
+    state, metrics = step(state, batch)
     jax.block_until_ready((state, metrics))
     if i >= warmup:
       times.append(time.perf_counter() - start)
@@ -79,8 +86,8 @@ def main(argv):
   for entry in f.models:
     name, batch = entry.split(":")
     for dtype in f.dtypes:
-      config = config_for(name, int(batch), dtype, f.image_size, f.steps)
-      seconds = time_train_step(config)
+      config = config_for(name, int(batch), dtype, f.image_size)
+      seconds = time_train_step(config, f.steps)
       flops = compute.flops_per_image(config.model, f.image_size, train=True)
       achieved = flops * config.batch_size / seconds
       rows.append({
@@ -106,4 +113,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from vit_jax import host_memory  # pylint: disable=g-import-not-at-top
+  host_memory.use_huge_pages()
   app.run(main)
