@@ -5,7 +5,12 @@ on its own on Cloud TPU VMs; elsewhere (several processes on one machine, as
 launch/local_pod.sh starts them) the coordinator flags below say who is who.
 """
 
-import glob
+if __name__ == "__main__":
+  # First, before JAX, TF or any thread starts: may re-execute this command.
+  from vit_jax import host_memory
+  host_memory.use_huge_pages()
+
+import glob  # pylint: disable=g-import-not-at-top,wrong-import-position
 import logging as std_logging
 import os
 import sys
