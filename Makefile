@@ -3,7 +3,7 @@
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 # Eight emulated CPU devices: the tests' stand-in for a TPU host. Huge pages
-# for XLA:CPU's step buffers (vit_jax/host_memory.py), in pytest's process too.
+# for XLA:CPU's step buffers (vit_jax/cpu_defaults.py), in pytest's process too.
 CPU_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8 \
 	JAX_PLATFORMS=cpu TPU_SKIP_MDS_QUERY=1 TF_CPP_MIN_LOG_LEVEL=2 \
 	GLIBC_TUNABLES=glibc.malloc.hugetlb=1

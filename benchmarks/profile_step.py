@@ -163,6 +163,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vit_jax import host_memory  # pylint: disable=g-import-not-at-top
-  host_memory.use_huge_pages()
+  from vit_jax import cpu_defaults  # pylint: disable=g-import-not-at-top
+  cpu_defaults.apply()
   app.run(main)

@@ -9,8 +9,9 @@ step (`train.build`: the jitted step with its shardings, Adam, on all the
 devices JAX sees) for each MODEL:BATCH at 224 px and each compute dtype,
 timed after two warm-up steps as the median of --steps. Achieved FLOP/s
 counts the analytic training FLOPs of `vit_jax.compute` (3 x forward);
-`ratio` is that over the matmul rate. Run it with nothing else on the
-machine. Not run by the tests.
+`ratio` is that over the matmul rate, both measured under the CPU
+settings that `vit_jax.main` uses (`vit_jax.cpu_defaults`, applied first).
+Run it with nothing else on the machine. Not run by the tests.
 """
 
 import json
@@ -113,6 +114,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vit_jax import host_memory  # pylint: disable=g-import-not-at-top
-  host_memory.use_huge_pages()
+  from vit_jax import cpu_defaults  # pylint: disable=g-import-not-at-top
+  cpu_defaults.apply()
   app.run(main)

@@ -15,6 +15,11 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # default.
 if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# The matmul kernels that `python -m vit_jax.main` picks on a CPU
+# (vit_jax/cpu_defaults.py), here too: the tests compare their own runs with
+# those of the processes they start.
+if "--xla_cpu_use_xnnpack" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " --xla_cpu_use_xnnpack=false"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -7,8 +7,8 @@ launch/local_pod.sh starts them) the coordinator flags below say who is who.
 
 if __name__ == "__main__":
   # First, before JAX, TF or any thread starts: may re-execute this command.
-  from vit_jax import host_memory
-  host_memory.use_huge_pages()
+  from vit_jax import cpu_defaults
+  cpu_defaults.apply()
 
 import glob  # pylint: disable=g-import-not-at-top,wrong-import-position
 import logging as std_logging

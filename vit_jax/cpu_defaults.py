@@ -1,0 +1,61 @@
+"""The two settings that make XLA:CPU's train step faster, set by default.
+
+Measured with benchmarks/train_step.py and explained with
+benchmarks/profile_step.py (README, "Speed on CPU"):
+
+- Transparent huge pages. XLA:CPU allocates one temp buffer per executed
+  step (about 2 GB for Ti/16 at 224 px, batch 32) and frees it after.
+  glibc's malloc serves a block that large with a fresh mmap, so every step
+  first-touched about half a million 4 KiB pages: 1.6 s of kernel time per
+  3.8 s step. glibc's `hugetlb=1` tunable makes malloc ask for 2 MiB pages,
+  which cuts those faults about 400-fold. glibc reads its tunables once, when
+  a process starts, so the command re-executes itself with it set.
+- Eigen rather than XNNPACK for matmuls (`--xla_cpu_use_xnnpack=false`).
+  XNNPACK's kernels ran the step's dots, most of them next to another dot
+  or a transposed operand, slower than Eigen's (B/16: 16.1 -> 13.4 s per
+  step), though a lone square matmul is a little faster with XNNPACK.
+
+Neither changes what is computed beyond float32 rounding (another matmul
+kernel sums in another order). A flag or tunable the user set wins;
+VIT_JAX_CPU_DEFAULTS=0 leaves the process exactly as started.
+"""
+
+import os
+import platform
+import sys
+
+TUNABLE = "glibc.malloc.hugetlb=1"
+XLA_FLAG = "--xla_cpu_use_xnnpack=false"
+_THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def huge_pages_possible():
+  """True on Linux with glibc and transparent huge pages not turned off."""
+  if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+    return False
+  try:
+    with open(_THP_SETTING) as f:
+      return "[never]" not in f.read()
+  except OSError:
+    return False
+
+
+def apply():
+  """Adds XLA_FLAG to XLA_FLAGS and re-executes with TUNABLE if needed.
+
+  Call it first thing in a `__main__` block, before JAX is imported,
+  anything is printed or any thread is started.
+  """
+  if os.environ.get("VIT_JAX_CPU_DEFAULTS") == "0":
+    return
+  xla_flags = os.environ.get("XLA_FLAGS", "")
+  if "--xla_cpu_use_xnnpack" not in xla_flags:
+    os.environ["XLA_FLAGS"] = f"{xla_flags} {XLA_FLAG}".strip()
+  tunables = os.environ.get("GLIBC_TUNABLES", "")
+  if TUNABLE in tunables.split(":") or not huge_pages_possible():
+    return
+  os.environ["GLIBC_TUNABLES"] = ":".join(
+      part for part in (tunables, TUNABLE) if part)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execv(sys.executable, sys.orig_argv)
