@@ -19,7 +19,8 @@ if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 # (vit_jax/cpu_defaults.py), here too: the tests compare their own runs with
 # those of the processes they start.
 if "--xla_cpu_use_xnnpack" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " --xla_cpu_use_xnnpack=false"
+  from vit_jax import cpu_defaults  # pylint: disable=g-import-not-at-top
+  os.environ["XLA_FLAGS"] += " " + cpu_defaults.XLA_FLAG
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
