@@ -100,9 +100,11 @@ def kind_of(op_name, flops):
 def profile(step, state, batch, top):
   """Prints the per-kind and per-op tables of one traced step."""
   import jax  # pylint: disable=g-import-not-at-top
-  hlo = step.lower(state, batch).compile().as_text()
-  computations, instructions = parse_hlo(hlo)
-  for _ in range(2):  # Warm up: compile, first-touch allocations.
+  # Run the very program whose HLO is read, so that every thunk is found
+  # (and the step compiles once, not twice).
+  step = step.lower(state, batch).compile()
+  computations, instructions = parse_hlo(step.as_text())
+  for _ in range(2):  # Warm up: first-touch allocations, thread pools.
     state, metrics = step(state, batch)
     jax.block_until_ready((state, metrics))
   with tempfile.TemporaryDirectory() as directory:
@@ -147,7 +149,7 @@ def profile(step, state, batch, top):
   for kind, (us, flops) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
     rate = f"{flops / us / 1e3:.0f}" if flops else ""
     print(f"| {kind} | {us / 1e3:.0f} | {100 * us / total:.0f}% | {rate} |")
-  print(f"\n| ms | calls | GFLOP/s | kind | op | shape |\n|---|---|---|---|---|---|")
+  print("\n| ms | calls | GFLOP/s | kind | op | shape |\n|---|---|---|---|---|---|")
   rows = sorted(ops.items(), key=lambda kv: -kv[1]["us"])[:top]
   for (kind, op_name, shape), row in rows:
     rate = f"{row['flops'] / row['us'] / 1e3:.0f}" if row["flops"] else ""
