@@ -10,9 +10,9 @@ matmul FLOPs of the dots and convolutions inside (so a dot reports its
 GFLOP/s), and names it by the JAX op it came from, with the layer index
 dropped so the same op of every block adds up. Prints the time per kind
 (dense and attention matmuls, patch embedding, forward and backward
-element-wise work, the optimizer) and the `--top` ops. Thunks may run two at
-a time, so their times can add up to more than the step. Not run by the
-tests.
+element-wise work, the optimizer) and the `--top` ops. Thunks run side by
+side (each device's, and a device's independent ops), so their times add up
+to more than the step. Not run by the tests.
 """
 
 import collections

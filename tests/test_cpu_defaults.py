@@ -25,10 +25,11 @@ def run(**env):
 
 @pytest.mark.skipif(not cpu_defaults.huge_pages_possible(),
                     reason="no glibc or transparent huge pages here")
-def test_the_command_runs_again_with_both_defaults_added():
+def test_the_command_runs_again_with_the_defaults_added():
+  devices = f"{cpu_defaults.DEVICES_FLAG}={cpu_defaults.cpu_device_count()}"
   # "started" is printed once before the re-execution and once after it.
   assert run() == ["started", "started", cpu_defaults.TUNABLE,
-                   cpu_defaults.XLA_FLAG]
+                   f"{cpu_defaults.XLA_FLAG} {devices}"]
   assert run(GLIBC_TUNABLES="glibc.malloc.trim_threshold=1",
              XLA_FLAGS="--xla_force_host_platform_device_count=8") == [
                  "started", "started",
@@ -37,8 +38,18 @@ def test_the_command_runs_again_with_both_defaults_added():
                  f"{cpu_defaults.XLA_FLAG}"]
 
 
+@pytest.mark.parametrize("cores, devices", [(1, 1), (2, 2), (6, 4), (16, 16)])
+def test_one_device_per_core_in_a_power_of_two(monkeypatch, cores, devices):
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)),
+                      raising=False)
+  assert cpu_defaults.cpu_device_count() == devices
+
+
 def test_what_the_user_set_wins_and_no_second_run_when_set():
   assert run(GLIBC_TUNABLES=cpu_defaults.TUNABLE,
-             XLA_FLAGS="--xla_cpu_use_xnnpack=true") == [
-                 "started", cpu_defaults.TUNABLE, "--xla_cpu_use_xnnpack=true"]
+             XLA_FLAGS="--xla_cpu_use_xnnpack=true "
+                       "--xla_force_host_platform_device_count=1") == [
+                 "started", cpu_defaults.TUNABLE,
+                 "--xla_cpu_use_xnnpack=true "
+                 "--xla_force_host_platform_device_count=1"]
   assert run(VIT_JAX_CPU_DEFAULTS="0") == ["started", "None", "None"]
