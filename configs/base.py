@@ -21,12 +21,14 @@ def get_config():
   # takes the central crop (0.875: 256 -> 224).
   config.eval_crop_fraction = 1.0
   # `name` ("B/16") gives the sizes (Table 1); any other field overrides
-  # models.create's. remat_policy and scan_layers trade speed for memory
-  # and compile time, and leave the results as they are.
+  # models.create's. posemb: "learn" (1-D, as released), "learn2d",
+  # "sincos2d" or "none" (Appendix D.4). mpp: pre-train by masked patch
+  # prediction (configs/mpp.py). remat_policy and scan_layers trade
+  # speed for memory and compile time, and leave the results as they are.
   config.model = ml_collections.ConfigDict(dict(
       name="", classifier="token", representation_size=None,
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32",
-      remat_policy="", scan_layers=False))
+      remat_policy="", scan_layers=False, posemb="learn", mpp=False))
   config.batch_size = 0
   config.accum_steps = 1  # Raise it where a batch does not fit in memory.
   config.total_steps = 0

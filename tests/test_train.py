@@ -11,22 +11,15 @@ import numpy as np
 import pytest
 
 from vit_jax import compute, input_pipeline, sharding, train
-from tests.util import REPO, latest_checkpoint, metric_rows, small_config
+from tests.util import (REPO, latest_checkpoint, metric_rows, small_config,
+                        train_steps)
 
 
 def first_losses(config, devices, num_steps=3):
   mesh = sharding.make_mesh(config.mesh, devices=devices)
   program = train.build(config, mesh, num_classes=10)
   state = program.init(jax.random.key(config.seed))
-  batches = input_pipeline.train_dataset(
-      "digits", "train", batch_size=config.batch_size, image_size=8,
-      augment=("shift",), data_dir=config.data_dir).as_numpy_iterator()
-  losses = []
-  for _ in range(num_steps):
-    batch = input_pipeline.to_global(next(batches), program.batch_sharding)
-    state, metrics = program.train_step(state, batch)
-    losses.append(float(metrics["train_loss"]))
-  return losses, state
+  return train_steps(program, state, config, num_steps, augment=("shift",))
 
 
 MESHES = {

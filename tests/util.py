@@ -61,6 +61,22 @@ def small_config(data_dir, **overrides):
   return config
 
 
+def train_steps(program, state, config, num_steps, augment=()):
+  """(the losses, the state) after `num_steps` steps of `program` on digits
+  batches of `config`'s size."""
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  batches = input_pipeline.train_dataset(
+      "digits", "train", batch_size=config.batch_size,
+      image_size=config.image_size, augment=augment,
+      data_dir=config.data_dir).as_numpy_iterator()
+  losses = []
+  for _ in range(num_steps):
+    batch = input_pipeline.to_global(next(batches), program.batch_sharding)
+    state, metrics = program.train_step(state, batch)
+    losses.append(float(metrics["train_loss"]))
+  return losses, state
+
+
 def main_flags(workdir, data_dir, **overrides):
   """`vit_jax.main` arguments for small_config(data_dir, **overrides)."""
   values = {**SMALL, "data_dir": data_dir, **overrides}

@@ -246,15 +246,22 @@ def _rename_big_vision_key(key):
   return key
 
 
+# What pre-training adds to a model and fine-tuning drops: the pre-logits
+# layer, and masked patch prediction's mask embedding and per-patch head.
+_PRETRAINING_ONLY = ("pre_logits/", "mask_embedding", "mpp_head/")
+
+
 def adapt(restored, init_params):
   """Makes a restored params tree fit the model that produced `init_params`.
 
   - position embeddings of another grid size are interpolated (bilinear over
-    the patch grid, as the released fine-tuning code does); the class-token
+    the patch grid, as the released fine-tuning code does; the 2-D kind's
+    row and column tables linearly along their length); the class-token
     embedding is kept as is;
   - a head of another class count (or one that sat on a pre-logits layer the
     target drops) is replaced by the target's fresh, zero-initialised head;
-  - a pre-logits layer that the target has none of is dropped.
+  - a pre-logits layer that the target has none of is dropped, and so are
+    masked patch prediction's mask embedding and head (`vit_jax/mpp.py`).
   Any other mismatch raises a ValueError naming the key and both shapes.
   Each change is logged. Either tree may be scanned (stacked blocks) or not,
   and `restored` may be in any layout `to_release_layout` reads.
@@ -287,14 +294,21 @@ def adapt(restored, init_params):
       logging.info("adapt: %s interpolated from %s to %s", key, value.shape,
                    tuple(target.shape))
       value = resize_posemb(value, target.shape, has_class_token="cls" in dst)
+    if key in models.POSEMB_2D_KEYS and value.shape != target.shape:
+      logging.info("adapt: %s interpolated from %s to %s", key, value.shape,
+                   tuple(target.shape))
+      value = resize_table(value, target.shape[0])
     if value.shape != target.shape:
       raise ValueError(f"{key!r} has shape {value.shape} in the checkpoint but "
                        f"the model wants {tuple(target.shape)}")
     out[key] = value.astype(target.dtype)
 
-  if dropped_pre_logits:
-    logging.info("adapt: pre_logits dropped (the model has none)")
-  extra = [k for k in src if k not in dst and not k.startswith("pre_logits/")]
+  dropped = sorted({k.split("/")[0] for k in src if k not in dst
+                    and k.startswith(_PRETRAINING_ONLY)})
+  if dropped:
+    logging.info("adapt: %s dropped (the model has none)", ", ".join(dropped))
+  extra = [k for k in src
+           if k not in dst and not k.startswith(_PRETRAINING_ONLY)]
   if extra:
     raise ValueError(f"checkpoint keys the model does not have: {extra[:5]}"
                      f"{' ...' if len(extra) > 5 else ''}")
@@ -315,6 +329,11 @@ def resize_posemb(posemb, target_shape, has_class_token):
   zoom = (dst_grid / src_grid, dst_grid / src_grid, 1)
   grid = scipy.ndimage.zoom(grid, zoom, order=1)
   return np.concatenate([extra, grid.reshape(1, dst_grid * dst_grid, -1)], axis=1)
+
+
+def resize_table(table, length):
+  """[n, D] -> [length, D], linearly interpolated along the first axis."""
+  return scipy.ndimage.zoom(table, (length / table.shape[0], 1), order=1)
 
 
 def _cannot_interpolate(shape):

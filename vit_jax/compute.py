@@ -1,10 +1,11 @@
 """What a step costs: analytic FLOPs, peak FLOP/s per device kind, MFU.
 
-FLOPs count multiply-adds as two: the matmuls of the patch embedding, the
-attention projections and the MLPs, the attention itself (queries x keys and
-weights x values), the pre-logits layer and the head. Layer norms, softmax,
-GELU and biases are left out (a few percent at Ti, less above; XLA's own
-count agrees within 5%, tests/test_compute.py). A training step is three
+FLOPs count multiply-adds as two: a hybrid's ResNet convolutions, the matmuls
+of the patch embedding, the attention projections and the MLPs, the
+attention itself (queries x keys and weights x values), the pre-logits layer
+and the head. Layer norms, GroupNorms, softmax, GELU and biases are left out
+(a few percent at Ti, less above; XLA's own count agrees within 5%,
+tests/test_compute.py and tests/test_hybrid.py). A training step is three
 forward passes per image: the forward, and a backward of twice its cost.
 """
 
@@ -14,7 +15,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from vit_jax import models
+from vit_jax import models, mpp
+from vit_jax.models import resnet
 
 # Dense bfloat16 peak per JAX device (a TPU v2/v3 core; a v4/v5p chip, whose
 # two cores JAX shows as one device; a v5e/v6e chip; a GPU), from the
@@ -48,9 +50,13 @@ def flops_per_image(model, image_size, train=False, num_classes=1000):
   """FLOPs of one image through the model (x3 for a training step)."""
   vit = model_sizes(model, num_classes)
   d, mlp, p = vit.hidden_size, vit.mlp_dim, vit.patch_size
-  patches = (image_size // p) ** 2
+  stem, side, channels = 0, image_size, 3
+  if vit.resnet_stages is not None:
+    stem, side, channels = resnet.conv_flops(vit.resnet_stages,
+                                             vit.resnet_width, image_size)
+  patches = (side // p) ** 2
   tokens = patches + (vit.classifier == "token")
-  embedding = 2 * patches * (p * p * 3) * d
+  embedding = stem + 2 * patches * (p * p * channels) * d
   per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections
                + 2 * tokens * 2 * d * mlp     # the MLP's two matmuls
                + 2 * 2 * tokens * tokens * d)  # q.k and weights.v
@@ -60,6 +66,8 @@ def flops_per_image(model, image_size, train=False, num_classes=1000):
     pre_logits = 2 * d * vit.representation_size
     head_in = vit.representation_size
   head = 2 * head_in * vit.num_classes
+  if vit.mpp:  # Every patch token's 512-way prediction instead.
+    pre_logits, head = 0, 2 * d * mpp.NUM_CLASSES * patches
   forward = embedding + vit.num_layers * per_layer + pre_logits + head
   return forward * (TRAIN_FORWARDS if train else 1)
 

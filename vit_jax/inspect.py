@@ -4,10 +4,12 @@ What a ViT has learned, as in Section 4.5 of the paper (Figures 6 and 7),
 and a run's training curves. Writes PNGs into --out (default DIR/figures):
 
   embedding_filters.png        principal components of the patch-embedding
-                               filters, as RGB patches (Fig. 7, left)
+                               filters, as RGB patches (Fig. 7, left); none
+                               for a hybrid
   position_embedding_similarity.png
                                cosine similarity of each patch's position
-                               embedding with every other's (Fig. 7, centre)
+                               embedding with every other's (Fig. 7,
+                               centre); none for posemb "none"
   mean_attention_distance.png  per layer and head, how far in pixels the
                                attention reaches (Fig. 7, right)
   attention_rollout.png        what the class token attends to, through all
@@ -32,6 +34,7 @@ from absl import app, flags
 
 from vit_jax import errors, figures, images as images_lib, models, predict
 from vit_jax import pretrained, writers
+from vit_jax.models import vit
 
 
 def attention_weights(model, params, images):
@@ -49,14 +52,14 @@ def attention_summary(model, params, images, rollout_count, batch_size=8):
   (layers x heads x tokens^2 each) would not fit in host memory at once.
   """
   token = model.classifier == "token"
-  grid = images.shape[1] // model.patch_size
+  grid = images.shape[1] // model.token_stride
   logits, distance_sum, maps = [], 0, []
   for start in range(0, len(images), batch_size):
     batch = images[start:start + batch_size]
     batch_logits, attention = attention_weights(model, params, batch)
     logits.append(batch_logits)
     distance_sum = distance_sum + len(batch) * mean_attention_distance(
-        attention, grid, model.patch_size, token)
+        attention, grid, model.token_stride, token)
     if start < rollout_count:
       maps.append(attention_rollout(attention[:, :rollout_count - start],
                                     token))
@@ -126,6 +129,19 @@ def mean_attention_distance(attentions, grid_size, patch_size,
   return per_query.mean(axis=(1, 3))
 
 
+def position_table(model, params, image_size):
+  """[1, tokens, D]: what `model` adds to the tokens at each position at
+  `image_size`, whatever its kind of position embedding; None for "none"."""
+  if model.posemb == "none":
+    return None
+  grid = image_size // model.token_stride
+  tokens = grid * grid + (model.classifier == "token")
+  module = vit.AddPositionEmbedding(model.posemb, (grid, grid))
+  variables = {"params": params["Transformer"].get("posembed_input", {})}
+  return np.asarray(module.apply(
+      variables, np.zeros((1, tokens, model.hidden_size), np.float32)))
+
+
 def position_similarity(posemb, class_token=True):
   """[grid, grid, grid, grid]: cosine similarity between the position
   embedding of patch (i, j) and that of patch (k, l).
@@ -158,7 +174,7 @@ def embedding_components(kernel, count=28):
 
 def describe(model, image_size):
   return (f"{model.num_layers} layers x {model.num_heads} heads, width "
-          f"{model.hidden_size}, patch {model.patch_size}, {image_size}px")
+          f"{model.hidden_size}, {model.describe_patch()}, {image_size}px")
 
 
 def sample_images(inference, paths, count, dataset, split, data_dir):
@@ -195,21 +211,23 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
     written.append(os.path.join(out, name))
     return written[-1]
 
-  figures.embedding_filters(
-      *embedding_components(params["embedding"]["kernel"]), title,
-      path("embedding_filters.png"))
-  posemb = params["Transformer"]["posembed_input"]["pos_embedding"]
-  figures.position_similarity(position_similarity(posemb, token), title,
-                              path("position_embedding_similarity.png"))
+  if model.resnet_stages is None:  # A hybrid's embeds feature maps.
+    figures.embedding_filters(
+        *embedding_components(params["embedding"]["kernel"]), title,
+        path("embedding_filters.png"))
+  posemb = position_table(model, params, size)
+  if posemb is not None:
+    figures.position_similarity(position_similarity(posemb, token), title,
+                                path("position_embedding_similarity.png"))
 
   images, labels, source = samples
   logits, distances, maps = attention_summary(model, params, images,
                                               rollout_images)
-  grid = size // model.patch_size
+  grid = size // model.token_stride
   even = np.full((1, 1, 1, grid * grid, grid * grid), 1 / grid**2)
   figures.attention_distance(
       distances,
-      mean_attention_distance(even, grid, model.patch_size, False)[0, 0],
+      mean_attention_distance(even, grid, model.token_stride, False)[0, 0],
       size, f"{title}\nover {source}", path("mean_attention_distance.png"))
   captions = [caption(logits[i], names, None if labels is None else labels[i])
               for i in range(len(maps))]

@@ -133,7 +133,8 @@ def for_inference(workdir=None, npz=None, step=None):
   an .npz of any layout `checkpoint.load_npz` reads; give one of the two.
 
   The architecture is read from the params' shapes (`models.from_params`),
-  so a released file needs no config.
+  so a released file needs no config. (An .npz whose position embedding has
+  no params, "sincos2d" or "none", needs its run's workdir instead.)
   """
   if bool(workdir) == bool(npz):
     raise ValueError("give exactly one of a workdir and an .npz")
@@ -146,7 +147,9 @@ def for_inference(workdir=None, npz=None, step=None):
     params = flax.traverse_util.unflatten_dict(checkpoint.to_release_layout(
         flax.traverse_util.flatten_dict(params, sep="/")), sep="/")
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
-  model, image_size = models.from_params(params)
+  model, image_size = models.from_params(
+      params, config.model.get("posemb") if config else None)
+  image_size = image_size or config.image_size
   return Inference(model, params, image_size, what, config)
 
 

@@ -6,7 +6,8 @@ The mesh has three axes:
          (ZeRO-3 style; XLA gathers each weight where it is used);
   model  tensor parallelism: attention heads and MLP hidden units split.
 
-Parameters carry logical axis names (set in vit_jax/models/vit.py). The table
+Parameters carry logical axis names (set in vit_jax/models/vit.py and
+resnet.py). The table
 below maps them to mesh axes, and then FSDP splits the largest dimension that
 the table left unsharded and that `fsdp` divides (never a scanned model's
 `layers`). The batch is split over `data` and `fsdp` together, and so is
@@ -31,6 +32,10 @@ LOGICAL_AXIS_RULES = (
     ("kv", None),       # per-head width D/heads
     ("classes", None),  # head outputs
     ("layers", None),   # the stacked blocks of a scanned encoder
+  # A hybrid's ResNet: its kernels' input and output channels, and its
+  # GroupNorms' (the stem is data parallel, like the patch embedding).
+  ("in_channels", None),
+  ("channels", None),
 )
 # FSDP never splits these: a scan step slices one block out of the stack,
 # and a stack split along its layers would be gathered whole for that.

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 from clu import parameter_overview, periodic_actions
 
 from vit_jax import (checkpoint, compute, errors, evaluators, input_pipeline,
-                     models, optim, polyak, preemption, preprocess,
+                     models, mpp, optim, polyak, preemption, preprocess,
                      pretrained, sharding, writers)
 from vit_jax import workdir as workdir_lib
 
@@ -80,6 +80,8 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
 
   def loss_and_grads(params, images, labels, dropout_key):
     def loss_fn(params):
+      if model.mpp:  # Self-supervised: the labels are not used.
+        return mpp.loss(model, params, images, *jax.random.split(dropout_key))
       logits = model.apply({"params": params}, images, train=True,
                            rngs={"dropout": dropout_key})
       return cross_entropy(logits, labels)
@@ -147,10 +149,14 @@ def check_program(config, mesh):
         f"config.batch_size={config.batch_size} is not divisible by the "
         f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
         f" x fsdp={mesh.shape['fsdp']}) times accum_steps={config.accum_steps}")
-  patch = model.patch_size
-  if config.image_size % patch:
-    raise errors.ConfigError(f"config.model patch size {patch} does not divide "
-                             f"config.image_size={config.image_size}")
+  if model.mpp and evaluators.enabled_names(config):
+    raise errors.ConfigError(
+        f"config.model.mpp pre-trains without labels, but evaluators "
+        f"{evaluators.enabled_names(config)} would classify: set their "
+        "`every` to 0 (configs/mpp.py does)")
+  if config.image_size % model.token_stride:
+    raise errors.ConfigError(f"config.model {model.describe_patch()} does not "
+                             f"divide config.image_size={config.image_size}")
   for key in ("total_steps", "accum_steps", "log_every", "checkpoint_every"):
     if config[key] < 1:
       raise errors.ConfigError(f"config.{key} must be >= 1, got {config[key]}")

@@ -29,7 +29,8 @@ CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
                    "model.remat_policy")
 # Keys added since runs were first recorded, with the value that does what
 # a run recorded without them did.
-ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False}
+ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
+              "model.posemb": "learn", "model.mpp": False}
 
 
 def check(config, workdir):

@@ -48,6 +48,11 @@ def _enabled(config):
       yield name, kind, every, values
 
 
+def enabled_names(config):
+  """The names of the evaluators that `config` runs."""
+  return [name for name, _, _, _ in _enabled(config)]
+
+
 def check(config):
   """Raises ValueError for settings or data an evaluator cannot use."""
   for name, kind, _, values in _enabled(config):

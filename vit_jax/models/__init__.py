@@ -1,12 +1,18 @@
 """Model zoo: `create("B/16", num_classes=1000, ...)` -> a flax.linen Module."""
 
+import collections
+import re
+
 import flax
 import numpy as np
 
 from vit_jax.models.vit import REMAT_POLICIES, VisionTransformer
 
-# Where the release layout keeps the position embedding.
+# Where the release layout keeps the position embedding ("learn"), and where
+# the "learn2d" kind keeps its row and column tables.
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+POSEMB_2D_KEYS = ("Transformer/posembed_input/row_embedding",
+                  "Transformer/posembed_input/col_embedding")
 
 # Table 1 of the paper; Ti and S come from the later public release.
 VARIANTS = {
@@ -18,32 +24,62 @@ VARIANTS = {
 }
 PATCH_SIZES = (8, 14, 16, 32)
 
+# The hybrids' BiT ResNet stems (units per stage), by ResNet and by the
+# pixels per token they give with patch size 1 on their feature map.
+# Three stages shrink the image 16 times (R50's fourth stage dropped and
+# its units added to the third), four stages 32 times.
+HYBRID_STAGES = {
+    ("R50", 16): (3, 4, 9),
+    ("R50", 32): (3, 4, 6, 3),
+    ("R26", 32): (2, 2, 2, 2),
+}
+
 
 def parse_name(name):
-  """"B/16" -> ("B", 16); clear error for anything else."""
-  variant, _, patch = name.partition("/")
+  """"B/16" -> ("B", 16); "R50+B/16" -> ("B", 16) too. Clear error for
+  anything else."""
+  variant, _, patch = name.rpartition("+")[2].partition("/")
   if variant not in VARIANTS or not patch.isdigit():
     raise ValueError(
         f"unknown model {name!r}: expected '<variant>/<patch>' with variant in "
-        f"{sorted(VARIANTS)} and patch in {PATCH_SIZES}, e.g. 'B/16'")
+        f"{sorted(VARIANTS)} and patch in {PATCH_SIZES}, e.g. 'B/16', or a "
+        f"hybrid '<resnet>+<variant>/<pixels per token>', one of "
+        f"{hybrid_names()}")
   return variant, int(patch)
+
+
+def hybrid_names():
+  return [f"{resnet}+<variant>/{stride}" for resnet, stride in HYBRID_STAGES]
 
 
 def create(name, num_classes, **overrides):
   """The ViT called `name` ("B/16", "H/14", ...) with a `num_classes` head.
 
   Overrides replace any VisionTransformer field: classifier, representation_size,
-  dropout_rate, attention_dropout_rate, dtype, param_dtype, remat_policy,
-  scan_layers, and also the size fields (hidden_size, num_layers, ...) for
-  small models such as the digits one.
-  Patch sizes outside PATCH_SIZES are accepted for small images (e.g. 2 on 8x8).
+  dropout_rate, attention_dropout_rate, dtype, param_dtype, posemb,
+  remat_policy, scan_layers, resnet_stages, resnet_width, and also the size
+  fields (hidden_size, num_layers, ...) for small models such as the digits
+  one. Patch sizes outside PATCH_SIZES are accepted for small images (e.g. 2
+  on 8x8).
+
+  A hybrid ("R50+B/16", "R50+L/32", "R26+S/32") puts the BiT ResNet stem of
+  HYBRID_STAGES under the ViT, with patch size 1 on its feature map; the
+  number after the slash is the pixels per token that makes.
   """
   variant, patch = parse_name(name)
   fields = dict(VARIANTS[variant], patch_size=patch)
+  if "+" in name:
+    key = (name.partition("+")[0], patch)
+    if key not in HYBRID_STAGES:
+      raise ValueError(f"unknown hybrid {name!r}: the hybrids are "
+                       f"{hybrid_names()}")
+    fields.update(patch_size=1, resnet_stages=HYBRID_STAGES[key])
   unknown = set(overrides) - set(VisionTransformer.__dataclass_fields__)
   if unknown:
     raise ValueError(f"unknown model override(s) {sorted(unknown)} for {name!r}")
   fields.update(overrides)
+  if fields.get("resnet_stages") is not None:  # A list, from a JSON config.
+    fields["resnet_stages"] = tuple(fields["resnet_stages"])
   if fields.get("remat_policy", "") not in REMAT_POLICIES:
     raise ValueError(f"unknown remat_policy {fields['remat_policy']!r}; one "
                      f"of {sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
@@ -63,34 +99,58 @@ def grid_side(num_patches, what="the patches"):
   return side
 
 
-def from_params(params):
+def from_params(params, posemb=None):
   """(the VisionTransformer that `params` belong to, the image side its
-  position embedding was trained at), with every size read from the shapes.
+  position embedding was trained at, or None if no params tell), with every
+  size read from the shapes.
 
   `params` is a tree in the release layout (`checkpoint.load_npz`'s), any
   dtype; the model computes in float32. This is how a released file is run
   with no config: the class token says "token" (else "gap"), `pre_logits`
   gives representation_size and the query kernel (D, heads, D/heads) the
-  head count.
+  head count. A `conv_root` makes it a hybrid, whose stages are counted
+  from the `block{i}/unit{j}` it holds. The position embedding's params give
+  its kind; give `posemb` for the kinds without params ("sincos2d", "none").
   """
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
-  wanted = ("embedding/kernel", "head/kernel", POSEMB_KEY,
+  wanted = ("embedding/kernel", "head/kernel",
             _BLOCK_0 + "MultiHeadDotProductAttention_1/query/kernel",
             _BLOCK_0 + "MlpBlock_3/Dense_0/kernel")
   missing = [key for key in wanted if key not in flat]
   if missing:
     raise ValueError(f"params lack {missing}: not a ViT in the release layout")
+  if posemb is None:
+    posemb = ("learn" if POSEMB_KEY in flat else
+              "learn2d" if POSEMB_2D_KEYS[0] in flat else None)
+    if posemb is None:
+      raise ValueError(
+          f"params hold no position embedding ({POSEMB_KEY} or "
+          f"{POSEMB_2D_KEYS[0]}): say which kind they were trained with, "
+          "posemb='sincos2d' or 'none'")
   patch, _, _, hidden = np.shape(flat["embedding/kernel"])
   num_layers = len({key.split("/")[1] for key in flat
                     if key.startswith("Transformer/encoderblock_")})
+  hybrid = {}
+  if "conv_root/kernel" in flat:
+    units = collections.Counter(
+        key.split("/")[0] for key in flat
+        if re.fullmatch(r"block\d+/unit\d+/conv1/kernel", key))
+    hybrid = dict(resnet_stages=tuple(units[f"block{i + 1}"]
+                                      for i in range(len(units))),
+                  resnet_width=np.shape(flat["conv_root/kernel"])[-1])
   classifier = "token" if "cls" in flat else "gap"
-  grid = grid_side(np.shape(flat[POSEMB_KEY])[1] - (classifier == "token"),
-                   POSEMB_KEY)
+  grid = None
+  if posemb == "learn":
+    grid = grid_side(np.shape(flat[POSEMB_KEY])[1] - (classifier == "token"),
+                     POSEMB_KEY)
+  elif posemb == "learn2d":
+    grid = np.shape(flat[POSEMB_2D_KEYS[0]])[0]
   model = VisionTransformer(
       num_classes=np.shape(flat["head/kernel"])[1], patch_size=patch,
       hidden_size=hidden, num_layers=num_layers,
-      num_heads=np.shape(flat[wanted[3]])[1],
-      mlp_dim=np.shape(flat[wanted[4]])[1], classifier=classifier,
+      num_heads=np.shape(flat[wanted[2]])[1],
+      mlp_dim=np.shape(flat[wanted[3]])[1], classifier=classifier,
       representation_size=(np.shape(flat["pre_logits/kernel"])[1]
-                           if "pre_logits/kernel" in flat else None))
-  return model, grid * patch
+                           if "pre_logits/kernel" in flat else None),
+      posemb=posemb, **hybrid)
+  return model, None if grid is None else grid * model.token_stride

@@ -12,8 +12,11 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from vit_jax import mpp as mpp_lib
 from vit_jax import sharding
+from vit_jax.models import resnet
 
 Dtype = Any
 
@@ -140,22 +143,76 @@ class EncoderBlock(nn.Module):
     return x + y, None
 
 
+POSEMB_KINDS = ("learn", "learn2d", "sincos2d", "none")
+
+
+def sincos2d_table(rows, cols, width, temperature=10_000.0):
+  """[rows * cols, width] fixed embeddings, row-major over the patch grid:
+  sines and cosines of the row index, then of the column index, at width/4
+  geometrically spaced frequencies each."""
+  if width % 4:
+    raise ValueError(f"posemb 'sincos2d' needs a hidden_size divisible by 4, "
+                     f"got {width}")
+  omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4))
+  row, col = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+  angles = [index.reshape(-1, 1) * omega for index in (row, col)]
+  return np.concatenate([f(a) for a in angles for f in (np.sin, np.cos)],
+                        axis=1).astype(np.float32)
+
+
 class AddPositionEmbedding(nn.Module):
-  """Adds a learned 1-D position embedding of shape (1, tokens, D)."""
+  """Adds position embeddings to [N, extra + rows * cols, D] tokens, the
+  `extra` (class) token first and the patches row-major.
+
+  kind (Appendix D.4):
+    "learn": one learned [1, tokens, D] table, as in the released models.
+    "learn2d": a learned row table [rows, D/2] and column table
+      [cols, D - D/2]; a patch's embedding is its row's and its column's,
+      concatenated. The class token has its own learned vector.
+    "sincos2d": fixed, `sincos2d_table`; zero for the class token.
+    "none": nothing is added.
+  grid: (rows, cols) of the patch grid; only the 2-D kinds read it.
+  """
+  kind: str = "learn"
+  grid: Optional[tuple] = None
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x):
-    posemb = self.param(
-        "pos_embedding",
-        _init(nn.initializers.normal(stddev=0.02), (None, None, "embed")),
-        (1,) + x.shape[1:], self.param_dtype)
-    return x + posemb.astype(x.dtype)
+    _, tokens, width = x.shape
+    init = nn.initializers.normal(stddev=0.02)
+    if self.kind == "none":
+      return x
+    if self.kind == "learn":
+      posemb = self.param("pos_embedding", _init(init, (None, None, "embed")),
+                          (1, tokens, width), self.param_dtype)
+      return x + posemb.astype(x.dtype)
+    rows, cols = self.grid
+    extra = tokens - rows * cols
+    if self.kind == "learn2d":
+      # Tiny tables, replicated on every device.
+      row = self.param("row_embedding", _init(init, (None, None)),
+                       (rows, width // 2), self.param_dtype)
+      col = self.param("col_embedding", _init(init, (None, None)),
+                       (cols, width - width // 2), self.param_dtype)
+      table = jnp.concatenate([
+          jnp.broadcast_to(row[:, None], (rows, cols, row.shape[-1])),
+          jnp.broadcast_to(col[None], (rows, cols, col.shape[-1]))],
+                              axis=-1).reshape(rows * cols, width)
+      token = (self.param("token_embedding", _init(init, (None, None)),
+                          (extra, width), self.param_dtype) if extra
+               else jnp.zeros((0, width), table.dtype))
+    else:  # "sincos2d"
+      table = jnp.asarray(sincos2d_table(rows, cols, width))
+      token = jnp.zeros((extra, width), table.dtype)
+    posemb = jnp.concatenate([token.astype(table.dtype), table])
+    return x + posemb[None].astype(x.dtype)
 
 
 class Encoder(nn.Module):
   """Position embedding, then `num_layers` blocks and a final LayerNorm.
 
+  posemb: a kind of AddPositionEmbedding, one of POSEMB_KINDS.
   remat_policy: a key of REMAT_POLICIES; each block's backward recomputes
     what the policy does not keep, trading FLOPs for memory.
   scan_layers: one `encoderblock` applied by nn.scan, its params stacked on
@@ -171,10 +228,13 @@ class Encoder(nn.Module):
   param_dtype: Dtype = jnp.float32
   remat_policy: str = ""
   scan_layers: bool = False
+  posemb: str = "learn"
 
   @nn.compact
-  def __call__(self, x, *, train):
-    x = AddPositionEmbedding(self.param_dtype, name="posembed_input")(x)
+  def __call__(self, x, *, train, grid=None):
+    """x: [N, tokens, D]; grid: the (rows, cols) of its patches."""
+    x = AddPositionEmbedding(self.posemb, grid, self.param_dtype,
+                             name="posembed_input")(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     block = EncoderBlock
     if self.remat_policy:
@@ -208,6 +268,16 @@ class VisionTransformer(nn.Module):
     averages the patch tokens (no class token, Appendix D.3).
   representation_size: width of the tanh pre-logits layer used in
     pre-training, or None for a plain linear head (fine-tuning).
+  posemb: the position embedding, one of POSEMB_KINDS (Appendix D.4): the
+    released models' "learn" (1-D), "learn2d", "sincos2d" or "none".
+  resnet_stages: None for a plain ViT; for a hybrid, the units of each
+    stage of the BiT ResNet stem (`models/resnet.py`) whose feature map the
+    patch embedding reads, e.g. (3, 4, 9) for R50+ViT-B/16.
+  resnet_width: the stem's root width in channels (64 x BiT's width factor).
+  mpp: a model for masked patch prediction (`vit_jax/mpp.py`): a learned
+    [mask] embedding that `corruption` puts in, and a 512-way `mpp_head` on
+    every patch token, whose logits [N, patches, 512] it returns instead of
+    the classifier's.
   remat_policy, scan_layers: see Encoder; neither changes the results.
   """
   num_classes: int
@@ -224,18 +294,46 @@ class VisionTransformer(nn.Module):
   param_dtype: Dtype = jnp.float32
   remat_policy: str = ""
   scan_layers: bool = False
+  posemb: str = "learn"
+  resnet_stages: Optional[tuple] = None
+  resnet_width: int = 64
+  mpp: bool = False
+
+  @property
+  def token_stride(self):
+    """Image pixels per token along a side: the patch size, times what a
+    hybrid's stem shrinks the image by (4 x 2^(stages - 1))."""
+    if self.resnet_stages is None:
+      return self.patch_size
+    return self.patch_size * resnet.reduction(self.resnet_stages)
+
+  def describe_patch(self):
+    """'patch size 16', and for a hybrid what the stem multiplies it by."""
+    if self.resnet_stages is None:
+      return f"patch size {self.patch_size}"
+    stem = self.token_stride // self.patch_size
+    return f"patch size {self.patch_size} x {stem} (the ResNet stem's)"
 
   @nn.compact
-  def __call__(self, images, *, train):
+  def __call__(self, images, *, train, corruption=None):
+    """Logits for `images`; `corruption` (an mpp.Corruption, for `mpp`
+    models) is applied to the patch embeddings."""
     if images.dtype == jnp.uint8:  # As the input pipeline ships them.
       images = images.astype(jnp.float32) / 127.5 - 1
     if self.classifier not in ("token", "gap"):
       raise ValueError(f"classifier must be 'token' or 'gap', got "
                        f"{self.classifier!r}")
+    if self.posemb not in POSEMB_KINDS:
+      raise ValueError(f"posemb must be one of {POSEMB_KINDS}, got "
+                       f"{self.posemb!r}")
     height, width = images.shape[1:3]
-    if height % self.patch_size or width % self.patch_size:
-      raise ValueError(f"patch size {self.patch_size} does not divide the "
-                       f"image size {height}x{width}")
+    if height % self.token_stride or width % self.token_stride:
+      raise ValueError(f"{self.describe_patch()} does not divide the image "
+                       f"size {height}x{width}")
+    x = images.astype(self.dtype)
+    if self.resnet_stages is not None:
+      x = resnet.stem(x, self.resnet_stages, self.resnet_width, self.dtype,
+                      self.param_dtype)
     p = self.patch_size
     x = nn.Conv(
         self.hidden_size, (p, p), strides=(p, p), padding="VALID",
@@ -243,9 +341,16 @@ class VisionTransformer(nn.Module):
         kernel_init=_init(nn.initializers.lecun_normal(),
                           (None, None, None, "embed")),
         bias_init=_init(nn.initializers.zeros, ("embed",)),
-        name="embedding")(images.astype(self.dtype))
+        name="embedding")(x)
     n, h, w, d = x.shape
     x = x.reshape(n, h * w, d)
+    if self.mpp:
+      mask = self.param(
+          "mask_embedding", _init(nn.initializers.normal(stddev=0.02),
+                                  (None, None, "embed")),
+          (1, 1, d), self.param_dtype)
+      if corruption is not None:
+        x = mpp_lib.apply(corruption, x, mask)
     if self.classifier == "token":
       cls = self.param("cls", _init(nn.initializers.zeros, (None, None, "embed")),
                        (1, 1, d), self.param_dtype)
@@ -254,7 +359,14 @@ class VisionTransformer(nn.Module):
     x = Encoder(self.num_layers, self.num_heads, self.mlp_dim,
                 self.dropout_rate, self.attention_dropout_rate, self.dtype,
                 self.param_dtype, self.remat_policy, self.scan_layers,
-                name="Transformer")(x, train=train)
+                self.posemb, name="Transformer")(x, train=train, grid=(h, w))
+    if self.mpp:  # Each patch token's prediction of its mean colour.
+      patches = x[:, 1:] if self.classifier == "token" else x
+      return nn.Dense(
+          mpp_lib.NUM_CLASSES, dtype=self.dtype, param_dtype=self.param_dtype,
+          kernel_init=_init(nn.initializers.zeros, (None, "classes")),
+          bias_init=_init(nn.initializers.zeros, ("classes",)),
+          name="mpp_head")(patches).astype(jnp.float32)
     x = x[:, 0] if self.classifier == "token" else x.mean(axis=1)
 
     if self.representation_size is not None:

@@ -1,0 +1,134 @@
+"""Position embeddings (Appendix D.4): learn, learn2d, sincos2d and none."""
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint, inspect, models, sharding, train
+from vit_jax.models import vit
+from tests.util import small_config, train_steps
+
+ROW, COL = models.POSEMB_2D_KEYS
+
+
+def test_sincos2d_codes_the_row_then_the_column():
+  table = vit.sincos2d_table(3, 4, 8)  # Frequencies 1 and 1/100.
+  assert table.shape == (12, 8)
+  for r in range(3):
+    for c in range(4):
+      np.testing.assert_allclose(table[r * 4 + c], [
+          np.sin(r), np.sin(r / 100), np.cos(r), np.cos(r / 100),
+          np.sin(c), np.sin(c / 100), np.cos(c), np.cos(c / 100)], atol=1e-6)
+  assert len(np.unique(table.round(5), axis=0)) == 12
+  with pytest.raises(ValueError, match="divisible by 4"):
+    vit.sincos2d_table(2, 2, 6)
+
+
+def test_learn2d_patches_share_their_rows_and_columns_halves():
+  module = vit.AddPositionEmbedding("learn2d", (3, 4))
+  tokens = jnp.zeros((1, 1 + 12, 8))
+  params = flax.linen.meta.unbox(module.init(jax.random.key(0), tokens))
+  table = np.asarray(module.apply(params, tokens))[0]
+  row, col, token = (params["params"][f"{name}_embedding"]
+                     for name in ("row", "col", "token"))
+  assert row.shape == (3, 4) and col.shape == (4, 4)
+  np.testing.assert_array_equal(table[0], token[0])
+  grid = table[1:].reshape(3, 4, 8)
+  for r in range(3):
+    for c in range(4):
+      np.testing.assert_array_equal(grid[r, c, :4], row[r])
+      np.testing.assert_array_equal(grid[r, c, 4:], col[c])
+
+
+def shuffled_patches(images, patch, order):
+  """`images` with their patch x patch tiles moved: tile i goes to order[i]."""
+  n, h, w, c = images.shape
+  g = h // patch
+  tiles = images.reshape(n, g, patch, g, patch, c).transpose(0, 1, 3, 2, 4, 5)
+  tiles = tiles.reshape(n, g * g, patch, patch, c)[:, np.argsort(order)]
+  return tiles.reshape(n, g, g, patch, patch, c).transpose(
+      0, 1, 3, 2, 4, 5).reshape(n, h, w, c)
+
+
+@pytest.mark.parametrize("posemb", models.vit.POSEMB_KINDS)
+def test_only_without_position_embedding_does_a_gap_vit_ignore_patch_order(
+    posemb):
+  model = models.create("Ti/4", 10, hidden_size=32, num_layers=2, mlp_dim=64,
+                        num_heads=4, classifier="gap", posemb=posemb)
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3))
+  params = flax.linen.meta.unbox(
+      model.init(jax.random.key(0), images, train=False)["params"])
+  # A random head: the zero-initialised one gives zero logits for anything.
+  params["head"]["kernel"] = jax.random.normal(jax.random.key(1), (32, 10))
+  order = np.random.default_rng(1).permutation(16)
+  logits, moved = (model.apply({"params": params}, x, train=False)
+                   for x in (images, shuffled_patches(images, 4, order)))
+  if posemb == "none":
+    np.testing.assert_allclose(moved, logits, atol=1e-5)
+  else:
+    assert np.abs(moved - logits).max() > 1e-3
+
+
+# "learn", the default, trains in tests/test_train.py and fine-tunes at 16 px
+# in tests/test_finetune.py.
+@pytest.mark.parametrize("posemb", ["learn2d", "sincos2d", "none"])
+def test_each_kind_trains_on_digits_and_fine_tunes_at_16_px(
+    digits_data_dir, tmp_path, posemb):
+  config = small_config(digits_data_dir, total_steps=60, batch_size=64, **{
+      "model.posemb": posemb, "optimizer.learning_rate": 3e-3,
+      "optimizer.warmup_steps": 10})
+  program = train.build(config, sharding.make_mesh(config.mesh), 10)
+  losses, state = train_steps(program, program.init(jax.random.key(0)),
+                              config, 60)
+  assert np.mean(losses[-10:]) < 0.85 * np.mean(losses[:10])
+  trained = flat(state.params)
+  npz = str(tmp_path / "pretrained.npz")
+  checkpoint.save_npz(state.params, npz)
+
+  # At 16 px the 2 px patches make an 8 x 8 grid instead of 4 x 4.
+  finetune = small_config(digits_data_dir, init_from=npz, image_size=16,
+                          **{"model.posemb": posemb})
+  program = train.build(finetune, sharding.make_mesh(finetune.mesh), 10)
+  state = train.initial_state(program, finetune)
+  started = flat(state.params)
+  tables = {k: v for k, v in started.items() if "posembed_input" in k}
+  if posemb == "learn2d":
+    for key in (ROW, COL):
+      assert tables[key].shape == (8, 16)
+      np.testing.assert_array_equal(tables.pop(key), checkpoint.resize_table(
+          trained[key], 8))
+  for key, value in tables.items():  # The class token's stays as it was.
+    np.testing.assert_array_equal(value, trained[key])
+  losses, _ = train_steps(program, state, finetune, 3)
+  assert np.isfinite(losses).all()
+
+
+def flat(tree):
+  return flax.traverse_util.flatten_dict(jax.device_get(tree), sep="/")
+
+
+@pytest.mark.parametrize("posemb", models.vit.POSEMB_KINDS)
+def test_from_params_reads_the_kind_and_inspect_its_table(posemb):
+  model = models.create("Ti/4", 10, hidden_size=32, num_layers=2, mlp_dim=64,
+                        num_heads=4, posemb=posemb)
+  params = flax.linen.meta.unbox(model.init(
+      jax.random.key(0), jnp.zeros((1, 24, 24, 3)), train=False)["params"])
+  if posemb in ("sincos2d", "none"):
+    with pytest.raises(ValueError, match="posemb='sincos2d' or 'none'"):
+      models.from_params(params)
+  read, image_size = models.from_params(params, posemb)
+  assert read == model
+  assert image_size == (None if posemb in ("sincos2d", "none") else 24)
+  table = inspect.position_table(model, params, 24)
+  if posemb == "none":
+    assert table is None
+  elif posemb == "learn":
+    np.testing.assert_array_equal(table, params["Transformer"][
+        "posembed_input"]["pos_embedding"])
+  elif posemb == "sincos2d":
+    np.testing.assert_array_equal(table[0, 0], 0)
+    np.testing.assert_array_equal(table[0, 1:], vit.sincos2d_table(6, 6, 32))
+  else:
+    assert table.shape == (1, 37, 32)
