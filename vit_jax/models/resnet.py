@@ -9,7 +9,7 @@ Kernels are [k, k, in, out]; their channel axes are "in_channels" and
 "channels" in `vit_jax.sharding`'s table.
 """
 
-from typing import Any, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
