@@ -61,25 +61,31 @@ def parse_hlo(text):
   return computations, instructions
 
 
-def matmul_flops(computation, computations, instructions):
-  """FLOPs of the dots and convolutions in one fused computation."""
-  total = 0
-  for line in computations.get(computation, []):
-    match = _INSTRUCTION.match(line)
-    if not match or match.group(3) not in ("dot", "convolution"):
-      continue
-    out = _dims(match.group(2))
-    operands = re.findall(r"%([\w.-]+)", match.group(4).split(")")[0])
-    lhs, rhs = (_dims(instructions[name][0]) for name in operands[:2])
-    if match.group(3) == "dot":
-      contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line)
-      k = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d)
-      total += 2 * math.prod(out) * k
-    else:  # Each output element sums kernel_size x input features products.
-      kernel_labels = re.search(r"dim_labels=\w+_(\w+)->", line).group(1)
-      total += (2 * math.prod(out) * math.prod(rhs)
-                // rhs[kernel_labels.index("o")])
-  return total
+def instruction_flops(line, instructions):
+  """FLOPs of one HLO line if it is a dot or a convolution, else 0."""
+  match = _INSTRUCTION.match(line)
+  if not match or match.group(3) not in ("dot", "convolution"):
+    return 0
+  out = _dims(match.group(2))
+  operands = re.findall(r"%([\w.-]+)", match.group(4).split(")")[0])
+  lhs, rhs = (_dims(instructions[name][0]) for name in operands[:2])
+  if match.group(3) == "dot":
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", line)
+    k = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d)
+    return 2 * math.prod(out) * k
+  # Each output element sums kernel_size x input features products.
+  kernel_labels = re.search(r"dim_labels=\w+_(\w+)->", line).group(1)
+  return 2 * math.prod(out) * math.prod(rhs) // rhs[kernel_labels.index("o")]
+
+
+def matmul_flops(line, computations, instructions):
+  """FLOPs of the dots and convolutions that a thunk's HLO line runs: itself
+  (an Eigen dot) or the computation it calls (a fusion)."""
+  called = re.search(r"calls=%([\w.-]+)", line)
+  if not called:
+    return instruction_flops(line, instructions)
+  return sum(instruction_flops(inner, instructions)
+             for inner in computations.get(called.group(1), []))
 
 
 def kind_of(op_name, flops):
@@ -128,9 +134,7 @@ def profile(step, state, batch, top):
     if name not in instructions:
       continue
     shape, line = instructions[name]
-    called = re.search(r"calls=%([\w.-]+)", line)
-    flops = matmul_flops(called.group(1), computations,
-                         instructions) if called else 0
+    flops = matmul_flops(line, computations, instructions)
     op_name = re.search(r'op_name="([^"]*)"', line)
     op_name = op_name.group(1) if op_name else "(unnamed)"
     op_name = re.sub(r"^jit\(\w+\)/", "", op_name)
@@ -145,6 +149,15 @@ def profile(step, state, batch, top):
     kinds[kind][0] += row["us"]
     kinds[kind][1] += row["flops"]
   print(f"step {wall / 1e3:.0f} ms (traced); thunks {total / 1e3:.0f} ms\n")
+  # An Eigen dot's thunk returns once its work is queued on the thread pool,
+  # so the trace times the hand-off, not the matmul. The time of the step's
+  # threads (one per device) that no thunk covers is mostly theirs.
+  untimed = wall * jax.device_count() - total
+  dense = kinds["dense matmuls"][1]
+  if untimed > 0 and dense:
+    print(f"not in any thunk: {untimed / 1e3:.0f} ms of the devices' "
+          f"threads; as dense matmul time, {dense / untimed / 1e3:.0f} "
+          "GFLOP/s (Eigen's dots run asynchronously)\n")
   print("| kind | ms | share | GFLOP/s |\n|---|---|---|---|")
   for kind, (us, flops) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
     rate = f"{flops / us / 1e3:.0f}" if flops else ""

@@ -9,8 +9,10 @@ step (`train.build`: the jitted step with its shardings, Adam, on all the
 devices JAX sees) for each MODEL:BATCH at 224 px and each compute dtype,
 timed after two warm-up steps as the median of --steps. Achieved FLOP/s
 counts the analytic training FLOPs of `vit_jax.compute` (3 x forward);
-`ratio` is that over the matmul rate, both measured under the CPU
-settings that `vit_jax.main` uses (`vit_jax.cpu_defaults`, applied first).
+`ratio` is that over the matmul rate. The step runs under the CPU settings
+that `vit_jax.main` uses (`vit_jax.cpu_defaults`, applied first); the
+matmul is the fastest of Eigen's and YNNPACK's (XLA's default), so that
+those settings, slower on a lone large dot, do not lower the reference.
 Run it with nothing else on the machine. Not run by the tests.
 """
 

@@ -15,12 +15,12 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # default.
 if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
-# The matmul kernels that `python -m vit_jax.main` picks on a CPU
-# (vit_jax/cpu_defaults.py), here too: the tests compare their own runs with
-# those of the processes they start.
-if "--xla_cpu_use_xnnpack" not in os.environ["XLA_FLAGS"]:
-  from vit_jax import cpu_defaults  # pylint: disable=g-import-not-at-top
-  os.environ["XLA_FLAGS"] += " " + cpu_defaults.XLA_FLAG
+# The matmul and reduction kernels that `python -m vit_jax.main` picks on a
+# CPU (vit_jax/cpu_defaults.py), here too: the tests compare their own runs
+# with those of the processes they start.
+from vit_jax import cpu_defaults  # pylint: disable=g-import-not-at-top
+os.environ["XLA_FLAGS"] += " " + cpu_defaults.kernel_flags(
+    os.environ["XLA_FLAGS"])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

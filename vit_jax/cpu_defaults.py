@@ -10,10 +10,14 @@ benchmarks/profile_step.py (README, "Speed on CPU"):
   3.8 s step. glibc's `hugetlb=1` tunable makes malloc ask for 2 MiB pages,
   which cuts those faults about 400-fold. glibc reads its tunables once, when
   a process starts, so the command re-executes itself with it set.
-- Eigen rather than XNNPACK for matmuls (`--xla_cpu_use_xnnpack=false`).
+- Eigen for every matmul and XLA's own code for reductions
+  (`--xla_cpu_use_xnnpack=false --xla_cpu_experimental_ynn_fusion_type=`).
   XNNPACK's kernels ran the step's dots, most of them next to another dot
   or a transposed operand, slower than Eigen's (B/16: 16.1 -> 13.4 s per
-  step), though a lone square matmul is a little faster with XNNPACK.
+  step), though a lone square matmul is a little faster with XNNPACK. Even
+  so, XLA:CPU handed about half of the dots, the layer norms' sums and the
+  softmax's max to YNNPACK, XNNPACK's successor, by default; with none of
+  them there, B/16's step fell from 17.0 to 15.7 s in an A/B in one process.
 - One CPU device per core (`--xla_force_host_platform_device_count`, the
   largest power of two not above the cores this process may use). With one
   device, XLA:CPU splits each op over the cores, and the step's many small
@@ -34,7 +38,9 @@ import platform
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb=1"
-XLA_FLAG = "--xla_cpu_use_xnnpack=false"
+# XLA flags for the matmul and reduction kernels: name -> value.
+KERNEL_FLAGS = {"--xla_cpu_use_xnnpack": "false",
+                "--xla_cpu_experimental_ynn_fusion_type": ""}
 DEVICES_FLAG = "--xla_force_host_platform_device_count"
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -57,8 +63,14 @@ def cpu_device_count():
   return 1 << (cores.bit_length() - 1)
 
 
+def kernel_flags(xla_flags):
+  """KERNEL_FLAGS that the XLA_FLAGS string `xla_flags` does not set."""
+  return " ".join(f"{name}={value}" for name, value in KERNEL_FLAGS.items()
+                  if name not in xla_flags)
+
+
 def apply():
-  """Adds XLA_FLAG and DEVICES_FLAG to XLA_FLAGS unless set there, and
+  """Adds KERNEL_FLAGS and DEVICES_FLAG to XLA_FLAGS unless set there, and
   re-executes with TUNABLE if needed.
 
   Call it first thing in a `__main__` block, before JAX is imported,
@@ -67,8 +79,7 @@ def apply():
   if os.environ.get("VIT_JAX_CPU_DEFAULTS") == "0":
     return
   xla_flags = os.environ.get("XLA_FLAGS", "")
-  if "--xla_cpu_use_xnnpack" not in xla_flags:
-    xla_flags = f"{xla_flags} {XLA_FLAG}"
+  xla_flags = f"{xla_flags} {kernel_flags(xla_flags)}"
   if DEVICES_FLAG not in xla_flags:
     xla_flags = f"{xla_flags} {DEVICES_FLAG}={cpu_device_count()}"
   os.environ["XLA_FLAGS"] = xla_flags.strip()
