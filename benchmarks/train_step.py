@@ -3,15 +3,19 @@
   python benchmarks/train_step.py [--json] [--models=Ti/16:32,B/16:16]
       [--dtypes=float32,bfloat16] [--steps=7]
 
-In one process: first the dense float32 matmul rate of this machine (a
-large `jnp.dot` on one device, best of a few), then the project's own train
-step (`train.build`: the jitted step with its shardings, Adam, on all the
-devices JAX sees) for each MODEL:BATCH at 224 px and each compute dtype,
-timed after two warm-up steps as the median of --steps. Achieved FLOP/s
-counts the analytic training FLOPs of `vit_jax.compute` (3 x forward);
-`ratio` is that over the matmul rate. The step runs under the CPU settings
-that `vit_jax.main` uses (`vit_jax.cpu_defaults`, applied first); the
-matmul is the fastest of Eigen's and YNNPACK's (XLA's default), so that
+In one process, for each MODEL:BATCH at 224 px and each compute dtype: the
+project's own train step (`train.build`: the jitted step with its
+shardings, Adam, on all the devices JAX sees), timed after two warm-up
+steps as the median of --steps, and the machine's dense float32 matmul
+rate (a large `jnp.dot` on one device, the best of three runs with each
+kernel), measured right after each of those steps and also reported as
+the median. Achieved FLOP/s counts the
+analytic training FLOPs of `vit_jax.compute` (3 x forward); `ratio` is that
+over the matmul rate. The matmul is timed between the steps because this
+machine's speed drifts by +-10% within minutes: interleaved, both figures
+see the same drift. The step runs under the CPU settings that
+`vit_jax.main` uses (`vit_jax.cpu_defaults`, applied first); each matmul
+sample is the faster of Eigen's and YNNPACK's (XLA's default), so that
 those settings, slower on a lone large dot, do not lower the reference.
 Run it with nothing else on the machine. Not run by the tests.
 """
@@ -65,18 +69,20 @@ def prepared_step(config, num_classes=1000):
   return program.train_step, state, batch
 
 
-def time_train_step(config, steps, warmup=2):
-  """Median seconds of the run's train step on a fixed random batch."""
+def time_train_step(config, steps, matmul, warmup=2):
+  """Medians of the run's train step's seconds on a fixed random batch and
+  of `matmul`'s FLOP/s, measured right after each timed step."""
   import jax  # pylint: disable=g-import-not-at-top
   step, state, batch = prepared_step(config)
-  times = []
+  times, rates = [], []
   for i in range(warmup + steps):
     start = time.perf_counter()
     state, metrics = step(state, batch)
     jax.block_until_ready((state, metrics))
     if i >= warmup:
       times.append(time.perf_counter() - start)
-  return statistics.median(times)
+      rates.append(matmul.measure(repeats=3))
+  return statistics.median(times), statistics.median(rates)
 
 
 def main(argv):
@@ -84,13 +90,13 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
   from vit_jax import compute  # pylint: disable=g-import-not-at-top
   f = flags.FLAGS
-  matmul = compute.measured_matmul_flops(f.matmul_size, repeats=5)
+  matmul = compute.MatmulRate(f.matmul_size)
   rows = []
   for entry in f.models:
     name, batch = entry.split(":")
     for dtype in f.dtypes:
       config = config_for(name, int(batch), dtype, f.image_size)
-      seconds = time_train_step(config, f.steps)
+      seconds, matmul_rate = time_train_step(config, f.steps, matmul)
       flops = compute.flops_per_image(config.model, f.image_size, train=True)
       achieved = flops * config.batch_size / seconds
       rows.append({
@@ -98,21 +104,23 @@ def main(argv):
           "batch": config.batch_size, "dtype": dtype,
           "devices": jax.device_count(), "step_seconds": seconds,
           "img_per_sec": config.batch_size / seconds,
-          "flops_per_sec": achieved, "matmul_flops_per_sec": matmul,
-          "ratio": achieved / matmul})
+          "flops_per_sec": achieved, "matmul_flops_per_sec": matmul_rate,
+          "ratio": achieved / matmul_rate})
       if f.json:
         print(json.dumps(rows[-1]), flush=True)
   if f.json:
     return
-  print(f"float32 matmul ({f.matmul_size}^2) on this machine: "
-        f"{matmul / 1e9:.0f} GFLOP/s; {jax.device_count()} device(s) of "
-        f"{jax.devices()[0].device_kind}\n")
-  print("| model | px | batch | dtype | step s | img/s | GFLOP/s | of matmul |")
-  print("|---|---|---|---|---|---|---|---|")
+  print(f"{jax.device_count()} device(s) of {jax.devices()[0].device_kind}; "
+        f"matmul: float32, {f.matmul_size}^2, one device\n")
+  print("| model | px | batch | dtype | step s | img/s | GFLOP/s "
+        "| matmul GFLOP/s | of matmul |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     print(f"| {r['model']} | {r['image_size']} | {r['batch']} | {r['dtype']} "
           f"| {r['step_seconds']:.3f} | {r['img_per_sec']:.1f} "
-          f"| {r['flops_per_sec'] / 1e9:.0f} | {100 * r['ratio']:.0f}% |")
+          f"| {r['flops_per_sec'] / 1e9:.0f} "
+          f"| {r['matmul_flops_per_sec'] / 1e9:.0f} "
+          f"| {100 * r['ratio']:.0f}% |")
 
 
 if __name__ == "__main__":

@@ -92,33 +92,48 @@ def peak_flops_per_device(device=None):
 _MEASURED = []
 
 
-# Kernels XLA:CPU can run a lone dot with: the process's own (Eigen, under
-# vit_jax.cpu_defaults, which suits the train step) and YNNPACK's (XLA's
-# default, faster on one large square matmul). The best of them is taken as
-# the machine's rate, so a setting that slows the lone dot cannot flatter
-# a ratio to it.
-_MATMUL_KERNELS = ({}, {"xla_cpu_experimental_ynn_fusion_type":
-                        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"})
+# Kernels XLA:CPU can run a lone dot with: Eigen's and YNNPACK's, whatever
+# the process's flags choose. The best of them is taken as the machine's
+# rate, so that a setting which slows the lone dot cannot flatter a ratio
+# to it.
+_MATMUL_KERNELS = ({"xla_cpu_experimental_ynn_fusion_type": ""},
+                   {"xla_cpu_experimental_ynn_fusion_type":
+                    "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"})
+
+
+class MatmulRate:
+  """A size x size float32 matmul on one CPU device, compiled with each of
+  _MATMUL_KERNELS that this XLA has; `measure` times it."""
+
+  def __init__(self, size):
+    self.size = size
+    self.operand = jax.device_put(jnp.ones((size, size), jnp.float32),
+                                  jax.devices("cpu")[0])
+    self.programs = []
+    for options in _MATMUL_KERNELS:
+      try:
+        program = jax.jit(jnp.dot).lower(self.operand, self.operand).compile(
+            compiler_options=options)
+      except jax.errors.JaxRuntimeError:
+        continue  # An XLA without that option: its other kernels count.
+      program(self.operand, self.operand).block_until_ready()
+      self.programs.append(program)
+
+  def measure(self, repeats=1):
+    """FLOP/s of the fastest of `repeats` runs with each kernel."""
+    best = float("inf")
+    for program in self.programs:
+      for _ in range(repeats):
+        start = time.perf_counter()
+        program(self.operand, self.operand).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * self.size**3 / best
 
 
 def measured_matmul_flops(size=1024, repeats=3):
-  """FLOP/s of a size x size float32 matmul on one CPU device, best of a few
-  runs with each of _MATMUL_KERNELS (once per process)."""
+  """MatmulRate(size).measure(repeats), once per process."""
   if not _MEASURED:
-    device = jax.devices("cpu")[0]
-    a = jax.device_put(jnp.ones((size, size), jnp.float32), device)
-    best = float("inf")
-    for options in _MATMUL_KERNELS:
-      try:
-        matmul = jax.jit(jnp.dot).lower(a, a).compile(compiler_options=options)
-      except jax.errors.JaxRuntimeError:
-        continue  # An XLA without that option: its other kernels count.
-      matmul(a, a).block_until_ready()
-      for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    _MEASURED.append(2 * size**3 / best)
+    _MEASURED.append(MatmulRate(size).measure(repeats))
   return _MEASURED[0]
 
 
