@@ -14,28 +14,79 @@ PROGRAM = ("import os; from vit_jax import cpu_defaults; "
            "print(os.environ.get('XLA_FLAGS'))")
 
 
-def run(**env):
+# Frees a touched 256 MiB block in a thread, as XLA:CPU frees a step's temp
+# buffer, then prints the page faults of touching a second one.
+FAULTS_PROGRAM = """
+import ctypes, resource, threading
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 256 << 20
+def step():
+  block = libc.malloc(size)
+  ctypes.memset(block, 1, size)
+  libc.free(block)
+def faults():
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+thread = threading.Thread(target=step)
+thread.start(); thread.join()
+before = faults()
+thread = threading.Thread(target=step)
+thread.start(); thread.join()
+print(faults() - before)
+"""
+TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:"
+            "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776")
+needs_huge_pages = pytest.mark.skipif(
+    not cpu_defaults.huge_pages_possible(),
+    reason="no glibc or transparent huge pages here")
+
+
+def run(program=PROGRAM, **env):
   environment = {k: v for k, v in os.environ.items() if k not in (
       "GLIBC_TUNABLES", "XLA_FLAGS", "VIT_JAX_CPU_DEFAULTS")}
   environment.update(env)
-  out = subprocess.run([sys.executable, "-c", PROGRAM], env=environment,
+  out = subprocess.run([sys.executable, "-c", program], env=environment,
                        capture_output=True, text=True, check=True).stdout
   return out.split("\n")[:-1]
 
 
-@pytest.mark.skipif(not cpu_defaults.huge_pages_possible(),
-                    reason="no glibc or transparent huge pages here")
+@needs_huge_pages
 def test_the_command_runs_again_with_the_defaults_added():
   devices = f"{cpu_defaults.DEVICES_FLAG}={cpu_defaults.cpu_device_count()}"
   # "started" is printed once before the re-execution and once after it.
-  assert run() == ["started", "started", cpu_defaults.TUNABLE,
-                   f"{cpu_defaults.kernel_flags('')} {devices}"]
-  assert run(GLIBC_TUNABLES="glibc.malloc.trim_threshold=1",
+  assert run(JAX_PLATFORMS="cpu") == [
+      "started", "started", TUNABLES,
+      f"{cpu_defaults.kernel_flags('')} {devices}"]
+  assert run(JAX_PLATFORMS="cpu",
+             GLIBC_TUNABLES="glibc.malloc.trim_threshold=1",
              XLA_FLAGS="--xla_force_host_platform_device_count=8") == [
                  "started", "started",
-                 f"glibc.malloc.trim_threshold=1:{cpu_defaults.TUNABLE}",
+                 "glibc.malloc.trim_threshold=1:glibc.malloc.hugetlb=1:"
+                 "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0",
                  f"--xla_force_host_platform_device_count=8 "
                  f"{cpu_defaults.kernel_flags('')}"]
+
+
+@needs_huge_pages
+def test_memory_is_kept_only_where_jax_computes_on_the_cpu(monkeypatch):
+  monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+  assert cpu_defaults.glibc_tunables("") == "glibc.malloc.hugetlb=1"
+  monkeypatch.delenv("JAX_PLATFORMS")
+  monkeypatch.setattr(cpu_defaults.glob, "glob",
+                      lambda pattern: ["/dev/accel0"] if "accel" in pattern
+                      else [])
+  assert cpu_defaults.glibc_tunables("") == "glibc.malloc.hugetlb=1"
+  monkeypatch.setattr(cpu_defaults.glob, "glob", lambda pattern: [])
+  assert cpu_defaults.glibc_tunables("") == TUNABLES
+
+
+@needs_huge_pages
+def test_a_freed_buffer_is_reused_without_page_faults():
+  pages = (256 << 20) // (2 << 20)  # At least this many faults to refill.
+  assert int(run(FAULTS_PROGRAM, GLIBC_TUNABLES="glibc.malloc.hugetlb=1")[0]) \
+      >= pages
+  assert int(run(FAULTS_PROGRAM, GLIBC_TUNABLES=TUNABLES)[0]) < pages // 10
 
 
 @pytest.mark.parametrize("cores, devices", [(1, 1), (2, 2), (6, 4), (16, 16)])
@@ -49,13 +100,16 @@ def test_what_the_user_set_wins_and_no_second_run_when_set():
   own = ("--xla_cpu_use_xnnpack=true "
          "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE "
          "--xla_force_host_platform_device_count=1")
-  assert run(GLIBC_TUNABLES=cpu_defaults.TUNABLE, XLA_FLAGS=own) == [
-      "started", cpu_defaults.TUNABLE, own]
+  mine = ("glibc.malloc.hugetlb=0:glibc.malloc.arena_max=8:"
+          "glibc.malloc.mmap_max=1:glibc.malloc.trim_threshold=1")
+  assert run(JAX_PLATFORMS="cpu", GLIBC_TUNABLES=mine, XLA_FLAGS=own) == [
+      "started", mine, own]
   # One flag of the user's leaves the others to be added.
-  assert run(GLIBC_TUNABLES=cpu_defaults.TUNABLE,
+  assert run(JAX_PLATFORMS="cpu", GLIBC_TUNABLES=TUNABLES,
              XLA_FLAGS="--xla_cpu_use_xnnpack=true")[2].split() == [
                  "--xla_cpu_use_xnnpack=true",
-                 "--xla_cpu_experimental_ynn_fusion_type=",
+                 "--xla_cpu_experimental_ynn_fusion_type="
+                 "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
                  f"{cpu_defaults.DEVICES_FLAG}="
                  f"{cpu_defaults.cpu_device_count()}"]
   assert run(VIT_JAX_CPU_DEFAULTS="0") == ["started", "None", "None"]

@@ -8,16 +8,31 @@ benchmarks/profile_step.py (README, "Speed on CPU"):
   glibc's malloc serves a block that large with a fresh mmap, so every step
   first-touched about half a million 4 KiB pages: 1.6 s of kernel time per
   3.8 s step. glibc's `hugetlb=1` tunable makes malloc ask for 2 MiB pages,
-  which cuts those faults about 400-fold. glibc reads its tunables once, when
-  a process starts, so the command re-executes itself with it set.
-- Eigen for every matmul and XLA's own code for reductions
-  (`--xla_cpu_use_xnnpack=false --xla_cpu_experimental_ynn_fusion_type=`).
-  XNNPACK's kernels ran the step's dots, most of them next to another dot
-  or a transposed operand, slower than Eigen's (B/16: 16.1 -> 13.4 s per
-  step), though a lone square matmul is a little faster with XNNPACK. Even
-  so, XLA:CPU handed about half of the dots, the layer norms' sums and the
-  softmax's max to YNNPACK, XNNPACK's successor, by default; with none of
-  them there, B/16's step fell from 17.0 to 15.7 s in an A/B in one process.
+  which cuts those faults about 400-fold.
+- Memory kept from step to step, where JAX computes on the CPU. Even in
+  2 MiB pages, B/16's 3.2 GB temp buffer cost 1600 faults and 4-5 s of
+  kernel time in every 17-19 s step on this machine (a VM: a page the guest
+  frees goes back to the host, and comes back zeroed by it). With one
+  malloc arena (`arena_max=1`), no mmap for large blocks (`mmap_max=0`) and
+  no trimming of the heap's top (`trim_threshold`), a freed buffer stays in
+  the heap and the next step reuses it: no faults after the second step,
+  and the step took 15.2-15.9 s. The process keeps its peak heap until it
+  exits. Not on hosts with a TPU or GPU, whose step buffers are not in this
+  heap and whose many input threads would contend for the one arena.
+  glibc reads its tunables once, when a process starts, so the command
+  re-executes itself with them set.
+- YNNPACK for the dots it takes, Eigen for the rest, XLA's own code for
+  reductions (`--xla_cpu_use_xnnpack=false
+  --xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT`).
+  XNNPACK's kernels ran the step's dots more slowly than Eigen's (B/16:
+  16.1 -> 13.4 s per step). XLA's default for YNNPACK, XNNPACK's successor,
+  also hands it the layer norms' sums and the softmax's max, and the step
+  was slower with it than with Eigen alone (B/16 17.0 -> 15.7 s in an A/B in
+  one process). YNNPACK's dots alone, though, run the batched attention
+  matmuls, which Eigen ran at a third of its dense rate, and some dense ones
+  faster: in A/Bs in one process against Eigen alone, Ti/16 3.09 -> 2.83 s
+  and 2.99 -> 2.89 s, B/16 13.5 -> 12.9 s and 19.3 -> 14.1 s (medians).
+  YNNPACK takes only dots whose operands are row-major; Eigen runs the rest.
 - One CPU device per core (`--xla_force_host_platform_device_count`, the
   largest power of two not above the cores this process may use). With one
   device, XLA:CPU splits each op over the cores, and the step's many small
@@ -33,21 +48,33 @@ tunable the user set wins; VIT_JAX_CPU_DEFAULTS=0 leaves the process exactly
 as started.
 """
 
+import glob
 import os
 import platform
 import sys
 
-TUNABLE = "glibc.malloc.hugetlb=1"
+HUGE_PAGES = {"glibc.malloc.hugetlb": "1"}
+# glibc malloc tunables that keep freed memory in the heap: name -> value.
+KEEP_MEMORY = {"glibc.malloc.arena_max": "1", "glibc.malloc.mmap_max": "0",
+               "glibc.malloc.trim_threshold": str(1 << 40)}
 # XLA flags for the matmul and reduction kernels: name -> value.
 KERNEL_FLAGS = {"--xla_cpu_use_xnnpack": "false",
-                "--xla_cpu_experimental_ynn_fusion_type": ""}
+                "--xla_cpu_experimental_ynn_fusion_type":
+                    "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 DEVICES_FLAG = "--xla_force_host_platform_device_count"
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+# Device nodes of TPUs (v2-v4: accel, v5 and later: vfio) and NVIDIA GPUs.
+_ACCELERATOR_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
+
+
+def glibc_linux():
+  """True where GLIBC_TUNABLES means something."""
+  return sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
 
 
 def huge_pages_possible():
   """True on Linux with glibc and transparent huge pages not turned off."""
-  if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+  if not glibc_linux():
     return False
   try:
     with open(_THP_SETTING) as f:
@@ -63,6 +90,30 @@ def cpu_device_count():
   return 1 << (cores.bit_length() - 1)
 
 
+def computes_on_cpu():
+  """True if JAX will run the step on the CPU: JAX_PLATFORMS names the CPU
+  first or, unset, this host has no TPU or GPU device node."""
+  platforms = os.environ.get("JAX_PLATFORMS", "")
+  if platforms:
+    return platforms.split(",")[0].strip() == "cpu"
+  return not any(glob.glob(pattern) for pattern in _ACCELERATOR_NODES)
+
+
+def glibc_tunables(tunables):
+  """The GLIBC_TUNABLES string `tunables` with this host's defaults added,
+  each unless `tunables` sets it."""
+  wanted = {}
+  if huge_pages_possible():
+    wanted.update(HUGE_PAGES)
+  if glibc_linux() and computes_on_cpu():
+    wanted.update(KEEP_MEMORY)
+  parts = [part for part in tunables.split(":") if part]
+  named = {part.split("=")[0] for part in parts}
+  parts += [f"{name}={value}" for name, value in wanted.items()
+            if name not in named]
+  return ":".join(parts)
+
+
 def kernel_flags(xla_flags):
   """KERNEL_FLAGS that the XLA_FLAGS string `xla_flags` does not set."""
   return " ".join(f"{name}={value}" for name, value in KERNEL_FLAGS.items()
@@ -71,7 +122,7 @@ def kernel_flags(xla_flags):
 
 def apply():
   """Adds KERNEL_FLAGS and DEVICES_FLAG to XLA_FLAGS unless set there, and
-  re-executes with TUNABLE if needed.
+  re-executes with `glibc_tunables` if they add to GLIBC_TUNABLES.
 
   Call it first thing in a `__main__` block, before JAX is imported,
   anything is printed or any thread is started.
@@ -84,10 +135,10 @@ def apply():
     xla_flags = f"{xla_flags} {DEVICES_FLAG}={cpu_device_count()}"
   os.environ["XLA_FLAGS"] = xla_flags.strip()
   tunables = os.environ.get("GLIBC_TUNABLES", "")
-  if TUNABLE in tunables.split(":") or not huge_pages_possible():
+  wanted = glibc_tunables(tunables)
+  if wanted == tunables:
     return
-  os.environ["GLIBC_TUNABLES"] = ":".join(
-      part for part in (tunables, TUNABLE) if part)
+  os.environ["GLIBC_TUNABLES"] = wanted
   sys.stdout.flush()
   sys.stderr.flush()
   os.execv(sys.executable, sys.orig_argv)
