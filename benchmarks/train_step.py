@@ -12,11 +12,11 @@ kernel), measured right after each of those steps and also reported as
 the median. Achieved FLOP/s counts the
 analytic training FLOPs of `vit_jax.compute` (3 x forward); `ratio` is that
 over the matmul rate. The matmul is timed between the steps because this
-machine's speed drifts by +-10% within minutes: interleaved, both figures
-see the same drift. The step runs under the CPU settings that
-`vit_jax.main` uses (`vit_jax.cpu_defaults`, applied first); each matmul
-sample is the faster of Eigen's and YNNPACK's (XLA's default), so that
-those settings, slower on a lone large dot, do not lower the reference.
+machine's speed drifts within minutes (the lone matmul: 114 to 158 GFLOP/s
+in an hour): interleaved, both figures see the same drift. The step runs
+under the CPU settings that `vit_jax.main` uses (`vit_jax.cpu_defaults`,
+applied first); each matmul sample is the faster of Eigen's and YNNPACK's
+kernels, whichever those settings pick for the step.
 Run it with nothing else on the machine. Not run by the tests.
 """
 

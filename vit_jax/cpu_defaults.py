@@ -11,8 +11,8 @@ benchmarks/profile_step.py (README, "Speed on CPU"):
   which cuts those faults about 400-fold.
 - Memory kept from step to step, where JAX computes on the CPU. Even in
   2 MiB pages, B/16's 3.2 GB temp buffer cost 1600 faults and 4-5 s of
-  kernel time in every 17-19 s step on this machine (a VM: a page the guest
-  frees goes back to the host, and comes back zeroed by it). With one
+  kernel time in every 17-19 s step on this machine (a VM, where each fault
+  of a 2 MiB page took about 3 ms). With one
   malloc arena (`arena_max=1`), no mmap for large blocks (`mmap_max=0`) and
   no trimming of the heap's top (`trim_threshold`), a freed buffer stays in
   the heap and the next step reuses it: no faults after the second step,
@@ -28,11 +28,10 @@ benchmarks/profile_step.py (README, "Speed on CPU"):
   16.1 -> 13.4 s per step). XLA's default for YNNPACK, XNNPACK's successor,
   also hands it the layer norms' sums and the softmax's max, and the step
   was slower with it than with Eigen alone (B/16 17.0 -> 15.7 s in an A/B in
-  one process). YNNPACK's dots alone, though, run the batched attention
-  matmuls, which Eigen ran at a third of its dense rate, and some dense ones
-  faster: in A/Bs in one process against Eigen alone, Ti/16 3.09 -> 2.83 s
-  and 2.99 -> 2.89 s, B/16 13.5 -> 12.9 s and 19.3 -> 14.1 s (medians).
-  YNNPACK takes only dots whose operands are row-major; Eigen runs the rest.
+  one process). YNNPACK's dots alone, though, beat Eigen alone in every
+  A/B in one process (medians): Ti/16 3.09 -> 2.83 s and 2.99 -> 2.89 s,
+  B/16 13.5 -> 12.9 s and 19.3 -> 14.1 s. YNNPACK takes only dots whose
+  operands are row-major; Eigen runs the rest.
 - One CPU device per core (`--xla_force_host_platform_device_count`, the
   largest power of two not above the cores this process may use). With one
   device, XLA:CPU splits each op over the cores, and the step's many small
