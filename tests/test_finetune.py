@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from vit_jax import checkpoint, input_pipeline, pretrained, sharding, train
-from tests.util import (REPO, assert_trees_equal, latest_checkpoint,
+from tests.util import (REPO, SMALL, assert_trees_equal, latest_checkpoint,
                         small_config)
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
@@ -232,8 +232,11 @@ def test_a_folder_of_png_and_jpeg_images_fine_tunes(digits_data_dir,
 def test_the_transfer_configs_chain(digits_data_dir, tmp_path):
   """configs/digits_transfer.py, shortened: pretrain feeds finetune."""
   from configs import digits_transfer  # pylint: disable=g-import-not-at-top
+  # The tests' small model: compiling the configs' 4-layer one twice was
+  # most of this test's time.
+  model = {k: v for k, v in SMALL.items() if k.startswith("model.")}
   short = {"data_dir": digits_data_dir, "total_steps": 20,
-           "optimizer.warmup_steps": 2}
+           "optimizer.warmup_steps": 2, **model}
   pretrain = digits_transfer.get_config("pretrain")
   pretrain.update_from_flattened_dict(short)
   train.train_and_evaluate(pretrain, str(tmp_path / "pretrain"))
