@@ -11,7 +11,9 @@ from vit_jax import cpu_defaults
 PROGRAM = ("import os; from vit_jax import cpu_defaults; "
            "print('started', flush=True); cpu_defaults.apply(); "
            "print(os.environ.get('GLIBC_TUNABLES')); "
-           "print(os.environ.get('XLA_FLAGS'))")
+           "print(os.environ.get('XLA_FLAGS')); "
+           "print(os.environ.get('LD_PRELOAD')); "
+           "print(os.environ.get('TCMALLOC_RELEASE_RATE'))")
 
 
 # Frees a touched 256 MiB block in a thread, as XLA:CPU frees a step's temp
@@ -37,48 +39,73 @@ print(faults() - before)
 """
 TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:"
             "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776")
+TCMALLOC = cpu_defaults.tcmalloc_library()
+# Preloaded in place of TCMalloc: a library that is not an allocator.
+NOT_AN_ALLOCATOR = "libm.so.6"
 needs_huge_pages = pytest.mark.skipif(
     not cpu_defaults.huge_pages_possible(),
     reason="no glibc or transparent huge pages here")
+needs_tcmalloc = pytest.mark.skipif(
+    not (cpu_defaults.glibc_linux() and TCMALLOC),
+    reason="no TCMalloc here (Debian, Ubuntu: libtcmalloc-minimal4)")
 
 
 def run(program=PROGRAM, **env):
   environment = {k: v for k, v in os.environ.items() if k not in (
-      "GLIBC_TUNABLES", "XLA_FLAGS", "VIT_JAX_CPU_DEFAULTS")}
+      "GLIBC_TUNABLES", "XLA_FLAGS", "VIT_JAX_CPU_DEFAULTS", "LD_PRELOAD",
+      *cpu_defaults.TCMALLOC_SETTINGS)}
   environment.update(env)
   out = subprocess.run([sys.executable, "-c", program], env=environment,
                        capture_output=True, text=True, check=True).stdout
   return out.split("\n")[:-1]
 
 
-@needs_huge_pages
-def test_the_command_runs_again_with_the_defaults_added():
+@needs_tcmalloc
+def test_the_command_runs_again_with_tcmalloc_and_the_flags():
   devices = f"{cpu_defaults.DEVICES_FLAG}={cpu_defaults.cpu_device_count()}"
   # "started" is printed once before the re-execution and once after it.
   assert run(JAX_PLATFORMS="cpu") == [
-      "started", "started", TUNABLES,
-      f"{cpu_defaults.kernel_flags('')} {devices}"]
-  assert run(JAX_PLATFORMS="cpu",
-             GLIBC_TUNABLES="glibc.malloc.trim_threshold=1",
+      "started", "started", "None",
+      f"{cpu_defaults.kernel_flags('')} {devices}", TCMALLOC, "0"]
+  assert run(JAX_PLATFORMS="cpu", TCMALLOC_RELEASE_RATE="1",
              XLA_FLAGS="--xla_force_host_platform_device_count=8") == [
-                 "started", "started",
-                 "glibc.malloc.trim_threshold=1:glibc.malloc.hugetlb=1:"
-                 "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0",
+                 "started", "started", "None",
                  f"--xla_force_host_platform_device_count=8 "
-                 f"{cpu_defaults.kernel_flags('')}"]
+                 f"{cpu_defaults.kernel_flags('')}", TCMALLOC, "1"]
+
+
+@needs_huge_pages
+def test_without_tcmalloc_glibc_gets_the_tunables():
+  out = run(JAX_PLATFORMS="cpu", LD_PRELOAD=NOT_AN_ALLOCATOR)
+  assert out[:3] == ["started", "started", TUNABLES]
+  assert out[4:] == [NOT_AN_ALLOCATOR, "None"]
+  assert run(JAX_PLATFORMS="cpu", LD_PRELOAD=NOT_AN_ALLOCATOR,
+             GLIBC_TUNABLES="glibc.malloc.trim_threshold=1")[2] == (
+                 "glibc.malloc.trim_threshold=1:glibc.malloc.hugetlb=1:"
+                 "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0")
 
 
 @needs_huge_pages
 def test_memory_is_kept_only_where_jax_computes_on_the_cpu(monkeypatch):
+  monkeypatch.delenv("LD_PRELOAD", raising=False)
+  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+  monkeypatch.setattr(cpu_defaults, "tcmalloc_library",
+                      lambda: "libtcmalloc_minimal.so.4")
   monkeypatch.setenv("JAX_PLATFORMS", "tpu")
-  assert cpu_defaults.glibc_tunables("") == "glibc.malloc.hugetlb=1"
+  assert cpu_defaults.allocator_environment() == {
+      "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
   monkeypatch.delenv("JAX_PLATFORMS")
   monkeypatch.setattr(cpu_defaults.glob, "glob",
                       lambda pattern: ["/dev/accel0"] if "accel" in pattern
                       else [])
-  assert cpu_defaults.glibc_tunables("") == "glibc.malloc.hugetlb=1"
+  assert cpu_defaults.allocator_environment() == {
+      "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
   monkeypatch.setattr(cpu_defaults.glob, "glob", lambda pattern: [])
-  assert cpu_defaults.glibc_tunables("") == TUNABLES
+  assert cpu_defaults.allocator_environment() == {
+      "LD_PRELOAD": "libtcmalloc_minimal.so.4",
+      **cpu_defaults.TCMALLOC_SETTINGS}
+  monkeypatch.setattr(cpu_defaults, "tcmalloc_library", lambda: None)
+  assert cpu_defaults.allocator_environment() == {"GLIBC_TUNABLES": TUNABLES}
 
 
 @needs_huge_pages
@@ -87,6 +114,9 @@ def test_a_freed_buffer_is_reused_without_page_faults():
   assert int(run(FAULTS_PROGRAM, GLIBC_TUNABLES="glibc.malloc.hugetlb=1")[0]) \
       >= pages
   assert int(run(FAULTS_PROGRAM, GLIBC_TUNABLES=TUNABLES)[0]) < pages // 10
+  if TCMALLOC:
+    assert int(run(FAULTS_PROGRAM, LD_PRELOAD=TCMALLOC,
+                   **cpu_defaults.TCMALLOC_SETTINGS)[0]) < pages // 10
 
 
 @pytest.mark.parametrize("cores, devices", [(1, 1), (2, 2), (6, 4), (16, 16)])
@@ -102,14 +132,15 @@ def test_what_the_user_set_wins_and_no_second_run_when_set():
          "--xla_force_host_platform_device_count=1")
   mine = ("glibc.malloc.hugetlb=0:glibc.malloc.arena_max=8:"
           "glibc.malloc.mmap_max=1:glibc.malloc.trim_threshold=1")
-  assert run(JAX_PLATFORMS="cpu", GLIBC_TUNABLES=mine, XLA_FLAGS=own) == [
-      "started", mine, own]
+  assert run(JAX_PLATFORMS="cpu", GLIBC_TUNABLES=mine, XLA_FLAGS=own,
+             LD_PRELOAD=NOT_AN_ALLOCATOR)[:3] == ["started", mine, own]
   # One flag of the user's leaves the others to be added.
   assert run(JAX_PLATFORMS="cpu", GLIBC_TUNABLES=TUNABLES,
+             LD_PRELOAD=NOT_AN_ALLOCATOR,
              XLA_FLAGS="--xla_cpu_use_xnnpack=true")[2].split() == [
                  "--xla_cpu_use_xnnpack=true",
                  "--xla_cpu_experimental_ynn_fusion_type="
                  "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
                  f"{cpu_defaults.DEVICES_FLAG}="
                  f"{cpu_defaults.cpu_device_count()}"]
-  assert run(VIT_JAX_CPU_DEFAULTS="0") == ["started", "None", "None"]
+  assert run(VIT_JAX_CPU_DEFAULTS="0") == ["started"] + ["None"] * 4
