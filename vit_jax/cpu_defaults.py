@@ -16,23 +16,20 @@ benchmarks/profile_step.py (README, "Speed on CPU"):
   process keeps its peak until it exits. LD_PRELOAD takes effect only when
   a process starts, so the command re-executes itself with it set.
   Without TCMalloc, glibc's malloc gets the settings below.
-- Transparent huge pages. XLA:CPU allocates one temp buffer per executed
-  step (about 2 GB for Ti/16 at 224 px, batch 32) and frees it after.
-  glibc's malloc serves a block that large with a fresh mmap, so every step
-  first-touched about half a million 4 KiB pages: 1.6 s of kernel time per
-  3.8 s step. glibc's `hugetlb=1` tunable makes malloc ask for 2 MiB pages,
-  which cuts those faults about 400-fold.
-- Without TCMalloc, memory kept from step to step, where JAX computes on
-  the CPU. Even in
-  2 MiB pages, B/16's 3.2 GB temp buffer cost 1600 faults and 4-5 s of
-  kernel time in every 17-19 s step on this machine (a VM, where each fault
-  of a 2 MiB page took about 3 ms). With one
-  malloc arena (`arena_max=1`), no mmap for large blocks (`mmap_max=0`) and
-  no trimming of the heap's top (`trim_threshold`), a freed buffer stays in
-  the heap and the next step reuses it: no faults after the second step,
-  and the step took 15.2-15.9 s. The process keeps its peak heap until it
-  exits. Not on hosts with a TPU or GPU, whose step buffers are not in this
-  heap and whose many input threads would contend for the one arena.
+- Without TCMalloc (or with another library preloaded), transparent huge
+  pages for glibc's malloc (`hugetlb=1`). A step's temp buffer, served
+  with a fresh mmap, first-touched about half a million 4 KiB pages every
+  Ti/16 step: 1.6 s of kernel time per 3.8 s step. 2 MiB pages cut those
+  faults about 400-fold.
+- Without TCMalloc, where JAX computes on the CPU, freed memory kept in
+  glibc's heap: one arena (`arena_max=1`, so that XLA's threads allocate
+  in the heap that is kept), no mmap for large blocks (`mmap_max=0`) and no
+  trimming of the heap's top (`trim_threshold`). Even in 2 MiB pages,
+  B/16's buffers otherwise cost 1600 faults and 4-5 s of kernel time in
+  every 17-19 s step on this machine (a VM, where each fault of a 2 MiB
+  page took about 3 ms). The heap still grows over the first steps, as
+  above. Not on hosts with a TPU or GPU, whose step buffers are not in
+  this heap and whose many input threads would contend for the one arena.
   glibc reads its tunables once, when a process starts, so the command
   re-executes itself with them set.
 - YNNPACK for the dots it takes, Eigen for the rest, XLA's own code for
