@@ -53,9 +53,9 @@ benchmarks/profile_step.py (README, "Speed on CPU"):
   or GPU host this only shapes the unused CPU backend.
 
 None changes what is computed beyond float32 rounding (another matmul
-kernel, or a batch split over devices, sums in another order). A flag or
-tunable the user set wins; VIT_JAX_CPU_DEFAULTS=0 leaves the process exactly
-as started.
+kernel, or a batch split over devices, sums in another order). A flag,
+tunable, preloaded library or TCMalloc setting of the user's wins;
+VIT_JAX_CPU_DEFAULTS=0 leaves the process exactly as started.
 """
 
 import ctypes.util
