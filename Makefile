@@ -2,9 +2,10 @@
 # older than pyproject.toml.
 VENV := .venv
 PYTHON := $(VENV)/bin/python
-# Eight emulated CPU devices: the tests' stand-in for a TPU host. The malloc
-# settings of vit_jax/cpu_defaults.py (huge pages, freed step buffers kept
-# for the next step), in pytest's process too.
+# Eight emulated CPU devices: the tests' stand-in for a TPU host. glibc's
+# malloc settings of vit_jax/cpu_defaults.py (huge pages, freed step buffers
+# kept for the next step), for pytest's process; `python -m vit_jax.main`
+# switches to TCMalloc where the host has it.
 CPU_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8 \
 	JAX_PLATFORMS=cpu TPU_SKIP_MDS_QUERY=1 TF_CPP_MIN_LOG_LEVEL=2 \
 	GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776

@@ -119,6 +119,16 @@ def test_a_freed_buffer_is_reused_without_page_faults():
                    **cpu_defaults.TCMALLOC_SETTINGS)[0]) < pages // 10
 
 
+@needs_huge_pages
+def test_the_input_pipeline_keeps_the_heap_that_the_tunables_keep():
+  """Its own malloc settings (for TPU hosts) would hand a freed step buffer
+  back to the OS."""
+  pages = (256 << 20) // (2 << 20)
+  program = ("from vit_jax import input_pipeline; "
+             "input_pipeline.keep_freed_memory()\n" + FAULTS_PROGRAM)
+  assert int(run(program, GLIBC_TUNABLES=TUNABLES)[-1]) < pages // 10
+
+
 @pytest.mark.parametrize("cores, devices", [(1, 1), (2, 2), (6, 4), (16, 16)])
 def test_one_device_per_core_in_a_power_of_two(monkeypatch, cores, devices):
   monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)),

@@ -21,6 +21,7 @@ datasets and folders are prepared into `data_dir` on first use.
 
 import ctypes
 import dataclasses
+import os
 from typing import Callable
 
 import jax
@@ -176,8 +177,13 @@ def keep_freed_memory():
   By default glibc maps each block over 128 KiB (a decoded crop, a resized
   image) from the OS and unmaps it when freed, so the next one page-faults
   all its memory in again: a large share of the input pipeline's CPU time.
-  32 MiB is glibc's largest mmap threshold. Elsewhere than glibc, nothing.
+  32 MiB is glibc's largest mmap threshold. Elsewhere than glibc, nothing;
+  nor where GLIBC_TUNABLES already sets the trim threshold
+  (vit_jax/cpu_defaults.py keeps the whole heap on a CPU host, and this
+  lower threshold would hand its freed step buffers back to the OS).
   """
+  if "glibc.malloc.trim_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
+    return
   try:
     libc = ctypes.CDLL("libc.so.6")
   except OSError:
