@@ -8,7 +8,8 @@
 # Output lines carry a "[process]" prefix. If a process fails, the others are
 # stopped and the pod exits with its code. SIGTERM or SIGINT to the pod is
 # passed to every process (they then save and stop at one agreed step).
-# PYTHON names the interpreter (default: python3).
+# The interpreter is $PYTHON if set, else the checkout's .venv/bin/python if
+# it is executable, else python3 from PATH.
 set -euo pipefail
 
 usage() {
@@ -21,8 +22,14 @@ devices=$2
 shift 3
 [[ $num_processes =~ ^[1-9][0-9]*$ && $devices =~ ^[1-9][0-9]*$ ]] || usage
 
-python=${PYTHON:-python3}
 cd "$(dirname "$0")/.."
+if [[ -n ${PYTHON:-} ]]; then
+  python=$PYTHON
+elif [[ -x .venv/bin/python ]]; then
+  python=$PWD/.venv/bin/python
+else
+  python=python3
+fi
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # Keep the caller's other XLA flags; the device count is this script's.
 xla_flags="$(echo "${XLA_FLAGS:-}" | sed -E 's/--xla_force_host_platform_device_count=[0-9]+//g') --xla_force_host_platform_device_count=$devices"
@@ -48,16 +55,49 @@ stop_others() {
 
 status=0
 running=("${pids[@]}")
-while ((${#running[@]} > 0)); do
-  finished=""
-  if wait -n -p finished "${running[@]}"; then code=0; else code=$?; fi
-  [[ -n $finished ]] || continue  # A trapped signal interrupted the wait.
-  running=($(printf '%s\n' "${running[@]}" | grep -vx "$finished" || true))
+
+# Process $1 has exited with code $2: it is no longer waited for, and if it
+# is the first to fail, its code becomes the pod's and the others are stopped.
+ended() {
+  local pid=$1 code=$2 p i still=()
+  for p in "${running[@]}"; do
+    [[ $p == "$pid" ]] || still+=("$p")
+  done
+  running=("${still[@]}")
   if ((code != 0 && status == 0)); then
     status=$code
-    echo "[pod] process $finished exited with code $code; stopping the others" >&2
+    for i in "${!pids[@]}"; do
+      [[ ${pids[i]} == "$pid" ]] && break
+    done
+    echo "[pod] process $i (pid $pid) exited with code $code;" \
+      "stopping the others" >&2
     stop_others
   fi
+}
+
+while ((${#running[@]} > 0)); do
+  finished=""
+  # Quiet: it names processes that bash has already reaped ("no such job").
+  if wait -n -p finished "${running[@]}" 2>/dev/null; then
+    code=0
+  else
+    code=$?
+  fi
+  if [[ -n ${finished:-} ]]; then  # wait -n unsets it before it reports.
+    ended "$finished" "$code"
+    continue
+  fi
+  # wait -n named no process: a trapped signal interrupted it, or the
+  # processes had already been reaped. Collect those that have exited; bash
+  # keeps the codes of reaped background processes for `wait PID`.
+  collected=0
+  for pid in "${running[@]}"; do
+    kill -0 "$pid" 2>/dev/null && continue
+    if wait "$pid"; then code=0; else code=$?; fi
+    ended "$pid" "$code"
+    collected=1
+  done
+  ((collected)) || sleep 0.1  # Nothing has exited yet: wait again, not spin.
 done
 wait 2>/dev/null || true  # Let the prefixing pipes drain.
 exit "$status"

@@ -4,15 +4,20 @@ No gcloud is needed: a stand-in `gcloud` that fails loudly comes first on
 PATH, so a command that escaped --dry-run could not reach a real project.
 The remote shell commands are also run here, in a scratch HOME, with
 stand-ins for sudo and python, to check what they would do on a worker.
+launch/local_pod.sh is run here with stand-in interpreters, for its choice
+of interpreter and its handling of exits and signals (tests/test_pod.py runs
+it with the real program).
 """
 
 import os
 import pathlib
 import shlex
 import shutil
+import signal
 import subprocess
 import tarfile
 import time
+import uuid
 
 import pytest
 
@@ -350,3 +355,172 @@ def test_dry_run_runs_nothing(env, script):
   assert "real gcloud called" not in result.stderr
   assert all(line.startswith(("gcloud ", "git "))
              for line in result.stdout.splitlines())
+
+
+# launch/local_pod.sh, with stand-in interpreters in a scratch copy of the
+# checkout's layout: the script cds to the directory above its own.
+PORT = 12345
+
+
+def pod_checkout(tmp_path):
+  """A scratch checkout holding launch/local_pod.sh, and a log directory."""
+  (tmp_path / "launch").mkdir()
+  shutil.copy2(LAUNCH / "local_pod.sh", tmp_path / "launch" / "local_pod.sh")
+  log = tmp_path / "log"
+  log.mkdir()
+  return tmp_path, log
+
+
+def write_python(path, log, name, behaviour=None):
+  """A stand-in interpreter called `name`. With -c (the port query) it
+  prints PORT; with -m vit_jax.main ... --process_id=I it records its
+  arguments, environment and pid under `log`, says hello, then runs
+  behaviour[I] (a shell snippet; default: exit 0)."""
+  cases = "".join(f"  {i}) {body};;\n"
+                  for i, body in (behaviour or {}).items())
+  path.parent.mkdir(parents=True, exist_ok=True)
+  write_script(path, f"""
+log={shlex.quote(str(log))}
+if [[ $1 == -c ]]; then
+  echo "{name} -c" >> "$log/calls"; echo {PORT}; exit 0
+fi
+i=${{@: -1}}; i=${{i#--process_id=}}
+echo "{name} $i" >> "$log/calls"
+printf '%s\\0' "$@" > "$log/argv_$i"
+echo "$JAX_PLATFORMS|$XLA_FLAGS" > "$log/env_$i"
+echo "hello from $i"
+case $i in
+{cases}  *) exit 0;;
+esac
+""")
+
+
+def main_argv(num_processes, i, *args):
+  return ["-m", "vit_jax.main", *args,
+          f"--coordinator_address=127.0.0.1:{PORT}",
+          f"--num_processes={num_processes}", f"--process_id={i}"]
+
+
+def recorded_argv(log, i):
+  return (log / f"argv_{i}").read_text().split("\0")[:-1]
+
+
+def pod_env(fake_bin=None, python=None):
+  env = dict(os.environ)
+  env.pop("PYTHON", None)
+  if python is not None:
+    env["PYTHON"] = python
+  if fake_bin is not None:
+    env["PATH"] = f"{fake_bin}{os.pathsep}{env['PATH']}"
+  return env
+
+
+def start_local_pod(checkout, num_processes, args, env):
+  return subprocess.Popen(
+      [str(checkout / "launch" / "local_pod.sh"), str(num_processes), "2",
+       "--", *args], cwd="/", env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+
+
+def run_local_pod(checkout, num_processes, args, env, timeout=60):
+  pod = start_local_pod(checkout, num_processes, args, env)
+  start = time.monotonic()
+  stdout, stderr = pod.communicate(timeout=timeout)
+  return pod.returncode, stdout, stderr, time.monotonic() - start
+
+
+@pytest.mark.parametrize("venv,python_env,expected", [
+    ("executable", None, "venv"),       # PYTHON unset: the checkout's .venv.
+    ("executable", "chosen", "chosen"),  # PYTHON wins over .venv.
+    (None, None, "python3"),            # No .venv: python3 from PATH.
+    ("not executable", None, "python3"),
+])
+def test_local_pod_interpreter(tmp_path, venv, python_env, expected):
+  checkout, log = pod_checkout(tmp_path)
+  fake_bin = tmp_path / "bin"
+  write_python(fake_bin / "python3", log, "python3")
+  write_python(tmp_path / "chosen" / "python", log, "chosen")
+  if venv:
+    write_python(checkout / ".venv" / "bin" / "python", log, "venv")
+    if venv == "not executable":
+      (checkout / ".venv" / "bin" / "python").chmod(0o644)
+  python = str(tmp_path / "chosen" / "python") if python_env else None
+  code, stdout, stderr, _ = run_local_pod(
+      checkout, 2, ["--config=c.py"], pod_env(fake_bin, python))
+  assert code == 0, stderr
+  calls = (log / "calls").read_text().splitlines()
+  assert sorted(calls) == sorted([f"{expected} -c", f"{expected} 0",
+                                  f"{expected} 1"])
+  for i in range(2):
+    assert recorded_argv(log, i) == main_argv(2, i, "--config=c.py")
+    assert f"[{i}] hello from {i}" in stdout.splitlines()
+
+
+def test_local_pod_all_exit_0(tmp_path):
+  checkout, log = pod_checkout(tmp_path)
+  write_python(checkout / ".venv" / "bin" / "python", log, "venv")
+  env = pod_env(python=None)
+  env["XLA_FLAGS"] = "--xla_foo=1 --xla_force_host_platform_device_count=7"
+  code, stdout, stderr, elapsed = run_local_pod(
+      checkout, 3, ["--config=c.py", "--workdir=w"], env)
+  assert code == 0, stderr
+  assert elapsed < 10
+  assert "[pod]" not in stderr
+  assert sorted(stdout.splitlines()) == [f"[{i}] hello from {i}"
+                                         for i in range(3)]
+  for i in range(3):
+    assert recorded_argv(log, i) == main_argv(3, i, "--config=c.py",
+                                              "--workdir=w")
+    platforms, flags = (log / f"env_{i}").read_text().strip().split("|")
+    assert platforms == "cpu"
+    assert flags.split() == ["--xla_foo=1",
+                             "--xla_force_host_platform_device_count=2"]
+
+
+def test_local_pod_a_process_that_exits_at_once_sets_the_code(tmp_path):
+  """Process 2 exits with code 3 as soon as it starts, likely before the pod
+  waits; 0 and 1 would run for a minute. The pod stops them (bash reaps
+  them while it sleeps between SIGTERM and SIGKILL, before it waits for
+  them) and exits with 3."""
+  checkout, log = pod_checkout(tmp_path)
+  marker = f"local-pod-test-{uuid.uuid4().hex}"
+  runner = f'exec -a {marker} sleep 60'
+  write_python(checkout / ".venv" / "bin" / "python", log, "venv",
+               {0: runner, 1: runner, 2: "exit 3"})
+  code, stdout, stderr, elapsed = run_local_pod(checkout, 3, ["--x"],
+                                                pod_env())
+  assert code == 3, stderr
+  assert elapsed < 20
+  assert recorded_argv(log, 2) == main_argv(3, 2, "--x")
+  assert "[2] hello from 2" in stdout.splitlines()
+  [line] = [x for x in stderr.splitlines() if x.startswith("[pod]")]
+  assert line.startswith("[pod] process 2 (pid ")
+  assert line.endswith(" exited with code 3; stopping the others")
+  assert "unbound variable" not in stderr
+  assert "no such job" not in stderr
+  left = subprocess.run(["pgrep", "-f", "--", marker], capture_output=True,
+                        text=True).stdout.split()
+  assert not left
+
+
+@pytest.mark.parametrize("signal_name", ["TERM", "INT"])
+def test_local_pod_forwards_a_signal_and_exits_with_the_processes(
+    tmp_path, signal_name):
+  """Each process, told by the pod, stops with code 0: so does the pod."""
+  checkout, log = pod_checkout(tmp_path)
+  runner = (f'trap \'echo "$i" >> "$log/told"; exit 0\' TERM; '
+            'touch "$log/ready_$i"; while :; do sleep 0.05; done')
+  write_python(checkout / ".venv" / "bin" / "python", log, "venv",
+               {0: runner, 1: runner})
+  pod = start_local_pod(checkout, 2, ["--x"], pod_env())
+  deadline = time.monotonic() + 30
+  while not all((log / f"ready_{i}").exists() for i in range(2)):
+    assert pod.poll() is None and time.monotonic() < deadline
+    time.sleep(0.02)
+  pod.send_signal(getattr(signal, f"SIG{signal_name}"))
+  stdout, stderr = pod.communicate(timeout=30)
+  assert pod.returncode == 0, stderr
+  assert sorted((log / "told").read_text().split()) == ["0", "1"]
+  for i in range(2):
+    assert recorded_argv(log, i) == main_argv(2, i, "--x")
+    assert f"[{i}] hello from {i}" in stdout.splitlines()
