@@ -27,7 +27,7 @@ from vit_jax import plan  # pylint: disable=g-import-not-at-top
 flags.DEFINE_enum("only", None, ["pretrain", "finetune"], "Plan one kind.")
 flags.DEFINE_string("json", None, "Also write each plan as a JSON line here.")
 
-# Table 2's core-days (PAPER.md): pre-training only.
+# Table 2's core-days (docs/paper.md, Table 2): pre-training only.
 PAPER_CORE_DAYS = {"H/14,jft": 2500, "L/16,jft": 680, "L/16,i21k": 230}
 
 # config argument -> slice. Pre-training: H/14 needs v3-512 or more for its

@@ -1,6 +1,6 @@
 """An independent float64 NumPy forward pass of the released ViT.
 
-Written from the paper and the release's file layout (PAPER.md), sharing no
+Written from the paper and the release's file layout (docs/paper.md), sharing no
 code with vit_jax.models; the hybrids' ResNet from BiT's description
 (weight-standardised convolutions, GroupNorm, TensorFlow's "SAME" padding).
 It reads the flat '/'-keyed arrays of a release .npz directly, so agreement

@@ -39,7 +39,7 @@ def assert_trees_equal(a, b):
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-# The successor layouts, written from PAPER.md's description of them.
+# The successor layouts, written from docs/paper.md's description of them.
 def big_vision_layout(release_flat):
   per_type = {"LayerNorm_0": "LayerNorm_0",
               "MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",

@@ -1,7 +1,7 @@
 """configs/table2: the paper's numbers; every config checked and its model
 built at full size; two steps of a few, shrunk.
 
-The expected values below are typed from PAPER.md (Tables 2, 3, 4), not
+The expected values below are typed from docs/paper.md (Tables 2, 3, 4), not
 read from the configs. The datasets cannot be downloaded here, so
 `tfds.testing.mock_data` serves random examples, with split metadata written
 the way a prepared dataset has it (DATA_DIR/<name>/<version>/

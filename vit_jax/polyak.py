@@ -4,7 +4,7 @@ With `config.polyak_decay` d > 0 the train state keeps
   average <- d * average + (1 - d) * params
 after every update, starting from the initial params. It is sharded like
 the params, saved in every checkpoint, and it is what evaluation and export
-use. Table 2 fine-tunes ImageNet with d = 0.9999 (PAPER.md).
+use. Table 2 fine-tunes ImageNet with d = 0.9999 (docs/paper.md, Sec. 4.1).
 """
 
 import jax
