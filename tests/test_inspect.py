@@ -262,7 +262,7 @@ def test_predict_tells_what_is_wrong(tmp_path):
       [sys.executable, "-m", "vit_jax.predict", f"--workdir={tmp_path}",
        str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120,
       check=False)
-  assert result.returncode == 1
+  assert result.returncode == 2
   assert "holds no run" in result.stderr
 
 

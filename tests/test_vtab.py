@@ -139,6 +139,6 @@ def test_command_line_names_the_tasks_it_knows(tmp_path):
       [sys.executable, "-m", "vit_jax.vtab", "--config=configs/vtab.py:L/16",
        f"--workdir={tmp_path}", "--tasks=natural,imagenet"],
       cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert done.returncode == 1
+  assert done.returncode == 2
   assert "Unknown VTAB task 'imagenet'; valid: caltech101" in done.stderr
   assert not os.listdir(tmp_path)  # Nothing trained, nothing written.

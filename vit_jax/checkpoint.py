@@ -14,6 +14,7 @@ published files use; bfloat16 arrays load as float32.
 
 import os
 import re
+import zipfile
 
 import flax
 import flax.linen as nn
@@ -25,6 +26,7 @@ import orbax.checkpoint as ocp
 import scipy.ndimage
 from absl import logging
 
+from vit_jax import errors
 from vit_jax import models
 
 POSEMB_KEY = models.POSEMB_KEY
@@ -103,8 +105,8 @@ def save_npz(params, path):
   for key, value in flat.items():
     array = np.asarray(value)
     if array.dtype.hasobject:
-      raise ValueError(f"{key!r} is not an array of numbers "
-                       f"({type(value).__name__}); cannot save it without pickle")
+      raise errors.InputError(f"{key!r} is not an array of numbers "
+                              f"({type(value).__name__}); cannot save it without pickle")
     arrays[key] = array
   with open(path, "wb") as f:
     np.savez(f, **arrays)
@@ -122,9 +124,18 @@ def load_npz(path):
   array is refused with a ValueError naming its key.
   """
   # epath: gs:// paths (the released files) read like local ones.
-  with epath.Path(path).open("rb") as f, np.load(
-      f, allow_pickle=False) as npz:
-    flat = {key: _read_array(npz, key, path) for key in npz.files}
+  with epath.Path(path).open("rb") as f:
+    try:
+      npz = np.load(f, allow_pickle=False)
+    except (ValueError, EOFError, zipfile.BadZipFile) as e:
+      # numpy takes what is neither .npy nor .npz for a pickle.
+      raise errors.InputError(f"{path} is not an .npz file of arrays (an "
+                              "export of vit_jax, big_vision or timm)") from e
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+      raise errors.InputError(f"{path} is a single .npy array, not an .npz "
+                              "of named arrays")
+    with npz:
+      flat = {key: _read_array(npz, key, path) for key in npz.files}
   return flax.traverse_util.unflatten_dict(to_release_layout(flat), sep="/")
 
 
@@ -133,7 +144,7 @@ def _read_array(npz, key, path):
     array = npz[key]
   except ValueError as e:
     if "allow_pickle" in str(e):
-      raise ValueError(
+      raise errors.InputError(
           f"{path}: {key!r} holds pickled objects; only plain arrays are "
           "loaded, never pickle") from e
     raise
@@ -141,9 +152,9 @@ def _read_array(npz, key, path):
   if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
     return array.view(ml_dtypes.bfloat16).astype(np.float32)  # Exact.
   if dtype.kind in "VO":
-    raise ValueError(f"{path}: {key!r} has dtype {dtype.str!r}, which is no "
-                     "array of numbers (only 2-byte void, numpy's bfloat16, "
-                     "is read)")
+    raise errors.InputError(f"{path}: {key!r} has dtype {dtype.str!r}, which is no "
+                            "array of numbers (only 2-byte void, numpy's bfloat16, "
+                            "is read)")
   return array
 
 
@@ -166,12 +177,12 @@ def _strip_prefix(flat):
   if not found:
     return flat
   if len(found) > 1:
-    raise ValueError(f"checkpoint has params under both {found[0]!r} and "
-                     f"{found[1]!r}; cannot tell which tree to load")
+    raise errors.InputError(f"checkpoint has params under both {found[0]!r} and "
+                            f"{found[1]!r}; cannot tell which tree to load")
   (prefix,) = found
   if any(_is_param_key(k) for k in flat):
-    raise ValueError(f"checkpoint has params both under {prefix!r} and "
-                     "without a prefix; cannot tell which tree to load")
+    raise errors.InputError(f"checkpoint has params both under {prefix!r} and "
+                            "without a prefix; cannot tell which tree to load")
   return {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
 
 
@@ -188,7 +199,7 @@ def to_release_layout(flat):
   params = _strip_prefix(flat)
   if not any(_is_param_key(k) for k in params):
     keys = sorted(flat)
-    raise ValueError(
+    raise errors.InputError(
         "not a ViT checkpoint of a known layout (released vit_jax or "
         "big_vision, optionally under 'opt/target/' or 'params/'); first keys: "
         f"{keys[:10]}{' ...' if len(keys) > 10 else ''}")
@@ -287,8 +298,8 @@ def adapt(restored, init_params):
       out[key] = target
       continue
     if key not in src:
-      raise ValueError(f"checkpoint has no {key!r} (model wants shape "
-                       f"{tuple(target.shape)})")
+      raise errors.InputError(f"checkpoint has no {key!r} (model wants shape "
+                              f"{tuple(target.shape)})")
     value = np.asarray(src[key])
     if key == POSEMB_KEY and value.shape != target.shape:
       logging.info("adapt: %s interpolated from %s to %s", key, value.shape,
@@ -299,8 +310,8 @@ def adapt(restored, init_params):
                    tuple(target.shape))
       value = resize_table(value, target.shape[0])
     if value.shape != target.shape:
-      raise ValueError(f"{key!r} has shape {value.shape} in the checkpoint but "
-                       f"the model wants {tuple(target.shape)}")
+      raise errors.InputError(f"{key!r} has shape {value.shape} in the checkpoint but "
+                              f"the model wants {tuple(target.shape)}")
     out[key] = value.astype(target.dtype)
 
   dropped = sorted({k.split("/")[0] for k in src if k not in dst
@@ -310,8 +321,8 @@ def adapt(restored, init_params):
   extra = [k for k in src
            if k not in dst and not k.startswith(_PRETRAINING_ONLY)]
   if extra:
-    raise ValueError(f"checkpoint keys the model does not have: {extra[:5]}"
-                     f"{' ...' if len(extra) > 5 else ''}")
+    raise errors.InputError(f"checkpoint keys the model does not have: {extra[:5]}"
+                            f"{' ...' if len(extra) > 5 else ''}")
   if scanned:
     out = scan_blocks(out)
   return flax.traverse_util.unflatten_dict(out, sep="/")

@@ -79,8 +79,10 @@ KERNEL_FLAGS = {"--xla_cpu_use_xnnpack": "false",
                     "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 DEVICES_FLAG = "--xla_force_host_platform_device_count"
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
-# Device nodes of TPUs (v2-v4: accel, v5 and later: vfio) and NVIDIA GPUs.
-_ACCELERATOR_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
+# Device nodes of TPUs (v2-v4: accel, v5 and later: vfio), which JAX's own
+# TPU detection looks for too, and of NVIDIA GPUs.
+_TPU_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*")
+_ACCELERATOR_NODES = (*_TPU_NODES, "/dev/nvidia[0-9]*")
 
 
 def glibc_linux():
@@ -106,13 +108,23 @@ def cpu_device_count():
   return 1 << (cores.bit_length() - 1)
 
 
+def accelerator_nodes(patterns=_ACCELERATOR_NODES):
+  """The device files of this host's TPU chips and NVIDIA GPUs."""
+  return [node for pattern in patterns for node in glob.glob(pattern)]
+
+
+def on_tpu_host():
+  """True on a Cloud TPU VM: the host has TPU chips' device files."""
+  return bool(accelerator_nodes(_TPU_NODES))
+
+
 def computes_on_cpu():
   """True if JAX will run the step on the CPU: JAX_PLATFORMS names the CPU
   first or, unset, this host has no TPU or GPU device node."""
   platforms = os.environ.get("JAX_PLATFORMS", "")
   if platforms:
     return platforms.split(",")[0].strip() == "cpu"
-  return not any(glob.glob(pattern) for pattern in _ACCELERATOR_NODES)
+  return not accelerator_nodes()
 
 
 def glibc_tunables(tunables):

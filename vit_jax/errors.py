@@ -1,27 +1,23 @@
-"""Errors whose message is all a user needs; `vit_jax.main` prints it alone,
-as the last lines of the output, without a traceback."""
+"""Errors whose message is all a user needs.
 
-import functools
-import sys
+Every command-line tool goes through `vit_jax.cli`, which prints such an
+error as `error: <message>` without a traceback and exits with status 2.
+Library code raises them for mistakes a user can fix; anything else that
+goes wrong is a bug and keeps its traceback.
+"""
 
 
-class RunError(Exception):
+class UserError(Exception):
+  """A mistake the user can fix, which the message names."""
+
+
+class InputError(UserError, ValueError):
+  """A value, file or path the user gave that cannot be used."""
+
+
+class RunError(UserError):
   """The run cannot start or go on, for the reason the message gives."""
 
 
 class ConfigError(RunError, ValueError):
   """A config that cannot run, or that differs from its workdir's run."""
-
-
-def reported(main):
-  """`main` for a command-line tool that reads files a user names: a
-  ValueError or OSError ends it with its message and exit status 1, not a
-  traceback."""
-  @functools.wraps(main)
-  def wrapped(argv):
-    try:
-      return main(argv)
-    except (ValueError, OSError) as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(1)
-  return wrapped

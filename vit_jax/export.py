@@ -7,11 +7,16 @@ Polyak average when it kept one), or from an .npz of any layout that
 `checkpoint.load_npz` reads (big_vision's, scanned, prefixed, bfloat16).
 """
 
-import os
+if __name__ == "__main__":
+  # First, before JAX, TF or any thread starts: may re-execute this command.
+  from vit_jax import cli
+  cli.prepare()
+
+import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from absl import app, flags
 
-from vit_jax import checkpoint, errors, pretrained
+from vit_jax import checkpoint, cli, pretrained
 
 flags.DEFINE_string("workdir", None, "A run's workdir.")
 flags.DEFINE_integer("step", None, "Its checkpoint to export (default: the "
@@ -24,7 +29,6 @@ flags.register_multi_flags_validator(
     "give exactly one of --workdir and --from")
 
 
-@errors.reported
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -38,4 +42,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

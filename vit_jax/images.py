@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 from absl import flags
 
+from vit_jax import errors
 from vit_jax import input_pipeline, preprocess
 from vit_jax.datasets import vtab
 
@@ -30,8 +31,8 @@ def expand(paths):
     else:
       found = sorted(glob.glob(path))
     if not found:
-      raise ValueError(f"no image at {path!r} (a file, a folder of "
-                       f"{'/'.join(EXTENSIONS)} files, or a glob pattern)")
+      raise errors.InputError(f"no image at {path!r} (a file, a folder of "
+                              f"{'/'.join(EXTENSIONS)} files, or a glob pattern)")
     files.extend(found)
   return files
 
@@ -45,8 +46,8 @@ def from_files(files, image_size, crop_fraction=1.0):
     try:
       image = preprocess.decode(encoded)
     except tf.errors.InvalidArgumentError:
-      raise ValueError(f"{path} is not an image that TensorFlow decodes "
-                       "(PNG, JPEG, GIF, BMP)") from None
+      raise errors.InputError(f"{path} is not an image that TensorFlow decodes "
+                              "(PNG, JPEG, GIF, BMP)") from None
     images.append(preprocess.eval_resize(image, image_size,
                                          crop_fraction).numpy())
   return np.stack(images)

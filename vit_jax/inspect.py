@@ -23,6 +23,11 @@ below compute the numbers and are what the tests check; vit_jax.figures
 draws them.
 """
 
+if __name__ == "__main__":
+  # First, before JAX, TF or any thread starts: may re-execute this command.
+  from vit_jax import cli
+  cli.prepare()
+
 import functools
 import os
 import re
@@ -30,9 +35,9 @@ import re
 import flax
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from vit_jax import errors, figures, images as images_lib, models, predict
+from vit_jax import cli, errors, figures, images as images_lib, models, predict
 from vit_jax import pretrained, writers
 from vit_jax.models import vit
 
@@ -186,8 +191,8 @@ def sample_images(inference, paths, count, dataset, split, data_dir):
     return (images_lib.from_files(files, size, crop), None,
             f"{len(files)} images from {', '.join(paths)}")
   if not dataset:
-    raise ValueError("the attention figures need images: give --images or "
-                     "--dataset")
+    raise errors.InputError("the attention figures need images: give --images or "
+                            "--dataset")
   images, labels = images_lib.from_dataset(dataset, split, count, size, crop,
                                            data_dir)
   return images, labels, f"the first {len(images)} of {dataset} {split}"
@@ -267,7 +272,6 @@ def define_flags():
       "--out is needed with --npz")
 
 
-@errors.reported
 def main(argv):
   f = flags.FLAGS
   inference = pretrained.from_flags()
@@ -283,4 +287,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

@@ -7,19 +7,16 @@ launch/local_pod.sh starts them) the coordinator flags below say who is who.
 
 if __name__ == "__main__":
   # First, before JAX, TF or any thread starts: may re-execute this command.
-  from vit_jax import cpu_defaults
-  cpu_defaults.apply()
+  from vit_jax import cli
+  cli.prepare()
 
-import glob  # pylint: disable=g-import-not-at-top,wrong-import-position
-import logging as std_logging
-import os
-import sys
+import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vit_jax import errors, train
+from vit_jax import cli, cpu_defaults, train
 
 config_flags.DEFINE_config_file("config", None, "An ml-collections config file.",
                                 lock_config=True)
@@ -35,16 +32,11 @@ flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def on_cloud_tpu_vm():
-  # The TPU chips' device files, which JAX's own TPU detection looks for too.
-  return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-
-
 def initialize_distributed():
   """Joins the processes of a pod, before JAX touches any device."""
   f = flags.FLAGS
   wanted = {"on": True, "off": False}.get(
-      f.distributed, bool(f.coordinator_address) or on_cloud_tpu_vm())
+      f.distributed, bool(f.coordinator_address) or cpu_defaults.on_tpu_host())
   if not wanted:
     return
   if jax.config.jax_platforms == "cpu" or os.environ.get(
@@ -60,20 +52,12 @@ def initialize_distributed():
 
 
 def prepare():
-  """What every entry point that trains does first: quiet logs, devices for
-  JAX alone, and the pod's processes joined."""
+  """What every entry point that trains does first: devices for JAX alone,
+  and the pod's processes joined."""
   # TensorFlow only feeds data; it must not take accelerator memory from JAX.
-  import tensorflow as tf
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], "GPU")
   tf.config.set_visible_devices([], "TPU")
-
-  # Orbax narrates every save and TFDS every dataset it opens (one per share)
-  # at INFO; keep the log to our progress lines.
-  logging.get_absl_logger().addFilter(
-      lambda record: record.levelno >= std_logging.WARNING
-      or not any(part in record.pathname
-                 for part in ("/orbax/", "/tensorflow_datasets/")))
-
   initialize_distributed()
 
 
@@ -82,13 +66,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   prepare()
   workdir = flags.FLAGS.workdir
-  try:
-    result = train.train_and_evaluate(flags.FLAGS.config, workdir)
-  except errors.RunError as e:
-    logging.error("%s", e)
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  result = train.train_and_evaluate(flags.FLAGS.config, workdir)
   logging.info("final metrics: %s", result)
+  if jax.process_index() > 0:
+    return
   if "stopped_at_step" in result:
     print(f"stopped at step {result['stopped_at_step']}: checkpoint saved in "
           f"{os.path.abspath(workdir)}; run the same command to resume")
@@ -104,4 +85,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -19,7 +19,12 @@ data is read. The compiled program gives:
 A config that does not fit is told what would make it fit.
 """
 
-import os
+if __name__ == "__main__":
+  # First, before JAX, TF or any thread starts: may re-execute this command.
+  from vit_jax import cli
+  cli.prepare()
+
+import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Before JAX is imported: planning executes on this host's CPU, and libtpu
 # only compiles. Without these, JAX would look for TPU chips and the GCE
@@ -37,7 +42,6 @@ import dataclasses
 import json
 import math
 import re
-import sys
 import time
 
 import jax
@@ -46,7 +50,7 @@ from absl import app, flags
 from jax.experimental import topologies
 from ml_collections import config_flags
 
-from vit_jax import compute, errors, input_pipeline, sharding, train
+from vit_jax import cli, compute, errors, input_pipeline, sharding, train
 from vit_jax.datasets import vtab
 
 SECONDS_PER_DAY = 86_400
@@ -82,14 +86,14 @@ def topology(name):
   if match:
     cores = int(match.group(1))
     if cores not in V3_SLICES:
-      raise ValueError(f"there is no TPU {name} slice; the v3 slices are "
-                       + ", ".join(f"v3-{n}" for n in V3_SLICES))
+      raise errors.InputError(f"there is no TPU {name} slice; the v3 slices are "
+                              + ", ".join(f"v3-{n}" for n in V3_SLICES))
     grid = V3_SLICES[cores]
   else:
     match = re.fullmatch(r"v3:(\d+x\d+)", name)
     if not match:
-      raise ValueError(f"--topology={name!r}: expected a v3 slice such as "
-                       "v3-512 or a chip grid such as v3:16x16")
+      raise errors.InputError(f"--topology={name!r}: expected a v3 slice such as "
+                              "v3-512 or a chip grid such as v3:16x16")
     grid = match.group(1)
   description = topologies.get_topology_desc(
       platform="tpu", topology_name=f"v3:{grid}", chip_config_name="default",
@@ -417,11 +421,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   f = flags.FLAGS
-  try:
-    result = plan(f.config, f.topology, f.num_classes, f.overhead)
-  except (errors.ConfigError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  result = plan(f.config, f.topology, f.num_classes, f.overhead)
   config_name = config_flags.get_config_filename(f["config"])
   if f.json:
     print(json.dumps({"config": config_name, **result.to_json()}))
@@ -431,4 +431,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

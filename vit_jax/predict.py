@@ -8,14 +8,19 @@ from the TFDS label names of --dataset (default: the run's dataset), else
 they are class numbers. The model runs in float32 on one device.
 """
 
-import functools
+if __name__ == "__main__":
+  # First, before JAX, TF or any thread starts: may re-execute this command.
+  from vit_jax import cli
+  cli.prepare()
+
+import functools  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 
 import jax
 import numpy as np
 from absl import app, flags
 
-from vit_jax import errors, images as images_lib, pretrained
+from vit_jax import cli, images as images_lib, pretrained
 
 
 def probabilities(inference, images, batch_size=64):
@@ -66,7 +71,6 @@ def define_flags():
                     "text.")
 
 
-@errors.reported
 def main(argv):
   f = flags.FLAGS
   paths = f.images + argv[1:]
@@ -86,4 +90,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

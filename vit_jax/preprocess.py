@@ -32,6 +32,8 @@ ImageNet-style f = 0.875: 256 -> 224); see `eval_resize`.
 
 import tensorflow as tf
 
+from vit_jax import errors
+
 SHIFT_DIVISOR = 8  # "shift" moves by at most ceil(side / SHIFT_DIVISOR).
 INCEPTION_AREA_RANGE = (0.05, 1.0)
 INCEPTION_ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
@@ -77,7 +79,7 @@ def central_crop(image, image_size):
 
 def check_crop_fraction(crop_fraction):
   if not 0 < crop_fraction <= 1:  # Also refuses NaN.
-    raise ValueError(
+    raise errors.InputError(
         f"eval_crop_fraction must be in (0, 1], got {crop_fraction!r}: 1 "
         f"resizes to the image size, f < 1 resizes to image_size / f and "
         f"takes the central crop")
@@ -189,8 +191,8 @@ def parse_augmentations(augment):
   names = tuple(name.strip() for name in augment if name.strip())
   for name in names:
     if name not in AUGMENTATIONS:
-      raise ValueError(f"unknown augmentation {name!r}: expected names from "
-                       f"{sorted(AUGMENTATIONS)}")
+      raise errors.InputError(f"unknown augmentation {name!r}: expected names from "
+                              f"{sorted(AUGMENTATIONS)}")
   return names
 
 

@@ -40,7 +40,7 @@ def load(source):
   path, step = parse_source(source)
   if path.endswith(".npz"):
     if step is not None:
-      raise ValueError(f"init_from {source!r}: an .npz has no steps")
+      raise errors.InputError(f"init_from {source!r}: an .npz has no steps")
     return checkpoint.load_npz(path), f"{path}"
   return load_run(path, step)
 
@@ -55,12 +55,12 @@ def load_run(workdir, step=None):
                      "progress": ocp.JsonCheckpointHandler()})
   steps = manager.all_steps()
   if not steps:
-    raise ValueError(f"{workdir} holds no checkpoint (looked in {directory}); "
-                     "init_from takes a workdir of ours or an .npz file")
+    raise errors.InputError(f"{workdir} holds no checkpoint (looked in {directory}); "
+                            "init_from takes a workdir of ours or an .npz file")
   step = max(steps) if step is None else step
   if step not in steps:
-    raise ValueError(f"{workdir} has no checkpoint of step {step}; it has "
-                     f"{sorted(steps)}")
+    raise errors.InputError(f"{workdir} has no checkpoint of step {step}; it has "
+                            f"{sorted(steps)}")
   saved = manager.item_metadata(step)["state"].tree
   name = "polyak" if saved.get("polyak") else "params"
   shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
@@ -137,7 +137,7 @@ def for_inference(workdir=None, npz=None, step=None):
   no params, "sincos2d" or "none", needs its run's workdir instead.)
   """
   if bool(workdir) == bool(npz):
-    raise ValueError("give exactly one of a workdir and an .npz")
+    raise errors.InputError("give exactly one of a workdir and an .npz")
   if npz:
     params, what, config = checkpoint.load_npz(npz), npz, None
   else:

@@ -21,6 +21,8 @@ import flax.linen as nn
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
+from vit_jax import errors
+
 MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
 
@@ -48,22 +50,22 @@ def make_mesh(axis_sizes, devices=None):
   sizes = dict(axis_sizes)
   unknown = set(sizes) - set(MESH_AXES)
   if unknown:
-    raise ValueError(f"config.mesh has unknown axes {sorted(unknown)}; the "
-                     f"axes are {MESH_AXES}")
+    raise errors.InputError(f"config.mesh has unknown axes {sorted(unknown)}; the "
+                            f"axes are {MESH_AXES}")
   sizes = {axis: int(sizes.get(axis, 1)) for axis in MESH_AXES}
   free = [axis for axis, size in sizes.items() if size == -1]
   if len(free) > 1:
-    raise ValueError(f"config.mesh: only one axis may be -1, got {free}")
+    raise errors.InputError(f"config.mesh: only one axis may be -1, got {free}")
   if any(size == 0 or size < -1 for size in sizes.values()):
-    raise ValueError(f"config.mesh sizes must be positive or -1, got {sizes}")
+    raise errors.InputError(f"config.mesh sizes must be positive or -1, got {sizes}")
   fixed = math.prod(size for size in sizes.values() if size != -1)
   if free:
     if len(devices) % fixed:
-      raise ValueError(f"config.mesh {_describe(sizes)}: {len(devices)} "
-                       f"devices are not divisible by {fixed}")
+      raise errors.InputError(f"config.mesh {_describe(sizes)}: {len(devices)} "
+                              f"devices are not divisible by {fixed}")
     sizes[free[0]] = len(devices) // fixed
   if math.prod(sizes.values()) != len(devices):
-    raise ValueError(
+    raise errors.InputError(
         f"config.mesh {_describe(sizes)} needs {math.prod(sizes.values())} "
         f"devices, but there are {len(devices)}")
   shape = tuple(sizes[axis] for axis in MESH_AXES)
@@ -125,7 +127,7 @@ def process_shares(mesh):
       (num_shares,))
   shares = sorted({index[0].start or 0 for index in rows.values()})
   if shares != list(range(shares[0], shares[0] + len(shares))):
-    raise ValueError(
+    raise errors.InputError(
         f"process {jax.process_index()} holds batch blocks {shares}, which "
         "are not consecutive; build the mesh so that each host's devices are "
         "adjacent along the data axes")
@@ -137,7 +139,7 @@ def partition_spec(names, shape, mesh, path="param"):
   spec = list(nn.logical_to_mesh_axes(names, LOGICAL_AXIS_RULES))
   for dim, axis in enumerate(spec):
     if axis is not None and shape[dim] % mesh.shape[axis]:
-      raise ValueError(
+      raise errors.InputError(
           f"{path}: dimension {dim} ({names[dim]}, size {shape[dim]}) is not "
           f"divisible by the mesh axis '{axis}' of size {mesh.shape[axis]}")
   fsdp = mesh.shape["fsdp"]

@@ -12,14 +12,18 @@ DIR/vtab.json then hold each task's top-1 accuracy, each group's mean and
 the mean over the tasks: Table 2's VTAB row is the mean over all 19.
 """
 
-import json
+if __name__ == "__main__":
+  # First, before JAX, TF or any thread starts: may re-execute this command.
+  from vit_jax import cli
+  cli.prepare()
+
+import json  # pylint: disable=g-import-not-at-top,wrong-import-position
 import os
-import sys
 
 import jax
 from absl import app, flags, logging
 
-from vit_jax import errors, main as main_lib, train
+from vit_jax import cli, errors, main as main_lib, train
 from vit_jax.datasets import vtab as registry
 
 GROUP_TITLES = {registry.NATURAL: "Natural",
@@ -38,7 +42,7 @@ def select(spec):
     else:
       wanted.add(registry.get(part).name)  # A ValueError naming the tasks.
   if not wanted:
-    raise ValueError("--tasks names no task")
+    raise errors.InputError("--tasks names no task")
   return [task for name, task in registry.TASKS.items() if name in wanted]
 
 
@@ -121,11 +125,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   main_lib.prepare()
   f = flags.FLAGS
-  try:
-    summary = run(f.config, f.workdir, select(f.tasks), f.val)
-  except (ValueError, errors.RunError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  summary = run(f.config, f.workdir, select(f.tasks), f.val)
   if summary is None:
     print("stopped: run the same command to resume")
     return
@@ -148,4 +148,4 @@ def define_flags():
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

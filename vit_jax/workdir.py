@@ -51,7 +51,7 @@ def read_config(workdir):
   """The config of the run in `workdir`, as it was recorded."""
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
-    raise ValueError(f"{workdir} holds no run: it has no {CONFIG_FILE}")
+    raise errors.InputError(f"{workdir} holds no run: it has no {CONFIG_FILE}")
   with open(path) as f:
     return ml_collections.ConfigDict(json.load(f))
 

@@ -43,6 +43,8 @@ import re
 from etils import epath
 import tensorflow_datasets as tfds
 
+from vit_jax import errors
+
 PREFIX = "folder:"
 SINGLE_SPLIT = "train"  # The split of the root/<class>/<image> layout.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -85,13 +87,13 @@ def _class_images(root, relative):
   path = os.path.join(root, relative)
   folders, images = _entries(path)
   if folders:
-    raise ValueError(
+    raise errors.InputError(
         f"class folder {path} holds sub-folders ({', '.join(folders[:3])}): "
         f"images must lie directly in their class folder; expected "
         f"{_LAYOUTS}")
   if not images:
-    raise ValueError(f"class folder {path} holds no images (.png, .jpg or "
-                     f".jpeg files)")
+    raise errors.InputError(f"class folder {path} holds no images (.png, .jpg or "
+                            f".jpeg files)")
   return [(f"{relative}/{name}", size, mtime_ns)
           for name, size, mtime_ns in images]
 
@@ -103,33 +105,33 @@ def scan(root):
   two layouts, or where a class folder holds no images.
   """
   if not os.path.isdir(root):
-    raise ValueError(f"folder dataset {root}: not a directory; expected "
-                     f"{_LAYOUTS}")
+    raise errors.InputError(f"folder dataset {root}: not a directory; expected "
+                            f"{_LAYOUTS}")
   folders, images = _entries(root)
   if images:
-    raise ValueError(
+    raise errors.InputError(
         f"folder dataset {root} holds images directly ("
         f"{', '.join(name for name, _, _ in images[:3])}): put each image in "
         f"the folder of its class; expected {_LAYOUTS}")
   if not folders:
     what = "is empty" if not os.listdir(root) else "holds no folders of images"
-    raise ValueError(f"folder dataset {root} {what}: expected {_LAYOUTS}")
+    raise errors.InputError(f"folder dataset {root} {what}: expected {_LAYOUTS}")
   children = {name: _entries(os.path.join(root, name)) for name in folders}
   for name, (sub_folders, sub_images) in children.items():
     path = os.path.join(root, name)
     if sub_folders and sub_images:
-      raise ValueError(
+      raise errors.InputError(
           f"{path} holds both images and folders: a class folder holds only "
           f"images, a split folder only class folders; expected {_LAYOUTS}")
     if not sub_folders and not sub_images:
-      raise ValueError(
+      raise errors.InputError(
           f"{path} holds no images (.png, .jpg or .jpeg files) nor class "
           f"folders: a class folder needs at least one image, a split folder "
           f"at least one class folder; expected {_LAYOUTS}")
   split_folders = [name for name in folders if children[name][0]]
   class_folders = [name for name in folders if children[name][1]]
   if split_folders and class_folders:
-    raise ValueError(
+    raise errors.InputError(
         f"folder dataset {root} mixes split folders, which hold class folders "
         f"({', '.join(split_folders[:3])}), and class folders, which hold "
         f"images ({', '.join(class_folders[:3])}): expected {_LAYOUTS}")
@@ -141,7 +143,7 @@ def scan(root):
   splits = {}
   for split in split_folders:
     if not _SPLIT_NAME.fullmatch(split) or split.lower() == "all":
-      raise ValueError(
+      raise errors.InputError(
           f"split folder {os.path.join(root, split)}: TFDS split names are "
           f"letters, digits, '_' and '-', and not 'all'")
     splits[split] = {
@@ -154,9 +156,9 @@ def scan(root):
 def make_config(root):
   """Scans the folder at root into a FolderConfig named by its contents."""
   if not root:
-    raise ValueError(f"dataset {PREFIX!r} names no folder: use {PREFIX}PATH")
+    raise errors.InputError(f"dataset {PREFIX!r} names no folder: use {PREFIX}PATH")
   if "://" in root:
-    raise ValueError(
+    raise errors.InputError(
         f"folder dataset {root}: the folder must be a local directory (or "
         f"one mounted on every host); copy it, or prepare a TFDS dataset")
   root = os.path.abspath(os.path.expanduser(root))
@@ -227,6 +229,6 @@ class Folder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       with open(path, "rb") as f:
         encoded = f.read()
       if not encoded.startswith(_SIGNATURES):
-        raise ValueError(f"{path} is not a PNG or JPEG image")
+        raise errors.InputError(f"{path} is not a PNG or JPEG image")
       # The path relative to the root is a stable, unique key.
       yield relative, {"image": encoded, "label": label}

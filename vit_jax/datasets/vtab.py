@@ -29,6 +29,8 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from vit_jax import errors
+
 NATURAL, SPECIALIZED, STRUCTURED = "natural", "specialized", "structured"
 GROUPS = (NATURAL, SPECIALIZED, STRUCTURED)
 
@@ -90,8 +92,8 @@ def _held_out_of_train(train_examples, train_percent, test="test"):
   """
   start = train_percent * train_examples // 100
   if start + NUM_VAL > train_examples:
-    raise ValueError(f"No {NUM_VAL} examples after {start} of "
-                     f"{train_examples}.")
+    raise errors.InputError(f"No {NUM_VAL} examples after {start} of "
+                            f"{train_examples}.")
   return _splits(f"train[:{NUM_TRAIN}]", f"train[{start}:{start + NUM_VAL}]",
                  test)
 
@@ -370,8 +372,8 @@ def get(name):
   try:
     return TASKS[name]
   except KeyError:
-    raise ValueError(f"Unknown VTAB task {name!r}; valid: "
-                     f"{', '.join(TASKS)}.") from None
+    raise errors.InputError(f"Unknown VTAB task {name!r}; valid: "
+                            f"{', '.join(TASKS)}.") from None
 
 
 def by_group():

@@ -14,6 +14,7 @@ anything is compiled.
 
 import ml_collections
 
+from vit_jax import errors
 from vit_jax.evaluators import accuracy, fewshot, real
 
 KINDS = {"accuracy": (accuracy.Accuracy, accuracy.DEFAULTS),
@@ -26,18 +27,18 @@ def settings(name, entry):
   entry = dict(entry)
   kind = entry.pop("kind", None)
   if kind not in KINDS:
-    raise ValueError(f"config.evaluators.{name}.kind must be one of "
-                     f"{', '.join(KINDS)}, got {kind!r}")
+    raise errors.InputError(f"config.evaluators.{name}.kind must be one of "
+                            f"{', '.join(KINDS)}, got {kind!r}")
   every = entry.pop("every", None)
   if not isinstance(every, int) or every < 0:
-    raise ValueError(f"config.evaluators.{name}.every must be an integer "
-                     f">= 0 (0: never), got {every!r}")
+    raise errors.InputError(f"config.evaluators.{name}.every must be an integer "
+                            f">= 0 (0: never), got {every!r}")
   defaults = KINDS[kind][1]
   unknown = set(entry) - set(defaults)
   if unknown:
-    raise ValueError(f"config.evaluators.{name} has no setting "
-                     f"{', '.join(sorted(unknown))}; a {kind} evaluator takes "
-                     f"{', '.join(['kind', 'every', *defaults])}")
+    raise errors.InputError(f"config.evaluators.{name} has no setting "
+                            f"{', '.join(sorted(unknown))}; a {kind} evaluator takes "
+                            f"{', '.join(['kind', 'every', *defaults])}")
   return kind, every, ml_collections.FrozenConfigDict({**defaults, **entry})
 
 
@@ -59,8 +60,8 @@ def check(config):
     try:
       KINDS[kind][0].check(values, config)
     except ValueError as e:
-      raise ValueError(f"config.evaluators.{name}: {e} (or turn it off: "
-                       f"--config.evaluators.{name}.every=0)") from None
+      raise errors.InputError(f"config.evaluators.{name}: {e} (or turn it off: "
+                              f"--config.evaluators.{name}.every=0)") from None
 
 
 class Evaluators:

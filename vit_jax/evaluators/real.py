@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import tensorflow as tf
 
+from vit_jax import errors
 from vit_jax import input_pipeline
 from vit_jax.evaluators import accuracy as top1
 
@@ -40,7 +41,7 @@ def accuracy(logits, real_labels):
     real[row, list(labels)] = True
   correct, labelled = hits(logits, real)
   if not labelled.any():
-    raise ValueError("every label set is empty: nothing to score")
+    raise errors.InputError("every label set is empty: nothing to score")
   return int(correct.sum()) / int(labelled.sum())
 
 

@@ -6,6 +6,7 @@ import re
 import flax
 import numpy as np
 
+from vit_jax import errors
 from vit_jax.models.vit import REMAT_POLICIES, VisionTransformer
 
 # Where the release layout keeps the position embedding ("learn"), and where
@@ -40,7 +41,7 @@ def parse_name(name):
   anything else."""
   variant, _, patch = name.rpartition("+")[2].partition("/")
   if variant not in VARIANTS or not patch.isdigit():
-    raise ValueError(
+    raise errors.InputError(
         f"unknown model {name!r}: expected '<variant>/<patch>' with variant in "
         f"{sorted(VARIANTS)} and patch in {PATCH_SIZES}, e.g. 'B/16', or a "
         f"hybrid '<resnet>+<variant>/<pixels per token>', one of "
@@ -71,18 +72,18 @@ def create(name, num_classes, **overrides):
   if "+" in name:
     key = (name.partition("+")[0], patch)
     if key not in HYBRID_STAGES:
-      raise ValueError(f"unknown hybrid {name!r}: the hybrids are "
-                       f"{hybrid_names()}")
+      raise errors.InputError(f"unknown hybrid {name!r}: the hybrids are "
+                              f"{hybrid_names()}")
     fields.update(patch_size=1, resnet_stages=HYBRID_STAGES[key])
   unknown = set(overrides) - set(VisionTransformer.__dataclass_fields__)
   if unknown:
-    raise ValueError(f"unknown model override(s) {sorted(unknown)} for {name!r}")
+    raise errors.InputError(f"unknown model override(s) {sorted(unknown)} for {name!r}")
   fields.update(overrides)
   if fields.get("resnet_stages") is not None:  # A list, from a JSON config.
     fields["resnet_stages"] = tuple(fields["resnet_stages"])
   if fields.get("remat_policy", "") not in REMAT_POLICIES:
-    raise ValueError(f"unknown remat_policy {fields['remat_policy']!r}; one "
-                     f"of {sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
+    raise errors.InputError(f"unknown remat_policy {fields['remat_policy']!r}; one "
+                            f"of {sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
   return VisionTransformer(num_classes=num_classes, **fields)
 
 
@@ -94,8 +95,8 @@ def grid_side(num_patches, what="the patches"):
   holds them otherwise."""
   side = int(round(np.sqrt(num_patches)))
   if side * side != num_patches:
-    raise ValueError(f"{what}: {num_patches} patch positions do not form a "
-                     "square grid")
+    raise errors.InputError(f"{what}: {num_patches} patch positions do not form a "
+                            "square grid")
   return side
 
 
@@ -118,12 +119,12 @@ def from_params(params, posemb=None):
             _BLOCK_0 + "MlpBlock_3/Dense_0/kernel")
   missing = [key for key in wanted if key not in flat]
   if missing:
-    raise ValueError(f"params lack {missing}: not a ViT in the release layout")
+    raise errors.InputError(f"params lack {missing}: not a ViT in the release layout")
   if posemb is None:
     posemb = ("learn" if POSEMB_KEY in flat else
               "learn2d" if POSEMB_2D_KEYS[0] in flat else None)
     if posemb is None:
-      raise ValueError(
+      raise errors.InputError(
           f"params hold no position embedding ({POSEMB_KEY} or "
           f"{POSEMB_2D_KEYS[0]}): say which kind they were trained with, "
           "posemb='sincos2d' or 'none'")

@@ -1,0 +1,179 @@
+"""Every tool answers a user's mistake the same way (vit_jax/cli.py): exit
+status 2, `error: ...` naming what was wrong in at most 3 lines, no
+traceback; a bug keeps its traceback and exits 1."""
+
+import errno
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vit_jax import cli, errors
+from tests.util import REPO
+
+DIGITS = ["vit_jax.main", "--config=configs/digits.py"]
+
+# (tool and arguments, what the message must name); {tmp} is a scratch
+# directory holding `text.txt`, `empty/`, `cut.npz` (a truncated .npz) and
+# `array.npy`.
+MISTAKES = {
+    "mesh larger than the devices": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.mesh.data=3"],
+        "config.mesh data=3"),
+    "unknown decay": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.optimizer.decay=exp"],
+        "config.optimizer.decay"),
+    "missing config file": (
+        ["vit_jax.main", "--config=configs/nothere.py", "--workdir={tmp}/w"],
+        "configs/nothere.py"),
+    "warm-up longer than the run": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.total_steps=50"],
+        "warmup_steps"),
+    "unknown config key": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.no_such_key=1"],
+        "no_such_key"),
+    "override of the wrong type": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.total_steps=many"],
+        "config.total_steps"),
+    "unknown model": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.model.name=Q/7"], "Q/7"),
+    "unknown dataset": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.dataset=no_such_data"],
+        "no_such_data"),
+    "init_from missing": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/none.npz"],
+        "none.npz"),
+    "init_from not an npz": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/text.txt"],
+        "text.txt"),
+    "workdir not writable": (
+        [*DIGITS, "--workdir={tmp}/text.txt/run"], "text.txt/run"),
+    "no workdir": ([*DIGITS], "--workdir"),
+    "bad config argument": (
+        ["vit_jax.main", "--config=configs/table2/pretrain.py:X/9,jft",
+         "--workdir={tmp}/w"], "X/9,jft"),
+    "unknown plan topology": (
+        ["vit_jax.plan", "--config=configs/digits.py", "--topology=v9-8"],
+        "v9-8"),
+    "export from a missing file": (
+        ["vit_jax.export", "--from={tmp}/none.npz", "--out={tmp}/o.npz"],
+        "none.npz"),
+    "export from a text file": (
+        ["vit_jax.export", "--from={tmp}/text.txt", "--out={tmp}/o.npz"],
+        "text.txt"),
+    "export from a truncated npz": (
+        ["vit_jax.export", "--from={tmp}/cut.npz", "--out={tmp}/o.npz"],
+        "cut.npz"),
+    "export from a single array": (
+        ["vit_jax.export", "--from={tmp}/array.npy", "--out={tmp}/o.npz"],
+        "array.npy"),
+    "export of an empty workdir": (
+        ["vit_jax.export", "--workdir={tmp}/empty", "--out={tmp}/o.npz"],
+        "empty"),
+    "export with no source": (
+        ["vit_jax.export", "--out={tmp}/o.npz"], "--workdir"),
+    "predict from no run": (
+        ["vit_jax.predict", "--workdir={tmp}/empty", "{tmp}/text.txt"],
+        "holds no run"),
+    "predict without images": (
+        ["vit_jax.predict", "--workdir={tmp}/empty"], "no images"),
+    "inspect a missing workdir": (
+        ["vit_jax.inspect", "--workdir={tmp}/nowhere"], "nowhere"),
+    "inspect an npz without --out": (
+        ["vit_jax.inspect", "--npz={tmp}/cut.npz"], "--out"),
+    "unknown VTAB task": (
+        ["vit_jax.vtab", "--config=configs/vtab.py:L/16", "--workdir={tmp}/v",
+         "--tasks=natural,imagenet"], "imagenet"),
+    "vtab without workdir": (
+        ["vit_jax.vtab", "--config=configs/vtab.py:L/16"], "--workdir"),
+}
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("mistakes")
+  (tmp / "text.txt").write_text("not a checkpoint\n")
+  (tmp / "empty").mkdir()
+  np.savez(tmp / "whole.npz", a=np.zeros(1000))
+  (tmp / "cut.npz").write_bytes((tmp / "whole.npz").read_bytes()[:300])
+  np.save(tmp / "array.npy", np.zeros(3))
+  return str(tmp)
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_a_mistake_gets_a_short_message_and_exit_status_2(scratch, name):
+  args, named = MISTAKES[name]
+  args = [arg.format(tmp=scratch) for arg in args]
+  done = subprocess.run([sys.executable, "-m", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == cli.EXIT_USER_ERROR, done.stderr[-3000:]
+  assert "Traceback" not in done.stderr + done.stdout
+  lines = done.stderr.strip().splitlines()
+  assert 1 <= len(lines) <= cli.MAX_ERROR_LINES, done.stderr
+  assert lines[0].startswith("error: ")
+  assert named.format(tmp=scratch) in done.stderr
+
+
+# A tool of one line over the wrapper, whose main raises what argv says.
+TOOL = """
+from vit_jax import cli, errors
+cli.prepare()
+import sys
+def main(argv):
+  if argv[1] == "user":
+    raise errors.ConfigError("config.batch_size=3 is bad\\nline 2\\nline 3"
+                             "\\nline 4")
+  if argv[1] == "disk":
+    raise OSError(28, "No space left on device", "/data/run")
+  raise RuntimeError("a bug")
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("kind,code,traceback,message", [
+    ("user", 2, False, "error: config.batch_size=3 is bad\nline 2\n"
+     "line 3; line 4"),
+    ("disk", 2, False, "error: /data/run: No space left on device"),
+    ("bug", 1, True, "RuntimeError: a bug"),
+])
+def test_the_wrapper_tells_mistakes_from_bugs(kind, code, traceback, message):
+  done = subprocess.run([sys.executable, "-c", TOOL, kind], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == code
+  assert ("Traceback" in done.stderr) == traceback
+  assert message in done.stderr
+
+
+def test_verbose_shows_a_mistakes_traceback_too():
+  done = subprocess.run([sys.executable, "-c", TOOL, "user", "--verbose"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2
+  assert "Traceback" in done.stderr and "error: config.batch_size" in (
+      done.stderr)
+
+
+def test_user_errors_are_told_by_kind():
+  assert cli.is_user_error(errors.InputError("x"))
+  assert cli.is_user_error(FileNotFoundError(errno.ENOENT, "gone", "/a"))
+  assert cli.is_user_error(OSError(errno.ENOSPC, "full"))
+  assert not cli.is_user_error(ValueError("a bug's ValueError"))
+  assert not cli.is_user_error(KeyError("k"))
+  assert not cli.is_user_error(OSError(errno.EIO, "I/O error"))
+
+
+def test_prepare_quietens_the_libraries_but_keeps_the_users_settings(
+    monkeypatch):
+  environ = {"VIT_JAX_CPU_DEFAULTS": "0",  # No re-execution here.
+             "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "1"}
+  monkeypatch.setattr(os, "environ", dict(environ))
+  monkeypatch.setattr(sys, "argv", ["tool"])
+  cli.prepare()
+  assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"
+  assert os.environ["GRPC_VERBOSITY"] == "ERROR"
+
+  monkeypatch.setattr(os, "environ", dict(environ))
+  monkeypatch.setattr(sys, "argv", ["tool", "--verbose"])
+  cli.prepare()
+  assert os.environ == environ

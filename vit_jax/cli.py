@@ -1,0 +1,212 @@
+"""The one entry wrapper of every command-line tool (`python -m vit_jax.X`).
+
+A tool module calls `cli.prepare()` first in its `__main__` block, before
+JAX or TensorFlow is imported, and ends with `cli.run(main)`. Together they
+give every tool the same behaviour:
+
+- Quiet by default: no C++ logs of TensorFlow, XLA or libtpu, nothing that
+  native code prints to stdout (Gloo's connection lines), no Python
+  warnings, and of the Python log only vit_jax's own warnings and errors.
+  `--verbose` brings all of the libraries' logs back, at INFO.
+- Exit status: 0 done (a run stopped by a signal with its checkpoint saved
+  included); EXIT_USER_ERROR (2) a user's mistake, shown as `error: ...` in
+  at most MAX_ERROR_LINES lines on stderr without a traceback (with
+  `--verbose`, after its traceback); 1 a bug, with Python's traceback.
+
+A user's mistake is an `errors.UserError` (a bad config value, a file of the
+wrong kind, a checkpoint that does not fit, ...), an OSError naming a path
+(missing, not writable, disk full), a flag or config override that does not
+parse, or an app.UsageError.
+"""
+
+import errno
+import logging as std_logging
+import os
+import sys
+import traceback
+import warnings
+
+from absl import app, flags, logging
+
+from vit_jax import cpu_defaults, errors
+
+EXIT_USER_ERROR = 2
+MAX_ERROR_LINES = 3
+VERBOSE_FLAG = "--verbose"
+
+flags.DEFINE_bool("verbose", False, "Show the libraries' logs (TensorFlow, "
+                  "XLA, TFDS, orbax, ...) and vit_jax's own at INFO.")
+
+# Environment variables that silence the C++ side of the libraries; each is
+# read when its library loads, hence set before any import. A value the user
+# set wins.
+QUIET_ENVIRONMENT = {
+    "TF_CPP_MIN_LOG_LEVEL": "3",   # TensorFlow and XLA (also absl's pre-init
+                                   # warning, which only a first log prints).
+    "TPU_MIN_LOG_LEVEL": "3",      # libtpu.
+    "TPU_STDERR_LOG_LEVEL": "3",
+    "GRPC_VERBOSITY": "ERROR",
+    "TF_ENABLE_ONEDNN_OPTS": "0",  # Its notice, and TF computes no model here.
+}
+# OS errors that are the user's environment, not a bug, whatever the path.
+_USER_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC,
+                errno.EROFS, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR,
+                errno.EEXIST, errno.ENAMETOOLONG}
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def verbose_requested(argv=None):
+  """True if the command line asks for --verbose (before flags are parsed)."""
+  argv = sys.argv if argv is None else argv
+  return any(arg in (VERBOSE_FLAG, f"{VERBOSE_FLAG}=true", f"{VERBOSE_FLAG}=1")
+             for arg in argv[1:])
+
+
+def prepare():
+  """The process's settings, before JAX, TensorFlow or any thread starts.
+
+  Quiet libraries unless --verbose; the CPU as JAX's platform on a host with
+  no TPU or GPU (otherwise libtpu, installed with the `tpu` extra, probes for
+  chips and logs its failure); vit_jax.cpu_defaults, which may re-execute
+  the command.
+  """
+  if not verbose_requested():
+    for name, value in QUIET_ENVIRONMENT.items():
+      os.environ.setdefault(name, value)
+  if "JAX_PLATFORMS" not in os.environ and not cpu_defaults.accelerator_nodes():
+    os.environ["JAX_PLATFORMS"] = "cpu"
+  cpu_defaults.apply()
+
+
+def run(main):
+  """absl's app.run of `main`, with the log and the exit status above."""
+  app.run(lambda argv: _call(main, argv), flags_parser=_parse_flags)
+
+
+def _parse_flags(argv):
+  try:
+    rest = flags.FLAGS(argv)
+    _check_config_files()
+    return rest
+  except Exception as e:  # pylint: disable=broad-except
+    # A flag or a config override that does not parse, a config file that
+    # is missing or fails: the user's command line in every case.
+    if verbose_requested(argv):
+      traceback.print_exc()
+    _exit_with_message(_flag_error_message(e, argv))
+
+
+def _check_config_files():
+  """ml_collections defers a config file's load error to the first use of
+  the config: raise it now, with the path."""
+  for name, flag in flags.FLAGS.__flags.items():  # pylint: disable=protected-access
+    if type(flag.value).__name__ == "_ErrorConfig":
+      path = str(flag.serialize()).split("=", 1)[-1].split(":")[0]
+      reason = ("no such file" if not os.path.exists(path)
+                else "it does not load as a Python config file")
+      raise errors.InputError(f"--{name}={path}: {reason}")
+
+
+def _call(main, argv):
+  verbose = flags.FLAGS.verbose
+  _configure_logging(verbose)
+  try:
+    return main(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    if not is_user_error(e):
+      raise
+    if verbose:
+      traceback.print_exc()
+    _exit_with_message(_os_error_message(e) if isinstance(e, OSError)
+                       else str(e))
+
+
+def is_user_error(e):
+  """True for exceptions that say what a user did wrong (module docstring)."""
+  if isinstance(e, (errors.UserError, app.UsageError)):
+    return True
+  if isinstance(e, OSError):
+    return e.errno in _USER_ERRNOS or e.filename is not None
+  tf = sys.modules.get("tensorflow")
+  # tf.io.gfile (GCS paths among them) raises these instead of OSError.
+  return tf is not None and isinstance(
+      e, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError,
+          tf.errors.ResourceExhaustedError))
+
+
+def error_message(message):
+  """`message` as at most MAX_ERROR_LINES lines, the first `error: ...`."""
+  lines = [line.strip() for line in str(message).strip().splitlines()
+           if line.strip()] or ["failed without a message"]
+  if len(lines) > MAX_ERROR_LINES:
+    lines[MAX_ERROR_LINES - 1:] = ["; ".join(lines[MAX_ERROR_LINES - 1:])]
+  lines[0] = f"error: {lines[0]}"
+  return "\n".join(lines)
+
+
+def _exit_with_message(message):
+  sys.stdout.flush()
+  print(error_message(message), file=sys.stderr, flush=True)
+  sys.exit(EXIT_USER_ERROR)
+
+
+def _os_error_message(e):
+  """'PATH: No such file or directory', without errno's number."""
+  if e.filename is None or not e.strerror:
+    return str(e)
+  return f"{e.filename}: {e.strerror}"
+
+
+def _flag_error_message(e, argv):
+  """One or two lines for a command line that does not parse."""
+  if isinstance(e, errors.UserError):
+    return str(e)
+  if isinstance(e, OSError):
+    return _os_error_message(e)
+  message = str(e)
+  causes = [e, e.__cause__, e.__context__]
+  key_error = next((c for c in causes if isinstance(c, KeyError)), None)
+  if key_error is not None:  # ml_collections: an override of no config key.
+    key = str(key_error.args[0] if key_error.args else "").strip("'\"")
+    given = [arg for arg in argv[1:] if arg.startswith("--config.")
+             and key in arg.split("=")[0]]
+    message = (f"{given[0] if given else key}: the config has no key {key!r}"
+               " (its keys: configs/base.py)")
+  elif "Error whilst parsing config file" in message:
+    # ml_collections puts the config's whole traceback into the message:
+    # its last line is what went wrong.
+    flag = message.split(": Error whilst")[0]
+    last = [line for line in message.splitlines() if line.strip()][-1]
+    message = f"{flag}: {last.split(': ', 1)[-1]}"
+  return f"{message}\n(--helpfull lists every flag)"
+
+
+def _configure_logging(verbose):
+  if verbose:
+    logging.set_verbosity(logging.INFO)
+    return
+  _native_stdout_to_null()
+  warnings.filterwarnings("ignore")
+  logging.set_verbosity(logging.WARNING)
+  logging.get_absl_handler().addFilter(_own_records)
+  # TensorFlow's Python logger has a handler of its own.
+  std_logging.getLogger("tensorflow").setLevel(std_logging.ERROR)
+
+
+def _native_stdout_to_null():
+  """Python's prints keep the terminal; what native code writes to file
+  descriptor 1 goes nowhere. Gloo, the CPU collectives of a pod emulated by
+  several processes, prints a line per device and peer there, from several
+  threads at once, so that its lines come out interleaved."""
+  sys.stdout.flush()
+  terminal = os.dup(1)
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 1)
+  os.close(null)
+  sys.stdout = os.fdopen(terminal, "w", buffering=1)
+
+
+def _own_records(record):
+  """vit_jax's warnings and errors; nothing of the libraries."""
+  return (record.levelno >= std_logging.WARNING
+          and os.path.abspath(record.pathname).startswith(_PACKAGE_DIR))
