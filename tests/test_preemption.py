@@ -54,6 +54,11 @@ def test_sigterm_saves_at_the_next_step_and_resumes_bitwise(
   assert_trees_equal(params, expected)
   losses = [r["step"] for r in metric_rows(workdir) if "train_loss" in r]
   assert losses == list(range(1, LONG["total_steps"] + 1))
+  # One row per step, evaluations and the resume included.
+  steps = [r["step"] for r in metric_rows(workdir)]
+  assert steps == list(range(1, LONG["total_steps"] + 1))
+  assert [r["step"] for r in metric_rows(workdir) if "test_accuracy" in r] == [
+      30, 60]
 
 
 # Runs vit_jax.main with orbax's final rename of one step's checkpoint held

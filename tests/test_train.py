@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -142,20 +143,43 @@ def test_a_vit_learns_digits(digits_data_dir, tmp_path):
   assert all(r["step"] > 0 for r in rows)
 
 
-def test_command_line_overrides_take_effect(digits_data_dir, tmp_path):
+# What `python -m vit_jax.main` prints, line by line, and nothing else.
+OUTPUT_LINES = [
+    r"Preparing dataset digits in .* \(once\)",
+    r"Training Ti/2 on digits for 4 steps: batch 16, 8 devices \(mesh "
+    r"data=8 x fsdp=1 x model=1\), workdir .*",
+    r"step 1/4 \| loss \d\.\d{4} \| first step \(compiles\) \d+s",
+    r"step 2/4 \| loss \d\.\d{4} \| [\d,]+ img/s \| ETA \d+s",
+    r"step 4/4 \| loss \d\.\d{4} \| [\d,]+ img/s \| ETA 0s",
+    r"step 4/4 \| test_accuracy \d\.\d{4}",
+    r"test_accuracy \d\.\d{4} \| core_days \d\.\d+ \| TensorBoard: "
+    r"tensorboard --logdir .*",
+]
+
+
+def test_command_line_overrides_take_effect_and_only_progress_is_printed(
+    tmp_path):
   workdir = tmp_path / "run"
   command = [
       sys.executable, "-m", "vit_jax.main", "--config=configs/digits.py",
-      f"--workdir={workdir}", f"--config.data_dir={digits_data_dir}",
+      f"--workdir={workdir}", f"--config.data_dir={tmp_path / 'data'}",
       "--config.total_steps=4", "--config.batch_size=16",
       "--config.log_every=2", "--config.evaluators.test.every=4",
       "--config.checkpoint_every=4", "--config.model.hidden_size=16",
       "--config.model.num_layers=1", "--config.mesh.data=8",
       "--config.mesh.model=1", "--config.optimizer.warmup_steps=1"]
+  # As a user runs it: no setting that quietens a library from outside.
+  env = {name: value for name, value in os.environ.items()
+         if name not in ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS",
+                         "TPU_SKIP_MDS_QUERY")}
   done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                        timeout=300)
+                        timeout=300, env=env)
   assert done.returncode == 0, done.stderr[-3000:]
-  assert "test_accuracy" in done.stdout
+  assert done.stderr == ""
+  lines = done.stdout.splitlines()
+  assert len(lines) == len(OUTPUT_LINES), done.stdout
+  for line, pattern in zip(lines, OUTPUT_LINES):
+    assert re.fullmatch(pattern, line), (line, pattern)
   saved = json.load(open(workdir / "config.json"))
   assert saved["total_steps"] == 4 and saved["batch_size"] == 16
   assert saved["model"]["hidden_size"] == 16 and saved["mesh"]["data"] == 8

@@ -19,8 +19,10 @@ and the label the task reads from it, vit_jax/datasets/vtab.py). Shipped
 datasets and folders are prepared into `data_dir` on first use.
 """
 
+import contextlib
 import ctypes
 import dataclasses
+import io
 import os
 from typing import Callable
 
@@ -28,8 +30,10 @@ import jax
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import logging
 
 # Imported for its side effect: registering the shipped TFDS builders.
+from vit_jax import errors
 from vit_jax import datasets  # pylint: disable=unused-import
 from vit_jax import preprocess
 from vit_jax.datasets import folder, vtab
@@ -65,7 +69,7 @@ def get_builder(dataset: str, data_dir: str | None):
   if builder.is_prepared():
     return builder
   if builder.name not in SHIPPED_DATASETS:
-    raise ValueError(
+    raise errors.InputError(
         f"dataset {dataset!r} is not prepared in {builder.data_dir}: TFDS "
         f"datasets must be prepared beforehand (`tfds build {builder.name} "
         f"--data_dir=DIR`, after any manual download its documentation asks "
@@ -93,7 +97,7 @@ def _builder(dataset, data_dir):
     # TFDS's own message lists every dataset it knows, burying the point.
     where = data_dir or ("TFDS's default data_dir ($TFDS_DATA_DIR or "
                          "~/tensorflow_datasets)")
-    raise ValueError(
+    raise errors.InputError(
         f"unknown dataset {dataset!r}: it is not a TFDS dataset nor one "
         f"shipped with vit_jax ({', '.join(SHIPPED_DATASETS)}), nor a folder "
         f"of images ({FOLDER_PREFIX}PATH), and {where} holds no prepared "
@@ -113,11 +117,27 @@ def _prepare_here(builder):
   process but the first fails on the rename and finds the data there.
   """
   offline = tfds.download.DownloadConfig(try_download_gcs=False)
+  if jax.process_index() == 0:
+    print(f"Preparing dataset {builder.name} in {builder.data_dir} (once)",
+          flush=True)
   try:
-    builder.download_and_prepare(download_config=offline)
+    with _quiet_unless_verbose():
+      builder.download_and_prepare(download_config=offline)
   except OSError:
     if not builder.is_prepared():
       raise
+
+
+def _quiet_unless_verbose():
+  """Hides TFDS's own report and progress bars of a preparation, unless the
+  log is at INFO (`--verbose`)."""
+  if logging.level_info():
+    return contextlib.nullcontext()
+  sink = io.StringIO()
+  stack = contextlib.ExitStack()
+  stack.enter_context(contextlib.redirect_stdout(sink))
+  stack.enter_context(contextlib.redirect_stderr(sink))
+  return stack
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +188,7 @@ def _num_examples(builder, dataset, split):
               f"<image>); slice that, e.g. train_split "
               f"'{folder.SINGLE_SPLIT}[:90%]' and evaluators.test.split "
               f"'{folder.SINGLE_SPLIT}[90%:]'.")
-    raise ValueError(f"dataset {dataset!r}: {e}{hint}") from None
+    raise errors.InputError(f"dataset {dataset!r}: {e}{hint}") from None
 
 
 def keep_freed_memory():
@@ -335,7 +355,7 @@ def _block_size(batch_size, image_size, shares, num_shares):
 def _share_size(builder, split, share_split, num_shares):
   size = builder.info.splits[share_split].num_examples
   if size == 0:
-    raise ValueError(
+    raise errors.InputError(
         f"split {split!r} of {builder.name} has fewer examples than the "
         f"{num_shares} shares it is read in (one per data-parallel device)")
   return size

@@ -16,13 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import logging
 from jax.sharding import NamedSharding
-from clu import parameter_overview, periodic_actions
+from clu import parameter_overview
 
 from vit_jax import (checkpoint, compute, errors, evaluators, input_pipeline,
                      models, mpp, optim, polyak, preemption, preprocess,
-                     pretrained, sharding, writers)
+                     pretrained, progress as progress_lib, sharding, writers)
 from vit_jax import workdir as workdir_lib
 
 SECONDS_PER_DAY = 86_400
@@ -227,6 +226,18 @@ def ensure_finite(metrics, step):
         "optimizer.grad_clip_norm may help.")
 
 
+def describe_run(config, mesh, workdir, start_step, resumed):
+  """The line a run starts with: what trains where, or where it resumes."""
+  mesh_text = " x ".join(f"{axis}={size}" for axis, size in mesh.shape.items())
+  what = (f"Resuming at step {start_step} of {config.total_steps}" if resumed
+          else f"Training {config.model.name} on {config.dataset} for "
+          f"{config.total_steps} steps")
+  if resumed and config.init_from:
+    what += " (from the workdir's own checkpoint, not init_from)"
+  return (f"{what}: batch {config.batch_size}, {mesh.size} devices (mesh "
+          f"{mesh_text}), workdir {os.path.abspath(workdir)}")
+
+
 def train_and_evaluate(config, workdir):
   """Trains `config` in `workdir`, resuming from its latest checkpoint.
 
@@ -246,9 +257,6 @@ def train_and_evaluate(config, workdir):
   restored = checkpoint.restore_latest(manager, program.state_shapes)
   if restored:
     state, progress = restored
-    logging.info("Resumed from step %d in %s%s", int(state.step), workdir,
-                 " (its own checkpoint, not init_from)" if config.init_from
-                 else "")
   else:
     state, progress = initial_state(program, config), {"train_seconds": 0.0}
   workdir_lib.record(config, workdir, changes)
@@ -265,10 +273,11 @@ def train_and_evaluate(config, workdir):
       start_step=start_step, shares=shares, num_shares=num_shares,
       data_dir=data_dir).as_numpy_iterator()
 
-  report_progress = periodic_actions.ReportProgress(
-      num_train_steps=config.total_steps, writer=writer,
-      every_steps=config.log_every, every_secs=None)
   num_devices = jax.device_count()
+  printer = progress_lib.Progress(
+      config.total_steps, start_step, config.batch_size, config.log_every,
+      enabled=jax.process_index() == 0)
+  printer.say(describe_run(config, mesh, workdir, start_step, bool(restored)))
   loop_start = time.time()
 
   def train_seconds():  # Cumulative over every run in this workdir.
@@ -294,7 +303,6 @@ def train_and_evaluate(config, workdir):
         previous = metrics
         window_metrics.append(metrics)
         window_steps += 1
-        report_progress(step)
         if step == start_step + 1:
           # The first step compiles; keep it out of the throughput.
           jax.block_until_ready(metrics)
@@ -316,8 +324,11 @@ def train_and_evaluate(config, workdir):
                 / (time.time() - window_start) / num_devices)
             row.update(throughput.metrics(row["img_per_sec_per_device"]))
           window_metrics, window_start, window_steps = [], time.time(), 0
+        printer.step(step, lambda: float(metrics["train_loss"]))
         paused = time.time()
-        row.update(evaluate.run_due(step, polyak.eval_params(state)))
+        results = evaluate.run_due(step, polyak.eval_params(state))
+        printer.results(step, results)
+        row.update(results)
         if row:  # One row per step: metrics.jsonl has each value once.
           row["core_days"] = core_days()
           writer.write_scalars(step, row)
@@ -327,10 +338,6 @@ def train_and_evaluate(config, workdir):
                           {"train_seconds": train_seconds()})
         window_start += time.time() - paused  # Eval and saving are not steps.
         if stopping:
-          logging.warning(
-              "Stopped at step %d of %d on %s; the checkpoint is saved. Run "
-              "the same command again to resume.", step, config.total_steps,
-              stop_requested.received or "a preemption notice")
           last["stopped_at_step"] = step
           break
   finally:
