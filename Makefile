@@ -2,7 +2,7 @@
 # older than pyproject.toml.
 VENV := .venv
 PYTHON := $(VENV)/bin/python
-# Eight emulated CPU devices: the tests' stand-in for a TPU host. glibc's
+# The tests: eight emulated CPU devices, the stand-in for a TPU host. glibc's
 # malloc settings of vit_jax/cpu_defaults.py (huge pages, freed step buffers
 # kept for the next step), for pytest's process; `python -m vit_jax.main`
 # switches to TCMalloc where the host has it.
@@ -18,20 +18,19 @@ $(VENV)/installed: pyproject.toml
 	$(PYTHON) -m pip install --quiet -e '.[test]'
 	touch $@
 
-# The embedded default: a small ViT on 8x8 digits over a 4 x 2 mesh of
-# emulated devices, then the Section 4.5 figures and training curves of the
-# run in workdir/digits/figures. Rerunning resumes (or reports) the run.
+# The embedded default: the README's training command, a small ViT on 8x8
+# digits over the devices this machine has, then the Section 4.5 figures and
+# training curves of the run in workdir/digits/figures. Rerunning resumes (or
+# reports) the run.
 train: $(VENV)/installed
-	$(CPU_DEVICES) $(PYTHON) -m vit_jax.main --config=configs/digits.py \
-		--workdir=workdir/digits
-	$(CPU_DEVICES) $(PYTHON) -m vit_jax.inspect --workdir=workdir/digits
+	$(PYTHON) -m vit_jax.main --config=configs/digits.py --workdir=workdir/digits
+	$(PYTHON) -m vit_jax.inspect --workdir=workdir/digits
 
 # Pre-train on digits 0-4 at 8x8, fine-tune on 5-9 at 16x16, and train the
 # same model on 5-9 from scratch with the same budget (configs/digits_transfer.py).
 transfer: $(VENV)/installed
 	for run in pretrain finetune scratch; do \
-	  $(CPU_DEVICES) $(PYTHON) -m vit_jax.main \
-	    --config=configs/digits_transfer.py:$$run \
+	  $(PYTHON) -m vit_jax.main --config=configs/digits_transfer.py:$$run \
 	    --workdir=workdir/transfer/$$run | sed "s/^/$$run: /" || exit 1; \
 	done
 

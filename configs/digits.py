@@ -1,7 +1,8 @@
 """The embedded default: a small ViT trained from scratch on 8x8 digits.
 
-8 emulated CPU devices as a 4 (data) x 2 (model) mesh, so that `make train`
-exercises data and tensor parallelism together.
+Pure data parallelism over whatever devices the machine has (on a CPU, one
+per core), so it runs as written anywhere; `--config.mesh.model=2` adds
+tensor parallelism where there are devices to split.
 """
 
 from configs import base
@@ -29,7 +30,6 @@ def get_config():
       name="adam", learning_rate=3e-3, warmup_steps=100, decay="cosine",
       weight_decay=1e-4, grad_clip_norm=1.0)
 
-  config.mesh.update(data=4, model=2)
   config.log_every = 50
   config.evaluators.test.every = 250
   config.checkpoint_every = 250
