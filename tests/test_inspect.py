@@ -257,15 +257,6 @@ def test_a_scanned_run_loads_as_the_plain_model(digits_run):
                                            train=False), rtol=1e-5, atol=1e-6)
 
 
-def test_predict_tells_what_is_wrong(tmp_path):
-  result = subprocess.run(
-      [sys.executable, "-m", "vit_jax.predict", f"--workdir={tmp_path}",
-       str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120,
-      check=False)
-  assert result.returncode == 2
-  assert "holds no run" in result.stderr
-
-
 def test_top_classes_are_named_ordered_and_printed():
   probs = np.array([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
   tops = predict.top_classes(probs, 2, ["a", "b", "c"])

@@ -19,6 +19,7 @@ GiB = 2**30
 def test_the_command_line_prints_one_json_object():
   command = [sys.executable, "-m", "vit_jax.plan",
              "--config=configs/digits.py", "--config.batch_size=64",
+             "--config.mesh.data=4", "--config.mesh.model=2",
              "--num_classes=10", "--topology=v3-8", "--json"]
   done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                         timeout=600)

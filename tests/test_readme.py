@@ -1,0 +1,63 @@
+"""The README's marked commands run as written.
+
+A code block preceded by `<!-- test -->` runs line by line; one preceded by
+`<!-- test: ARGS -->` runs with ARGS appended to each command, to shorten
+it (a later flag wins). Blocks run in the README's order, in one scratch
+directory that links the checkout's configs/, launch/ and docs/, with this
+interpreter's bin/ (the venv's) first on PATH: later blocks use what
+earlier ones made, as a reader's commands do.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.util import REPO
+
+MARKER = re.compile(r"<!-- test(?:: (.*?))? -->")
+LINKED = ("configs", "launch", "docs")
+
+
+def marked_blocks(text):
+  """[(commands, appended args)] of the marked code blocks, in order."""
+  blocks, lines = [], text.splitlines()
+  for i, line in enumerate(lines):
+    marker = MARKER.fullmatch(line.strip())
+    if not marker:
+      continue
+    assert lines[i + 1].startswith("```"), f"README line {i + 2}: no block"
+    end = lines.index("```", i + 2)
+    source = "\n".join(lines[i + 2:end]).replace("\\\n", " ")
+    commands = [" ".join(c.split()) for c in source.splitlines()
+                if c.strip() and not c.lstrip().startswith("#")]
+    blocks.append((commands, marker.group(1) or ""))
+  return blocks
+
+
+def readme():
+  with open(os.path.join(REPO, "README.md")) as f:
+    return f.read()
+
+
+def test_the_markers_are_found():
+  blocks = marked_blocks(readme())
+  commands = [c for block, _ in blocks for c in block]
+  assert any(c.startswith("python -m vit_jax.main --config=configs/digits.py")
+             for c in commands)
+  for tool in ("export", "inspect", "predict", "plan"):
+    assert any(c.startswith(f"python -m vit_jax.{tool} ") for c in commands)
+
+
+def test_the_readme_commands_run_as_written(tmp_path):
+  for name in LINKED:
+    os.symlink(os.path.join(REPO, name), tmp_path / name)
+  # The venv's bin/ names this interpreter `python` and `python3`.
+  bin_dir = os.path.dirname(sys.executable)
+  env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+  for commands, appended in marked_blocks(readme()):
+    for command in commands:
+      done = subprocess.run(["bash", "-c", f"{command} {appended}"],
+                            cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=600)
+      assert done.returncode == 0, (command, done.stderr[-3000:])
