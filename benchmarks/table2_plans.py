@@ -1,4 +1,4 @@
-"""Plans every Table 2 config on a TPU v3 slice: the README's cost table.
+"""Plans every Table 2 config on a TPU v3 slice: the cost tables of docs/plan.md.
 
   python benchmarks/table2_plans.py [--only=pretrain] [--json=FILE]
 

@@ -1,7 +1,7 @@
 """The settings that make XLA:CPU's train step faster, set by default.
 
 Measured with benchmarks/train_step.py and explained with
-benchmarks/profile_step.py (README, "Speed on CPU"):
+benchmarks/profile_step.py (docs/speed_on_cpu.md):
 
 - TCMalloc as the allocator, where JAX computes on the CPU and the host
   has it (Debian and Ubuntu: `libtcmalloc-minimal4`), with freed memory

@@ -30,7 +30,7 @@ def base_config():
   config = base.get_config()
   config.model.dtype = "bfloat16"  # float32 params, bfloat16 compute.
   # How the step is laid out on a slice, which changes no result; what
-  # `python -m vit_jax.plan` found best (README, "What a run will cost").
+  # `python -m vit_jax.plan` found best (docs/plan.md).
   # Scanned blocks: one block compiled, half a minute instead of minutes
   # for H/14's 32. FSDP over 8 cores, which divides every v3 slice: each
   # core keeps and updates an 8th of the params and optimizer state, which

@@ -86,8 +86,7 @@ WARMUP_STEPS = {"imagenet": 500, "cifar10": 500, "cifar100": 500,
 
 # Not the paper's, and no change to results: 577 to 1,370 tokens per image,
 # so the attention of every layer, kept for the backward pass, would not
-# fit; it is recomputed, the matmuls' outputs are kept (README, "What a run
-# will cost").
+# fit; it is recomputed, the matmuls' outputs are kept (docs/plan.md).
 REMAT_POLICY = "dots_with_no_batch_dims_saveable"
 
 # Appendix B.1: 2% of the training set is held out (minival) to pick the
