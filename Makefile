@@ -12,11 +12,14 @@ CPU_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8 \
 
 .PHONY: train test transfer clean
 
+# pip's -qq: its errors only, not the warnings of this machine's pip
+# settings or of the editable build.
 $(VENV)/installed: pyproject.toml
-	test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet -e '.[test]'
-	touch $@
+	@echo "Installing vit_jax and its dependencies into $(VENV) (once; a few minutes)"
+	@test -x $(PYTHON) || python3 -m venv $(VENV)
+	@$(PYTHON) -m pip install -qq --upgrade pip
+	@$(PYTHON) -m pip install -qq -e '.[test]'
+	@touch $@
 
 # The embedded default: the README's training command, a small ViT on 8x8
 # digits over the devices this machine has, then the Section 4.5 figures and

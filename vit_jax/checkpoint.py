@@ -26,8 +26,7 @@ import orbax.checkpoint as ocp
 import scipy.ndimage
 from absl import logging
 
-from vit_jax import errors
-from vit_jax import models
+from vit_jax import errors, models
 
 POSEMB_KEY = models.POSEMB_KEY
 
@@ -105,8 +104,9 @@ def save_npz(params, path):
   for key, value in flat.items():
     array = np.asarray(value)
     if array.dtype.hasobject:
-      raise errors.InputError(f"{key!r} is not an array of numbers "
-                              f"({type(value).__name__}); cannot save it without pickle")
+      raise errors.InputError(
+          f"{key!r} is not an array of numbers "
+          f"({type(value).__name__}); cannot save it without pickle")
     arrays[key] = array
   with open(path, "wb") as f:
     np.savez(f, **arrays)
@@ -152,9 +152,10 @@ def _read_array(npz, key, path):
   if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
     return array.view(ml_dtypes.bfloat16).astype(np.float32)  # Exact.
   if dtype.kind in "VO":
-    raise errors.InputError(f"{path}: {key!r} has dtype {dtype.str!r}, which is no "
-                            "array of numbers (only 2-byte void, numpy's bfloat16, "
-                            "is read)")
+    raise errors.InputError(
+        f"{path}: {key!r} has dtype {dtype.str!r}, which is no "
+        "array of numbers (only 2-byte void, numpy's bfloat16, "
+        "is read)")
   return array
 
 
@@ -177,8 +178,9 @@ def _strip_prefix(flat):
   if not found:
     return flat
   if len(found) > 1:
-    raise errors.InputError(f"checkpoint has params under both {found[0]!r} and "
-                            f"{found[1]!r}; cannot tell which tree to load")
+    raise errors.InputError(
+        f"checkpoint has params under both {found[0]!r} and "
+        f"{found[1]!r}; cannot tell which tree to load")
   (prefix,) = found
   if any(_is_param_key(k) for k in flat):
     raise errors.InputError(f"checkpoint has params both under {prefix!r} and "
@@ -310,8 +312,9 @@ def adapt(restored, init_params):
                    tuple(target.shape))
       value = resize_table(value, target.shape[0])
     if value.shape != target.shape:
-      raise errors.InputError(f"{key!r} has shape {value.shape} in the checkpoint but "
-                              f"the model wants {tuple(target.shape)}")
+      raise errors.InputError(
+          f"{key!r} has shape {value.shape} in the checkpoint but "
+          f"the model wants {tuple(target.shape)}")
     out[key] = value.astype(target.dtype)
 
   dropped = sorted({k.split("/")[0] for k in src if k not in dst
@@ -321,8 +324,9 @@ def adapt(restored, init_params):
   extra = [k for k in src
            if k not in dst and not k.startswith(_PRETRAINING_ONLY)]
   if extra:
-    raise errors.InputError(f"checkpoint keys the model does not have: {extra[:5]}"
-                            f"{' ...' if len(extra) > 5 else ''}")
+    raise errors.InputError(
+        f"checkpoint keys the model does not have: {extra[:5]}"
+        f"{' ...' if len(extra) > 5 else ''}")
   if scanned:
     out = scan_blocks(out)
   return flax.traverse_util.unflatten_dict(out, sep="/")

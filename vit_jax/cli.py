@@ -99,9 +99,9 @@ def _parse_flags(argv):
 def _check_config_files():
   """ml_collections defers a config file's load error to the first use of
   the config: raise it now, with the path."""
-  for name, flag in flags.FLAGS.__flags.items():  # pylint: disable=protected-access
-    if type(flag.value).__name__ == "_ErrorConfig":
-      path = str(flag.serialize()).split("=", 1)[-1].split(":")[0]
+  for name, value in flags.FLAGS.flag_values_dict().items():
+    if type(value).__name__ == "_ErrorConfig":
+      path = flags.FLAGS[name].serialize().split("=", 1)[-1].split(":")[0]
       reason = ("no such file" if not os.path.exists(path)
                 else "it does not load as a Python config file")
       raise errors.InputError(f"--{name}={path}: {reason}")
@@ -130,8 +130,7 @@ def is_user_error(e):
   tf = sys.modules.get("tensorflow")
   # tf.io.gfile (GCS paths among them) raises these instead of OSError.
   return tf is not None and isinstance(
-      e, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError,
-          tf.errors.ResourceExhaustedError))
+      e, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError))
 
 
 def error_message(message):

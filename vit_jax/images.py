@@ -11,8 +11,7 @@ import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from vit_jax import errors
-from vit_jax import input_pipeline, preprocess
+from vit_jax import errors, input_pipeline, preprocess
 from vit_jax.datasets import vtab
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
@@ -31,8 +30,9 @@ def expand(paths):
     else:
       found = sorted(glob.glob(path))
     if not found:
-      raise errors.InputError(f"no image at {path!r} (a file, a folder of "
-                              f"{'/'.join(EXTENSIONS)} files, or a glob pattern)")
+      raise errors.InputError(
+          f"no image at {path!r} (a file, a folder of "
+          f"{'/'.join(EXTENSIONS)} files, or a glob pattern)")
     files.extend(found)
   return files
 

@@ -33,9 +33,8 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 # Imported for its side effect: registering the shipped TFDS builders.
-from vit_jax import errors
 from vit_jax import datasets  # pylint: disable=unused-import
-from vit_jax import preprocess
+from vit_jax import errors, preprocess
 from vit_jax.datasets import folder, vtab
 
 # Built by vit_jax.datasets, so prepared on first use instead of requiring

@@ -191,8 +191,9 @@ def sample_images(inference, paths, count, dataset, split, data_dir):
     return (images_lib.from_files(files, size, crop), None,
             f"{len(files)} images from {', '.join(paths)}")
   if not dataset:
-    raise errors.InputError("the attention figures need images: give --images or "
-                            "--dataset")
+    raise errors.InputError(
+        "the attention figures need images: give --images or "
+        "--dataset")
   images, labels = images_lib.from_dataset(dataset, split, count, size, crop,
                                            data_dir)
   return images, labels, f"the first {len(images)} of {dataset} {split}"

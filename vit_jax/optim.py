@@ -15,11 +15,13 @@ from vit_jax import errors
 def learning_rate_schedule(base_lr, total_steps, warmup_steps, decay):
   """Linear warm-up from 0 to base_lr, then `decay` ("linear" or "cosine") to 0."""
   if decay not in ("linear", "cosine"):
-    raise errors.InputError(f"config.optimizer.decay must be 'linear' or 'cosine', "
-                            f"got {decay!r}")
+    raise errors.InputError(
+        f"config.optimizer.decay must be 'linear' or 'cosine', "
+        f"got {decay!r}")
   if not 0 <= warmup_steps < total_steps:
-    raise errors.InputError(f"config.optimizer.warmup_steps ({warmup_steps}) must be "
-                            f"below total_steps ({total_steps})")
+    raise errors.InputError(
+        f"config.optimizer.warmup_steps ({warmup_steps}) must be "
+        f"below total_steps ({total_steps})")
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
@@ -52,12 +54,14 @@ def create(opt, total_steps):
       core.append(optax.add_decayed_weights(opt.weight_decay, mask=_is_kernel))
   elif opt.name == "sgd":
     if opt.weight_decay:
-      raise errors.InputError("config.optimizer.weight_decay must be 0 with sgd: "
-                              "the fine-tuning recipe uses none")
+      raise errors.InputError(
+          "config.optimizer.weight_decay must be 0 with sgd: "
+          "the fine-tuning recipe uses none")
     core = [optax.trace(decay=opt.momentum)]
   else:
-    raise errors.InputError(f"config.optimizer.name must be 'adam' or 'sgd', got "
-                            f"{opt.name!r}")
+    raise errors.InputError(
+        f"config.optimizer.name must be 'adam' or 'sgd', got "
+        f"{opt.name!r}")
   clip = [optax.clip_by_global_norm(opt.grad_clip_norm)] if opt.grad_clip_norm else []
   tx = optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule))
   return tx, schedule

@@ -86,14 +86,16 @@ def topology(name):
   if match:
     cores = int(match.group(1))
     if cores not in V3_SLICES:
-      raise errors.InputError(f"there is no TPU {name} slice; the v3 slices are "
-                              + ", ".join(f"v3-{n}" for n in V3_SLICES))
+      raise errors.InputError(
+          f"there is no TPU {name} slice; the v3 slices are "
+          + ", ".join(f"v3-{n}" for n in V3_SLICES))
     grid = V3_SLICES[cores]
   else:
     match = re.fullmatch(r"v3:(\d+x\d+)", name)
     if not match:
-      raise errors.InputError(f"--topology={name!r}: expected a v3 slice such as "
-                              "v3-512 or a chip grid such as v3:16x16")
+      raise errors.InputError(
+          f"--topology={name!r}: expected a v3 slice such as "
+          "v3-512 or a chip grid such as v3:16x16")
     grid = match.group(1)
   description = topologies.get_topology_desc(
       platform="tpu", topology_name=f"v3:{grid}", chip_config_name="default",

@@ -191,8 +191,9 @@ def parse_augmentations(augment):
   names = tuple(name.strip() for name in augment if name.strip())
   for name in names:
     if name not in AUGMENTATIONS:
-      raise errors.InputError(f"unknown augmentation {name!r}: expected names from "
-                              f"{sorted(AUGMENTATIONS)}")
+      raise errors.InputError(
+          f"unknown augmentation {name!r}: expected names from "
+          f"{sorted(AUGMENTATIONS)}")
   return names
 
 

@@ -55,12 +55,14 @@ def load_run(workdir, step=None):
                      "progress": ocp.JsonCheckpointHandler()})
   steps = manager.all_steps()
   if not steps:
-    raise errors.InputError(f"{workdir} holds no checkpoint (looked in {directory}); "
-                            "init_from takes a workdir of ours or an .npz file")
+    raise errors.InputError(
+        f"{workdir} holds no checkpoint (looked in {directory}); "
+        "init_from takes a workdir of ours or an .npz file")
   step = max(steps) if step is None else step
   if step not in steps:
-    raise errors.InputError(f"{workdir} has no checkpoint of step {step}; it has "
-                            f"{sorted(steps)}")
+    raise errors.InputError(
+        f"{workdir} has no checkpoint of step {step}; it has "
+        f"{sorted(steps)}")
   saved = manager.item_metadata(step)["state"].tree
   name = "polyak" if saved.get("polyak") else "params"
   shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),

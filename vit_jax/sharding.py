@@ -50,14 +50,16 @@ def make_mesh(axis_sizes, devices=None):
   sizes = dict(axis_sizes)
   unknown = set(sizes) - set(MESH_AXES)
   if unknown:
-    raise errors.InputError(f"config.mesh has unknown axes {sorted(unknown)}; the "
-                            f"axes are {MESH_AXES}")
+    raise errors.InputError(
+        f"config.mesh has unknown axes {sorted(unknown)}; the "
+        f"axes are {MESH_AXES}")
   sizes = {axis: int(sizes.get(axis, 1)) for axis in MESH_AXES}
   free = [axis for axis, size in sizes.items() if size == -1]
   if len(free) > 1:
     raise errors.InputError(f"config.mesh: only one axis may be -1, got {free}")
   if any(size == 0 or size < -1 for size in sizes.values()):
-    raise errors.InputError(f"config.mesh sizes must be positive or -1, got {sizes}")
+    raise errors.InputError(
+        f"config.mesh sizes must be positive or -1, got {sizes}")
   fixed = math.prod(size for size in sizes.values() if size != -1)
   if free:
     if len(devices) % fixed:

@@ -92,8 +92,9 @@ def _class_images(root, relative):
         f"images must lie directly in their class folder; expected "
         f"{_LAYOUTS}")
   if not images:
-    raise errors.InputError(f"class folder {path} holds no images (.png, .jpg or "
-                            f".jpeg files)")
+    raise errors.InputError(
+        f"class folder {path} holds no images (.png, .jpg or "
+        f".jpeg files)")
   return [(f"{relative}/{name}", size, mtime_ns)
           for name, size, mtime_ns in images]
 
@@ -115,7 +116,8 @@ def scan(root):
         f"the folder of its class; expected {_LAYOUTS}")
   if not folders:
     what = "is empty" if not os.listdir(root) else "holds no folders of images"
-    raise errors.InputError(f"folder dataset {root} {what}: expected {_LAYOUTS}")
+    raise errors.InputError(
+        f"folder dataset {root} {what}: expected {_LAYOUTS}")
   children = {name: _entries(os.path.join(root, name)) for name in folders}
   for name, (sub_folders, sub_images) in children.items():
     path = os.path.join(root, name)
@@ -156,7 +158,8 @@ def scan(root):
 def make_config(root):
   """Scans the folder at root into a FolderConfig named by its contents."""
   if not root:
-    raise errors.InputError(f"dataset {PREFIX!r} names no folder: use {PREFIX}PATH")
+    raise errors.InputError(
+        f"dataset {PREFIX!r} names no folder: use {PREFIX}PATH")
   if "://" in root:
     raise errors.InputError(
         f"folder dataset {root}: the folder must be a local directory (or "

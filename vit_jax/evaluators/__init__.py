@@ -31,14 +31,16 @@ def settings(name, entry):
                             f"{', '.join(KINDS)}, got {kind!r}")
   every = entry.pop("every", None)
   if not isinstance(every, int) or every < 0:
-    raise errors.InputError(f"config.evaluators.{name}.every must be an integer "
-                            f">= 0 (0: never), got {every!r}")
+    raise errors.InputError(
+        f"config.evaluators.{name}.every must be an integer "
+        f">= 0 (0: never), got {every!r}")
   defaults = KINDS[kind][1]
   unknown = set(entry) - set(defaults)
   if unknown:
-    raise errors.InputError(f"config.evaluators.{name} has no setting "
-                            f"{', '.join(sorted(unknown))}; a {kind} evaluator takes "
-                            f"{', '.join(['kind', 'every', *defaults])}")
+    raise errors.InputError(
+        f"config.evaluators.{name} has no setting "
+        f"{', '.join(sorted(unknown))}; a {kind} evaluator takes "
+        f"{', '.join(['kind', 'every', *defaults])}")
   return kind, every, ml_collections.FrozenConfigDict({**defaults, **entry})
 
 

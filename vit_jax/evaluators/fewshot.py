@@ -14,8 +14,7 @@ l2_regs; heldout_per_class. Logs NAME/<dataset>_<k>shot.
 import numpy as np
 from absl import logging
 
-from vit_jax import errors
-from vit_jax import input_pipeline
+from vit_jax import errors, input_pipeline
 from vit_jax.evaluators import batches
 
 DEFAULTS = dict(
@@ -72,11 +71,13 @@ class FewShot:
       raise errors.InputError("a fewshot evaluator needs datasets: {TFDS name: "
                               "(train split, test split)}")
     if min(settings.shots) < 1 or settings.heldout_per_class < 1:
-      raise errors.InputError("fewshot shots and heldout_per_class must be >= 1")
+      raise errors.InputError(
+          "fewshot shots and heldout_per_class must be >= 1")
     for dataset, splits in settings.datasets.items():
       if len(splits) != 2:
-        raise errors.InputError(f"datasets.{dataset} must be (train split, test "
-                                f"split), got {splits!r}")
+        raise errors.InputError(
+            f"datasets.{dataset} must be (train split, test "
+            f"split), got {splits!r}")
       for split in splits:
         batches.check_split(config, dataset, split)
 

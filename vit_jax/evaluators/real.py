@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import tensorflow as tf
 
-from vit_jax import errors
-from vit_jax import input_pipeline
+from vit_jax import errors, input_pipeline
 from vit_jax.evaluators import accuracy as top1
 
 DEFAULTS = dict(dataset="imagenet2012_real", split="validation")

@@ -77,13 +77,15 @@ def create(name, num_classes, **overrides):
     fields.update(patch_size=1, resnet_stages=HYBRID_STAGES[key])
   unknown = set(overrides) - set(VisionTransformer.__dataclass_fields__)
   if unknown:
-    raise errors.InputError(f"unknown model override(s) {sorted(unknown)} for {name!r}")
+    raise errors.InputError(
+        f"unknown model override(s) {sorted(unknown)} for {name!r}")
   fields.update(overrides)
   if fields.get("resnet_stages") is not None:  # A list, from a JSON config.
     fields["resnet_stages"] = tuple(fields["resnet_stages"])
   if fields.get("remat_policy", "") not in REMAT_POLICIES:
-    raise errors.InputError(f"unknown remat_policy {fields['remat_policy']!r}; one "
-                            f"of {sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
+    raise errors.InputError(
+        f"unknown remat_policy {fields['remat_policy']!r}; one "
+        f"of {sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
   return VisionTransformer(num_classes=num_classes, **fields)
 
 
@@ -95,8 +97,9 @@ def grid_side(num_patches, what="the patches"):
   holds them otherwise."""
   side = int(round(np.sqrt(num_patches)))
   if side * side != num_patches:
-    raise errors.InputError(f"{what}: {num_patches} patch positions do not form a "
-                            "square grid")
+    raise errors.InputError(
+        f"{what}: {num_patches} patch positions do not form a "
+        "square grid")
   return side
 
 
@@ -119,7 +122,8 @@ def from_params(params, posemb=None):
             _BLOCK_0 + "MlpBlock_3/Dense_0/kernel")
   missing = [key for key in wanted if key not in flat]
   if missing:
-    raise errors.InputError(f"params lack {missing}: not a ViT in the release layout")
+    raise errors.InputError(
+        f"params lack {missing}: not a ViT in the release layout")
   if posemb is None:
     posemb = ("learn" if POSEMB_KEY in flat else
               "learn2d" if POSEMB_2D_KEYS[0] in flat else None)

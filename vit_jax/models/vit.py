@@ -14,9 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import errors
-from vit_jax import mpp as mpp_lib
-from vit_jax import sharding
+from vit_jax import errors, mpp as mpp_lib, sharding
 from vit_jax.models import resnet
 
 Dtype = Any
@@ -57,8 +55,9 @@ class Attention(nn.Module):
   def __call__(self, x, *, train):
     width = x.shape[-1]
     if width % self.num_heads:
-      raise errors.InputError(f"hidden_size {width} is not divisible by num_heads "
-                              f"{self.num_heads}")
+      raise errors.InputError(
+          f"hidden_size {width} is not divisible by num_heads "
+          f"{self.num_heads}")
     head_dim = width // self.num_heads
 
     def project(name):
@@ -152,8 +151,9 @@ def sincos2d_table(rows, cols, width, temperature=10_000.0):
   sines and cosines of the row index, then of the column index, at width/4
   geometrically spaced frequencies each."""
   if width % 4:
-    raise errors.InputError(f"posemb 'sincos2d' needs a hidden_size divisible by 4, "
-                            f"got {width}")
+    raise errors.InputError(
+        f"posemb 'sincos2d' needs a hidden_size divisible by 4, "
+        f"got {width}")
   omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4))
   row, col = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
   angles = [index.reshape(-1, 1) * omega for index in (row, col)]
@@ -329,8 +329,9 @@ class VisionTransformer(nn.Module):
                               f"{self.posemb!r}")
     height, width = images.shape[1:3]
     if height % self.token_stride or width % self.token_stride:
-      raise errors.InputError(f"{self.describe_patch()} does not divide the image "
-                              f"size {height}x{width}")
+      raise errors.InputError(
+          f"{self.describe_patch()} does not divide the image "
+          f"size {height}x{width}")
     x = images.astype(self.dtype)
     if self.resnet_stages is not None:
       x = resnet.stem(x, self.resnet_stages, self.resnet_width, self.dtype,
