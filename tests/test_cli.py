@@ -7,17 +7,18 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
-from vit_jax import cli, errors
+from vit_jax import checkpoint, cli, errors, models
 from tests.util import REPO
 
 DIGITS = ["vit_jax.main", "--config=configs/digits.py"]
 
 # (tool and arguments, what the message must name); {tmp} is a scratch
-# directory holding `text.txt`, `empty/`, `cut.npz` (a truncated .npz) and
-# `array.npy`.
+# directory holding `text.txt`, `empty/`, `cut.npz` (a truncated .npz),
+# `array.npy` and `small.npz` (a ViT narrower than the digits config's).
 MISTAKES = {
     "mesh larger than the devices": (
         [*DIGITS, "--workdir={tmp}/w", "--config.mesh.data=3"],
@@ -88,6 +89,18 @@ MISTAKES = {
          "--tasks=natural,imagenet"], "imagenet"),
     "vtab without workdir": (
         ["vit_jax.vtab", "--config=configs/vtab.py:L/16"], "--workdir"),
+    "checkpoint that does not fit": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/small.npz"],
+        "the model wants"),
+    "dataset not prepared": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.dataset=cifar10",
+         "--config.data_dir={tmp}/empty"], "not prepared"),
+    "predict a missing image": (
+        ["vit_jax.predict", "--npz={tmp}/small.npz", "{tmp}/none.png"],
+        "none.png"),
+    "predict a file that is no image": (
+        ["vit_jax.predict", "--npz={tmp}/small.npz", "{tmp}/text.txt"],
+        "text.txt"),
 }
 
 
@@ -99,6 +112,11 @@ def scratch(tmp_path_factory):
   np.savez(tmp / "whole.npz", a=np.zeros(1000))
   (tmp / "cut.npz").write_bytes((tmp / "whole.npz").read_bytes()[:300])
   np.save(tmp / "array.npy", np.zeros(3))
+  model = models.create("Ti/2", 10, hidden_size=16, num_layers=1, mlp_dim=32,
+                        num_heads=2)
+  params = model.init(jax.random.key(0), np.zeros((1, 8, 8, 3), np.float32),
+                      train=False)["params"]
+  checkpoint.save_npz(params, str(tmp / "small.npz"))
   return str(tmp)
 
 
