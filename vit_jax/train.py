@@ -226,18 +226,6 @@ def ensure_finite(metrics, step):
         "optimizer.grad_clip_norm may help.")
 
 
-def describe_run(config, mesh, workdir, start_step, resumed):
-  """The line a run starts with: what trains where, or where it resumes."""
-  mesh_text = " x ".join(f"{axis}={size}" for axis, size in mesh.shape.items())
-  what = (f"Resuming at step {start_step} of {config.total_steps}" if resumed
-          else f"Training {config.model.name} on {config.dataset} for "
-          f"{config.total_steps} steps")
-  if resumed and config.init_from:
-    what += " (from the workdir's own checkpoint, not init_from)"
-  return (f"{what}: batch {config.batch_size}, {mesh.size} devices (mesh "
-          f"{mesh_text}), workdir {os.path.abspath(workdir)}")
-
-
 def train_and_evaluate(config, workdir):
   """Trains `config` in `workdir`, resuming from its latest checkpoint.
 
@@ -277,7 +265,8 @@ def train_and_evaluate(config, workdir):
   printer = progress_lib.Progress(
       config.total_steps, start_step, config.batch_size, config.log_every,
       enabled=jax.process_index() == 0)
-  printer.say(describe_run(config, mesh, workdir, start_step, bool(restored)))
+  printer.say(progress_lib.describe_run(config, mesh, workdir, start_step,
+                                         bool(restored)))
   loop_start = time.time()
 
   def train_seconds():  # Cumulative over every run in this workdir.
