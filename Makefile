@@ -2,13 +2,12 @@
 # older than pyproject.toml.
 VENV := .venv
 PYTHON := $(VENV)/bin/python
-# The tests: eight emulated CPU devices, the stand-in for a TPU host. glibc's
-# malloc settings of vit_jax/cpu_defaults.py (huge pages, freed step buffers
-# kept for the next step), for pytest's process; `python -m vit_jax.main`
-# switches to TCMalloc where the host has it.
-CPU_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-	JAX_PLATFORMS=cpu TPU_SKIP_MDS_QUERY=1 TF_CPP_MIN_LOG_LEVEL=2 \
-	GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776
+# For pytest's own process, glibc's malloc settings of vit_jax/runtime.py
+# (huge pages, freed step buffers kept for the next step), which glibc reads
+# only when a process starts; tests/conftest.py sets the rest (8 emulated
+# CPU devices). `python -m vit_jax.main` picks TCMalloc where the host has it.
+TEST_ENV = GLIBC_TUNABLES=$(shell JAX_PLATFORMS=cpu $(PYTHON) -c \
+	'from vit_jax import runtime; print(runtime.glibc_tunables(""))')
 
 .PHONY: train test transfer clean
 
@@ -38,7 +37,7 @@ transfer: $(VENV)/installed
 	done
 
 test: $(VENV)/installed
-	$(CPU_DEVICES) $(PYTHON) -m pytest -n 2 -q --durations=15
+	$(TEST_ENV) $(PYTHON) -m pytest -n 2 -q --durations=15
 
 clean:
 	rm -rf $(VENV) workdir

@@ -201,4 +201,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.keep_freed_memory()  # As vit_jax.main does before it trains.
   app.run(main)

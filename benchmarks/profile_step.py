@@ -181,6 +181,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vit_jax import cpu_defaults  # pylint: disable=g-import-not-at-top
-  cpu_defaults.apply()
+  from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.apply()
   app.run(main)

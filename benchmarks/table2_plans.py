@@ -21,8 +21,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configs.table2 import finetune, pretrain  # pylint: disable=g-import-not-at-top
-from vit_jax import plan  # pylint: disable=g-import-not-at-top
+from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+runtime.compile_ahead_of_time()  # Before JAX is imported.
+from configs.table2 import finetune, pretrain  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 flags.DEFINE_enum("only", None, ["pretrain", "finetune"], "Plan one kind.")
 flags.DEFINE_string("json", None, "Also write each plan as a JSON line here.")

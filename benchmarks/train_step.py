@@ -14,7 +14,7 @@ analytic training FLOPs of `vit_jax.compute` (3 x forward); `ratio` is that
 over the matmul rate. The matmul is timed between the steps because this
 machine's speed drifts within minutes (the lone matmul: 114 to 158 GFLOP/s
 in an hour): interleaved, both figures see the same drift. The step runs
-under the CPU settings that `vit_jax.main` uses (`vit_jax.cpu_defaults`,
+under the CPU settings that `vit_jax.main` uses (`vit_jax.runtime`,
 applied first); each matmul sample is the faster of Eigen's and YNNPACK's
 kernels, whichever those settings pick for the step.
 Run it with nothing else on the machine. Not run by the tests.
@@ -124,6 +124,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vit_jax import cpu_defaults  # pylint: disable=g-import-not-at-top
-  cpu_defaults.apply()
+  from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+  runtime.apply()
   app.run(main)

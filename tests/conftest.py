@@ -8,21 +8,20 @@ import tempfile
 # Set before jax or tensorflow is imported: both read them once, at import.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # The tests compile hundreds of small programs and run each for a few steps:
-# LLVM at -O0 compiles them much faster (the five-mesh loss test: 76 s ->
-# 47 s; the suite's CPU time fell by a quarter). Results move within float32
-# rounding (fewer fused multiply-adds); every comparison in the tests is
-# between runs of this same setting. Runs outside the tests keep XLA's
-# default.
+# LLVM at -O0 compiles them much faster (README, "Tests"). Results move
+# within float32 rounding (fewer fused multiply-adds); every comparison in
+# the tests is between runs of this same setting. Runs outside the tests keep
+# XLA's default.
 if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
   os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 # The matmul and reduction kernels that `python -m vit_jax.main` picks on a
-# CPU (vit_jax/cpu_defaults.py), here too: the tests compare their own runs
+# CPU (vit_jax/runtime.py), here too: the tests compare their own runs
 # with those of the processes they start.
-from vit_jax import cpu_defaults  # pylint: disable=g-import-not-at-top
-os.environ["XLA_FLAGS"] += " " + cpu_defaults.kernel_flags(
+from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+os.environ["XLA_FLAGS"] += " " + runtime.kernel_flags(
     os.environ["XLA_FLAGS"])
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+# test_plan.py compiles for TPU slices in the pytest processes.
+runtime.compile_ahead_of_time()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # One XLA compilation cache for the session, shared by the pytest workers and
 # every process the tests start: many tests compile the same small programs,

@@ -134,7 +134,8 @@ def test_a_mistake_gets_a_short_message_and_exit_status_2(scratch, name):
   assert named.format(tmp=scratch) in done.stderr
 
 
-# A tool of one line over the wrapper, whose main raises what argv says.
+# A tool of a few lines over the wrapper, whose main raises what its one
+# argument says.
 TOOL = """
 from vit_jax import cli, errors
 cli.prepare()
@@ -146,7 +147,7 @@ def main(argv):
   if argv[1] == "disk":
     raise OSError(28, "No space left on device", "/data/run")
   raise RuntimeError("a bug")
-cli.run(main)
+cli.run(main, positional=True)
 """
 
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import compute, input_pipeline, sharding, train
+from vit_jax import compute, input_pipeline, runtime, sharding, train
 from tests.util import (REPO, latest_checkpoint, metric_rows, small_config,
                         train_steps)
 
@@ -170,8 +170,7 @@ def test_command_line_overrides_take_effect_and_only_progress_is_printed(
       "--config.mesh.model=1", "--config.optimizer.warmup_steps=1"]
   # As a user runs it: no setting that quietens a library from outside.
   env = {name: value for name, value in os.environ.items()
-         if name not in ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS",
-                         "TPU_SKIP_MDS_QUERY")}
+         if name not in ("TF_CPP_MIN_LOG_LEVEL", *runtime.AHEAD_OF_TIME)}
   done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                         timeout=300, env=env)
   assert done.returncode == 0, done.stderr[-3000:]

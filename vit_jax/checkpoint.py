@@ -12,6 +12,7 @@ layer axis), each also under the `opt/target/` or `params/` prefix that
 published files use; bfloat16 arrays load as float32.
 """
 
+import functools
 import os
 import re
 import zipfile
@@ -29,6 +30,8 @@ from absl import logging
 from vit_jax import errors, models
 
 POSEMB_KEY = models.POSEMB_KEY
+# Where a run keeps its orbax checkpoints, under its workdir.
+SUBDIR = "checkpoints"
 
 # big_vision numbers modules per type; the release counts across types.
 _BIG_VISION_BLOCK_NAMES = {
@@ -41,12 +44,15 @@ _BIG_VISION_BLOCK_NAMES = {
 
 # Orbax splits the writing of a replicated array among its replicas. For a
 # small array that saves nothing, and every (shape, device) pair costs a
-# compiled slicing program: some 90 of them, 3 s, in a small model's first
-# save on 8 CPU devices. Below 1 MiB per slice, replica 0 writes it alone.
+# compiled slicing program (docs/runs.md, "Saving"). Below 1 MiB per slice,
+# replica 0 writes it alone.
 MIN_BYTES_PER_REPLICA_SLICE = 1 << 20
 
 
+@functools.cache
 def _register_array_handler():
+  """Once per process, when the first manager is made: importing this module
+  changes nothing in orbax."""
   # Overriding is the point; orbax would log a warning for it in every run.
   verbosity = logging.get_verbosity()
   logging.set_verbosity(logging.ERROR)
@@ -59,11 +65,9 @@ def _register_array_handler():
     logging.set_verbosity(verbosity)
 
 
-_register_array_handler()
-
-
 def manager(directory, keep):
   """An orbax CheckpointManager keeping the newest `keep` steps."""
+  _register_array_handler()
   return ocp.CheckpointManager(
       os.path.abspath(directory),
       options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))

@@ -28,7 +28,7 @@ import warnings
 
 from absl import app, flags, logging
 
-from vit_jax import cpu_defaults, errors
+from vit_jax import errors, runtime
 
 EXIT_USER_ERROR = 2
 MAX_ERROR_LINES = 3
@@ -37,17 +37,6 @@ VERBOSE_FLAG = "--verbose"
 flags.DEFINE_bool("verbose", False, "Show the libraries' logs (TensorFlow, "
                   "XLA, TFDS, orbax, ...) and vit_jax's own at INFO.")
 
-# Environment variables that silence the C++ side of the libraries; each is
-# read when its library loads, hence set before any import. A value the user
-# set wins.
-QUIET_ENVIRONMENT = {
-    "TF_CPP_MIN_LOG_LEVEL": "3",   # TensorFlow and XLA (also absl's pre-init
-                                   # warning, which only a first log prints).
-    "TPU_MIN_LOG_LEVEL": "3",      # libtpu.
-    "TPU_STDERR_LOG_LEVEL": "3",
-    "GRPC_VERBOSITY": "ERROR",
-    "TF_ENABLE_ONEDNN_OPTS": "0",  # Its notice, and TF computes no model here.
-}
 # OS errors that are the user's environment, not a bug, whatever the path.
 _USER_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC,
                 errno.EROFS, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR,
@@ -63,24 +52,20 @@ def verbose_requested(argv=None):
 
 
 def prepare():
-  """The process's settings, before JAX, TensorFlow or any thread starts.
-
-  Quiet libraries unless --verbose; the CPU as JAX's platform on a host with
-  no TPU or GPU (otherwise libtpu, installed with the `tpu` extra, probes for
-  chips and logs its failure); vit_jax.cpu_defaults, which may re-execute
-  the command.
-  """
-  if not verbose_requested():
-    for name, value in QUIET_ENVIRONMENT.items():
-      os.environ.setdefault(name, value)
-  if "JAX_PLATFORMS" not in os.environ and not cpu_defaults.accelerator_nodes():
-    os.environ["JAX_PLATFORMS"] = "cpu"
-  cpu_defaults.apply()
+  """The process's settings (vit_jax.runtime.prepare), --verbose read from
+  the command line: call it before JAX or TensorFlow is imported."""
+  runtime.prepare(verbose=verbose_requested())
 
 
-def run(main):
-  """absl's app.run of `main`, with the log and the exit status above."""
-  app.run(lambda argv: _call(main, argv), flags_parser=_parse_flags)
+def run(main, positional=False):
+  """absl's app.run of `main`, with the log and the exit status above.
+  `positional`: main takes arguments other than flags (image paths); else
+  any is refused."""
+  def checked(argv):
+    if len(argv) > 1 and not positional:
+      raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    return main(argv)
+  app.run(lambda argv: _call(checked, argv), flags_parser=_parse_flags)
 
 
 def _parse_flags(argv):

@@ -9,6 +9,7 @@ tests/test_compute.py and tests/test_hybrid.py). A training step is three
 forward passes per image: the forward, and a backward of twice its cost.
 """
 
+import functools
 import time
 
 import jax
@@ -17,6 +18,8 @@ from absl import logging
 
 from vit_jax import models, mpp
 from vit_jax.models import resnet
+
+SECONDS_PER_DAY = 86_400  # Of a core-day: a device busy for 24 hours.
 
 # Dense bfloat16 peak per JAX device (a TPU v2/v3 core; a v4/v5p chip, whose
 # two cores JAX shows as one device; a v5e/v6e chip; a GPU), from the
@@ -89,9 +92,6 @@ def peak_flops_per_device(device=None):
   return None, f"unknown device kind {device.device_kind!r}"
 
 
-_MEASURED = []
-
-
 # Kernels XLA:CPU can run a lone dot with: Eigen's and YNNPACK's, whatever
 # the process's flags choose. The best of them is taken as the machine's
 # rate, so that a setting which slows the lone dot cannot flatter a ratio
@@ -130,11 +130,10 @@ class MatmulRate:
     return 2 * self.size**3 / best
 
 
+@functools.cache
 def measured_matmul_flops(size=1024, repeats=3):
   """MatmulRate(size).measure(repeats), once per process."""
-  if not _MEASURED:
-    _MEASURED.append(MatmulRate(size).measure(repeats))
-  return _MEASURED[0]
+  return MatmulRate(size).measure(repeats)
 
 
 class Throughput:

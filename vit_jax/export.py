@@ -14,7 +14,7 @@ if __name__ == "__main__":
 
 import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from absl import app, flags
+from absl import flags
 
 from vit_jax import checkpoint, cli, pretrained
 
@@ -30,8 +30,7 @@ flags.register_multi_flags_validator(
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
   if f["from"].value:
     params, what = checkpoint.load_npz(f["from"].value), f["from"].value

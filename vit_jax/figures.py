@@ -5,17 +5,21 @@ naming the model, and the path to write.
 """
 
 import matplotlib
-
-matplotlib.use("Agg")  # Files only: no display on a TPU VM or in CI.
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-import numpy as np  # pylint: disable=g-import-not-at-top
+import numpy as np
+# Figures without pyplot: PNG files only, no display (a TPU VM, CI), and no
+# backend chosen for the rest of the process.
+from matplotlib.figure import Figure
 
 DPI = 100
 
 
+def _subplots(*grid, figsize, layout=None, **kwargs):
+  figure = Figure(figsize=figsize, layout=layout)
+  return figure, figure.subplots(*grid, **kwargs)
+
+
 def _save(figure, path):
   figure.savefig(path, dpi=DPI, bbox_inches="tight")
-  plt.close(figure)
 
 
 def embedding_filters(components, explained, title, path):
@@ -24,8 +28,8 @@ def embedding_filters(components, explained, title, path):
   count = len(components)
   cols = min(count, 7)
   rows = -(-count // cols)
-  figure, axes = plt.subplots(rows, cols, figsize=(1.1 * cols, 1.1 * rows + 0.6),
-                              squeeze=False, layout="constrained")
+  figure, axes = _subplots(rows, cols, figsize=(1.1 * cols, 1.1 * rows + 0.6),
+                           squeeze=False, layout="constrained")
   for i, ax in enumerate(axes.flat):
     ax.axis("off")
     if i >= count:
@@ -51,7 +55,7 @@ def position_similarity(similarity, title, path):
           similarity[i, j])
   # Large enough that each position keeps a pixel or more of its own.
   side = max(4.5, 0.3 * grid + 1.5)
-  figure, ax = plt.subplots(figsize=(side + 0.8, side))
+  figure, ax = _subplots(figsize=(side + 0.8, side))
   image = ax.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1,
                     interpolation="nearest")
   ticks = np.arange(grid) * step + (grid - 1) / 2
@@ -73,8 +77,8 @@ def attention_distance(distances, uniform, image_size, title, path):
   right). distances: [layers, heads] in pixels; uniform: the distance of
   attention spread evenly over the patches, drawn as a reference."""
   layers, heads = distances.shape
-  figure, ax = plt.subplots(figsize=(5.6, 4))
-  colours = plt.get_cmap("tab20" if heads > 10 else "tab10")
+  figure, ax = _subplots(figsize=(5.6, 4))
+  colours = matplotlib.colormaps["tab20" if heads > 10 else "tab10"]
   for head in range(heads):
     ax.scatter(np.arange(1, layers + 1), distances[:, head], s=18,
                color=colours(head % colours.N),
@@ -98,8 +102,8 @@ def attention_rollout(images, maps, captions, title, path, labelled=False):
   upsampled to the image, whose pixels they weight. Captions name the
   prediction, after the label when `labelled`."""
   count, size = len(images), images.shape[1]
-  figure, axes = plt.subplots(2, count, figsize=(1.5 * count + 0.2, 3.4),
-                              squeeze=False, layout="constrained")
+  figure, axes = _subplots(2, count, figsize=(1.5 * count + 0.2, 3.4),
+                           squeeze=False, layout="constrained")
   for i in range(count):
     weight = _upsample(maps[i] / maps[i].max(), size)
     axes[0, i].imshow(images[i], interpolation="nearest")
@@ -145,7 +149,7 @@ def training_curves(rows, run_name, path):
   """Six panels of a run's metrics.jsonl rows against the step: loss,
   learning rate, every *accuracy metric, throughput, core-days, gradient
   norm. Panels of metrics the run did not log are left empty and say so."""
-  figure, axes = plt.subplots(2, 3, figsize=(10.5, 5.6))
+  figure, axes = _subplots(2, 3, figsize=(10.5, 5.6))
   names = sorted({key for row in rows for key in row if key != "step"})
   for ax, (panel, unit, wanted, log_scale) in zip(axes.flat, CURVES):
     drawn = [name for name in names

@@ -20,10 +20,8 @@ datasets and folders are prepared into `data_dir` on first use.
 """
 
 import contextlib
-import ctypes
 import dataclasses
 import io
-import os
 from typing import Callable
 
 import jax
@@ -59,9 +57,10 @@ def get_builder(dataset: str, data_dir: str | None):
   `dataset` is a TFDS name ("cifar10", "imagenet2012:5.1.0", ...), one of
   SHIPPED_DATASETS, or "folder:PATH"; the last two are prepared into
   `data_dir` the first time (a folder again whenever its files change). Other
-  datasets must have been prepared in `data_dir` (None: TFDS's default)
-  beforehand.
+  datasets must have been prepared in `data_dir` (None or "", as configs
+  leave it: TFDS's default) beforehand.
   """
+  data_dir = data_dir or None
   if dataset.startswith(FOLDER_PREFIX):
     return _folder_builder(dataset[len(FOLDER_PREFIX):], data_dir)
   builder = _builder(dataset, data_dir)
@@ -190,28 +189,6 @@ def _num_examples(builder, dataset, split):
     raise errors.InputError(f"dataset {dataset!r}: {e}{hint}") from None
 
 
-def keep_freed_memory():
-  """Has glibc keep freed blocks of up to 32 MiB in the heap.
-
-  By default glibc maps each block over 128 KiB (a decoded crop, a resized
-  image) from the OS and unmaps it when freed, so the next one page-faults
-  all its memory in again: a large share of the input pipeline's CPU time.
-  32 MiB is glibc's largest mmap threshold. Elsewhere than glibc, nothing;
-  nor where GLIBC_TUNABLES already sets the trim threshold
-  (vit_jax/cpu_defaults.py keeps the whole heap on a CPU host, and this
-  lower threshold would hand its freed step buffers back to the OS).
-  """
-  if "glibc.malloc.trim_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
-    return
-  try:
-    libc = ctypes.CDLL("libc.so.6")
-  except OSError:
-    return
-  m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-  libc.mallopt(m_mmap_threshold, 32 << 20)
-  libc.mallopt(m_trim_threshold, 256 << 20)
-
-
 def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
                   seed=0, start_step=0, shares=(0,), num_shares=1,
                   data_dir=None,
@@ -234,7 +211,6 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
   """
   names = preprocess.parse_augmentations(augment)
   block = _block_size(batch_size, image_size, shares, num_shares)
-  keep_freed_memory()
   source = get_source(dataset, data_dir)
   builder = source.builder
   _num_examples(builder, dataset, split)  # A clear error for a missing split.

@@ -13,10 +13,10 @@ if __name__ == "__main__":
 import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from vit_jax import cli, cpu_defaults, train
+from vit_jax import cli, runtime, train
 
 config_flags.DEFINE_config_file("config", None, "An ml-collections config file.",
                                 lock_config=True)
@@ -36,7 +36,7 @@ def initialize_distributed():
   """Joins the processes of a pod, before JAX touches any device."""
   f = flags.FLAGS
   wanted = {"on": True, "off": False}.get(
-      f.distributed, bool(f.coordinator_address) or cpu_defaults.on_tpu_host())
+      f.distributed, bool(f.coordinator_address) or runtime.on_tpu_host())
   if not wanted:
     return
   if jax.config.jax_platforms == "cpu" or os.environ.get(
@@ -52,18 +52,15 @@ def initialize_distributed():
 
 
 def prepare():
-  """What every entry point that trains does first: devices for JAX alone,
-  and the pod's processes joined."""
-  # TensorFlow only feeds data; it must not take accelerator memory from JAX.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tf.config.set_visible_devices([], "GPU")
-  tf.config.set_visible_devices([], "TPU")
+  """What every entry point that trains does first: accelerators for JAX
+  alone, the input pipeline's heap kept, and the pod's processes joined."""
+  runtime.hide_accelerators_from_tensorflow()
+  runtime.keep_freed_memory()
   initialize_distributed()
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv  # cli.run refuses positional arguments.
   prepare()
   workdir = flags.FLAGS.workdir
   result = train.train_and_evaluate(flags.FLAGS.config, workdir)

@@ -21,24 +21,11 @@ A config that does not fit is told what would make it fit.
 
 if __name__ == "__main__":
   # First, before JAX, TF or any thread starts: may re-execute this command.
-  from vit_jax import cli
+  from vit_jax import cli, runtime
+  runtime.compile_ahead_of_time()
   cli.prepare()
 
-import os  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-# Before JAX is imported: planning executes on this host's CPU, and libtpu
-# only compiles. Without these, JAX would look for TPU chips and the GCE
-# metadata server, and libtpu would log errors for the local TPU host it
-# cannot find; neither changes what is compiled for the described slice.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v3-8")
-os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-# libtpu locks /tmp/libtpu_lockfile against a second process using the
-# chips; compiling uses none, and plans (or tests) may run side by side.
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-
-import dataclasses
+import dataclasses  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import math
 import re
@@ -46,19 +33,17 @@ import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from jax.experimental import topologies
 from ml_collections import config_flags
 
 from vit_jax import cli, compute, errors, input_pipeline, sharding, train
 from vit_jax.datasets import vtab
 
-SECONDS_PER_DAY = 86_400
 GiB = 2**30
 # A TPU v3 core: 16 GiB of HBM; JAX shows each core as one device.
 HBM_BYTES_PER_CORE = 16 * GiB
 PEAK_FLOPS_PER_CORE = compute.PEAK_FLOPS_PER_DEVICE["TPU v3"]
-CORES_PER_CHIP = 2
 CHIPS_PER_HOST = (2, 2, 1)  # A v3 host: 4 chips, 8 cores.
 # The Cloud TPU v3 slices, by core count: their chip grids.
 V3_SLICES = {8: "2x2", 32: "4x4", 64: "4x8", 128: "8x8", 256: "8x16",
@@ -109,7 +94,7 @@ def num_classes(config, override=0):
   a VTAB task, a TFDS catalog entry, or UNLISTED_NUM_CLASSES)."""
   if override:
     return override
-  data_dir = config.data_dir or None
+  data_dir = config.data_dir
   try:
     return input_pipeline.num_classes(config.dataset, data_dir)
   except ValueError:
@@ -169,7 +154,7 @@ class Plan:
     if self.estimated_step_seconds is None:
       return None
     return (self.total_steps * self.estimated_step_seconds * self.cores
-            / SECONDS_PER_DAY)
+            / compute.SECONDS_PER_DAY)
 
   @property
   def predicted_core_days(self):
@@ -360,7 +345,7 @@ def suggestions(config, result):
 
 def describe(config_name, result):
   """The plan as the lines a person reads."""
-  mesh = " x ".join(f"{axis}={size}" for axis, size in result.mesh.items())
+  mesh = sharding.describe_mesh(result.mesh)
   per_core = result.batch_size / result.cores
   verdict = ("fits" if result.fits else
              "DOES NOT FIT (the compiler stopped at the temporaries)")
@@ -420,8 +405,7 @@ def define_flags():
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
   result = plan(f.config, f.topology, f.num_classes, f.overhead)
   config_name = config_flags.get_config_filename(f["config"])

@@ -90,4 +90,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main)
+  cli.run(main, positional=True)

@@ -48,7 +48,7 @@ def load(source):
 def load_run(workdir, step=None):
   """Params of step `step` (default: the newest) of the run in `workdir`:
   its Polyak average when it kept one, else its params."""
-  directory = os.path.join(workdir, "checkpoints")
+  directory = os.path.join(workdir, checkpoint.SUBDIR)
   manager = ocp.CheckpointManager(
       os.path.abspath(directory),
       item_handlers={"state": ocp.PyTreeCheckpointHandler(),

@@ -13,19 +13,20 @@ import os
 import sys
 import time
 
+from vit_jax import sharding
+
 EVERY_SECONDS = 30
 
 
 def describe_run(config, mesh, workdir, start_step, resumed):
   """The line a run starts with: what trains where, or where it resumes."""
-  mesh_text = " x ".join(f"{axis}={size}" for axis, size in mesh.shape.items())
   what = (f"Resuming at step {start_step} of {config.total_steps}" if resumed
           else f"Training {config.model.name} on {config.dataset} for "
           f"{config.total_steps} steps")
   if resumed and config.init_from:
     what += " (from the workdir's own checkpoint, not init_from)"
   return (f"{what}: batch {config.batch_size}, {mesh.size} devices (mesh "
-          f"{mesh_text}), workdir {os.path.abspath(workdir)}")
+          f"{sharding.describe_mesh(mesh.shape)}), workdir {os.path.abspath(workdir)}")
 
 
 def duration(seconds):

@@ -63,12 +63,12 @@ def make_mesh(axis_sizes, devices=None):
   fixed = math.prod(size for size in sizes.values() if size != -1)
   if free:
     if len(devices) % fixed:
-      raise errors.InputError(f"config.mesh {_describe(sizes)}: {len(devices)} "
+      raise errors.InputError(f"config.mesh {describe_mesh(sizes)}: {len(devices)} "
                               f"devices are not divisible by {fixed}")
     sizes[free[0]] = len(devices) // fixed
   if math.prod(sizes.values()) != len(devices):
     raise errors.InputError(
-        f"config.mesh {_describe(sizes)} needs {math.prod(sizes.values())} "
+        f"config.mesh {describe_mesh(sizes)} needs {math.prod(sizes.values())} "
         f"devices, but there are {len(devices)}")
   shape = tuple(sizes[axis] for axis in MESH_AXES)
   # Auto axes: we fix the shardings of params and batches, XLA propagates
@@ -77,7 +77,8 @@ def make_mesh(axis_sizes, devices=None):
                        devices=devices)
 
 
-def _describe(sizes):
+def describe_mesh(sizes):
+  """{"data": 4, "model": 2} (or a mesh's shape) -> "data=4 x model=2"."""
   return " x ".join(f"{axis}={size}" for axis, size in sizes.items())
 
 

@@ -24,9 +24,6 @@ from vit_jax import (checkpoint, compute, errors, evaluators, input_pipeline,
                      pretrained, progress as progress_lib, sharding, writers)
 from vit_jax import workdir as workdir_lib
 
-SECONDS_PER_DAY = 86_400
-
-
 @flax.struct.dataclass
 class TrainState:
   step: jax.Array
@@ -128,7 +125,7 @@ def check_config(config, mesh):
     preprocess.check_crop_fraction(config.eval_crop_fraction)
     preprocess.parse_augmentations(config.augment)
     input_pipeline.num_examples(config.dataset, config.train_split,
-                                config.data_dir or None)
+                                config.data_dir)
     evaluators.check(config)
   except ValueError as e:
     raise errors.ConfigError(str(e)) from e
@@ -235,12 +232,12 @@ def train_and_evaluate(config, workdir):
   """
   mesh = sharding.make_mesh(config.mesh)
   check_config(config, mesh)
-  data_dir = config.data_dir or None
+  data_dir = config.data_dir
   num_classes = input_pipeline.num_classes(config.dataset, data_dir)
   program = build(config, mesh, num_classes)
   throughput = compute.Throughput(config, num_classes)
   changes = workdir_lib.check(config, workdir)  # Before anything is written.
-  manager = checkpoint.manager(os.path.join(workdir, "checkpoints"),
+  manager = checkpoint.manager(os.path.join(workdir, checkpoint.SUBDIR),
                                config.keep_checkpoints)
   restored = checkpoint.restore_latest(manager, program.state_shapes)
   if restored:
@@ -273,7 +270,7 @@ def train_and_evaluate(config, workdir):
     return progress["train_seconds"] + time.time() - loop_start
 
   def core_days():
-    return train_seconds() * num_devices / SECONDS_PER_DAY
+    return train_seconds() * num_devices / compute.SECONDS_PER_DAY
 
   last, previous = {}, None
   window_metrics, window_start, window_steps = [], time.time(), 0

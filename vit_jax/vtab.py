@@ -21,7 +21,7 @@ import json  # pylint: disable=g-import-not-at-top,wrong-import-position
 import os
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 
 from vit_jax import cli, errors, main as main_lib, train
 from vit_jax.datasets import vtab as registry
@@ -121,8 +121,7 @@ def write(summary, workdir):
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  del argv  # cli.run refuses positional arguments.
   main_lib.prepare()
   f = flags.FLAGS
   summary = run(f.config, f.workdir, select(f.tasks), f.val)

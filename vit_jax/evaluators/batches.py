@@ -13,7 +13,7 @@ def global_batches(program, config, dataset, split, extras=None):
   dataset = input_pipeline.eval_dataset(
       dataset or config.dataset, split, batch_size=config.batch_size,
       image_size=config.image_size, shares=shares, num_shares=num_shares,
-      data_dir=config.data_dir or None,
+      data_dir=config.data_dir,
       eval_crop_fraction=config.eval_crop_fraction, extras=extras)
   for batch in dataset.as_numpy_iterator():
     yield input_pipeline.to_global(batch, program.batch_sharding)
@@ -43,4 +43,4 @@ def check_split(config, dataset, split):
   """A ValueError now, not at the first evaluation, when the data is not
   there."""
   input_pipeline.num_examples(dataset or config.dataset, split,
-                              config.data_dir or None)
+                              config.data_dir)

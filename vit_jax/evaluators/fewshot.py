@@ -92,7 +92,7 @@ class FewShot:
   def evaluate(self, params, dataset, pool_split, test_split):
     """{k: test accuracy} for every k the training split can provide."""
     num_classes = input_pipeline.num_classes(dataset,
-                                             self.config.data_dir or None)
+                                             self.config.data_dir)
     heldout = self.settings.heldout_per_class
     per_class = self.pool(params, dataset, pool_split, num_classes,
                           max(self.settings.shots) + heldout)

@@ -60,7 +60,7 @@ class Real(top1.Accuracy):
 
   def __init__(self, name, settings, config, program):
     self.num_classes = input_pipeline.num_classes(settings.dataset,
-                                                  config.data_dir or None)
+                                                  config.data_dir)
     super().__init__(name, settings, config, program)
 
   def extras(self, example):

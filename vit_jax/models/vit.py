@@ -71,8 +71,8 @@ class Attention(nn.Module):
 
     # Heads before tokens, [..., heads, tokens, head_dim], for both
     # batched matmuls: left to itself, XLA:CPU lays weights.v out with the
-    # tokens last and runs it at a sixth of the matmul rate (issue 11: B/16
-    # step 18.9 -> 16.7 s). On TPU the layout is XLA's to choose either way.
+    # tokens last and runs it far below its matmul rate
+    # (docs/speed_on_cpu.md). On TPU the layout is XLA's to choose either way.
     q, k, v = (jnp.swapaxes(project(name), -2, -3)
                for name in ("query", "key", "value"))
     # Softmax in float32 whatever the compute dtype: bf16 logits lose the

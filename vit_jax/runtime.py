@@ -1,7 +1,18 @@
-"""The settings that make XLA:CPU's train step faster, set by default.
+"""A process's runtime settings, decided here and nowhere else.
 
-Measured with benchmarks/train_step.py and explained with
-benchmarks/profile_step.py (docs/speed_on_cpu.md):
+The entry points (vit_jax/cli.py for every tool, tests/conftest.py, the
+Makefile, the benchmarks) apply them; importing any vit_jax module sets
+none. `prepare` is what a tool does first, before JAX or TensorFlow loads:
+quiet libraries (QUIET_ENVIRONMENT, unless --verbose), the CPU as JAX's
+platform on a host with no TPU or GPU (else libtpu, installed with the
+`tpu` extra, probes for chips and logs its failure), and the CPU defaults
+below (`apply`). Later, `hide_accelerators_from_tensorflow` and
+`keep_freed_memory` serve the input pipeline, and `compile_ahead_of_time`
+serves vit_jax.plan.
+
+The CPU defaults make XLA:CPU's train step faster. Measured with
+benchmarks/train_step.py and explained with benchmarks/profile_step.py
+(docs/speed_on_cpu.md):
 
 - TCMalloc as the allocator, where JAX computes on the CPU and the host
   has it (Debian and Ubuntu: `libtcmalloc-minimal4`), with freed memory
@@ -58,12 +69,24 @@ tunable, preloaded library or TCMalloc setting of the user's wins;
 VIT_JAX_CPU_DEFAULTS=0 leaves the process exactly as started.
 """
 
+import ctypes
 import ctypes.util
 import glob
 import os
 import platform
 import sys
 
+# Environment variables that silence the C++ side of the libraries; each is
+# read when its library loads, hence set before any import. A value the user
+# set wins.
+QUIET_ENVIRONMENT = {
+    "TF_CPP_MIN_LOG_LEVEL": "3",   # TensorFlow and XLA (also absl's pre-init
+                                   # warning, which only a first log prints).
+    "TPU_MIN_LOG_LEVEL": "3",      # libtpu.
+    "TPU_STDERR_LOG_LEVEL": "3",
+    "GRPC_VERBOSITY": "ERROR",
+    "TF_ENABLE_ONEDNN_OPTS": "0",  # Its notice, and TF computes no model here.
+}
 TCMALLOC = "tcmalloc_minimal"
 # TCMalloc's environment: freed memory kept for reuse, and no report on
 # stderr of every step buffer over 1 GiB.
@@ -83,6 +106,64 @@ _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 # TPU detection looks for too, and of NVIDIA GPUs.
 _TPU_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*")
 _ACCELERATOR_NODES = (*_TPU_NODES, "/dev/nvidia[0-9]*")
+
+
+# For compiling ahead of time for a TPU slice (vit_jax.plan): this host's CPU
+# executes and libtpu only compiles. Without these, JAX would look for TPU
+# chips and the GCE metadata server, and libtpu would log errors for the
+# local TPU host it cannot find; none changes what is compiled for the slice.
+# libtpu locks /tmp/libtpu_lockfile against a second process using the chips;
+# compiling uses none, so plans (and tests) may run side by side.
+AHEAD_OF_TIME = {"JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1",
+                 "TPU_ACCELERATOR_TYPE": "v3-8",
+                 "TPU_WORKER_HOSTNAMES": "localhost",
+                 "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+
+
+def prepare(verbose=False):
+  """A tool's settings, before JAX, TensorFlow or any thread starts (see the
+  module docstring); may re-execute the command."""
+  if not verbose:
+    for name, value in QUIET_ENVIRONMENT.items():
+      os.environ.setdefault(name, value)
+  if "JAX_PLATFORMS" not in os.environ and not accelerator_nodes():
+    os.environ["JAX_PLATFORMS"] = "cpu"
+  apply()
+
+
+def hide_accelerators_from_tensorflow():
+  """TensorFlow only feeds data: it must take no TPU or GPU memory from JAX."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tf.config.set_visible_devices([], "GPU")
+  tf.config.set_visible_devices([], "TPU")
+
+
+def keep_freed_memory():
+  """Has glibc keep freed blocks of up to 32 MiB in the heap.
+
+  By default glibc maps each block over 128 KiB (a decoded crop, a resized
+  image) from the OS and unmaps it when freed, so the next one page-faults
+  all its memory in again: a large share of the input pipeline's CPU time.
+  32 MiB is glibc's largest mmap threshold. Elsewhere than glibc, nothing;
+  nor where GLIBC_TUNABLES already sets the trim threshold (`apply` keeps
+  the whole heap on a CPU host, and this lower threshold would hand its
+  freed step buffers back to the OS).
+  """
+  if "glibc.malloc.trim_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
+    return
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+  except OSError:
+    return
+  m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+  libc.mallopt(m_mmap_threshold, 32 << 20)
+  libc.mallopt(m_trim_threshold, 256 << 20)
+
+
+def compile_ahead_of_time():
+  """Sets AHEAD_OF_TIME, each unless set; call it before JAX is imported."""
+  for name, value in AHEAD_OF_TIME.items():
+    os.environ.setdefault(name, value)
 
 
 def glibc_linux():

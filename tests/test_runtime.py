@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from vit_jax import cpu_defaults
+from vit_jax import runtime
 
-PROGRAM = ("import os; from vit_jax import cpu_defaults; "
-           "print('started', flush=True); cpu_defaults.apply(); "
+PROGRAM = ("import os; from vit_jax import runtime; "
+           "print('started', flush=True); runtime.apply(); "
            "print(os.environ.get('GLIBC_TUNABLES')); "
            "print(os.environ.get('XLA_FLAGS')); "
            "print(os.environ.get('LD_PRELOAD')); "
@@ -39,21 +39,21 @@ print(faults() - before)
 """
 TUNABLES = ("glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:"
             "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776")
-TCMALLOC = cpu_defaults.tcmalloc_library()
+TCMALLOC = runtime.tcmalloc_library()
 # Preloaded in place of TCMalloc: a library that is not an allocator.
 NOT_AN_ALLOCATOR = "libm.so.6"
 needs_huge_pages = pytest.mark.skipif(
-    not cpu_defaults.huge_pages_possible(),
+    not runtime.huge_pages_possible(),
     reason="no glibc or transparent huge pages here")
 needs_tcmalloc = pytest.mark.skipif(
-    not (cpu_defaults.glibc_linux() and TCMALLOC),
+    not (runtime.glibc_linux() and TCMALLOC),
     reason="no TCMalloc here (Debian, Ubuntu: libtcmalloc-minimal4)")
 
 
 def run(program=PROGRAM, **env):
   environment = {k: v for k, v in os.environ.items() if k not in (
       "GLIBC_TUNABLES", "XLA_FLAGS", "VIT_JAX_CPU_DEFAULTS", "LD_PRELOAD",
-      *cpu_defaults.TCMALLOC_SETTINGS)}
+      *runtime.TCMALLOC_SETTINGS)}
   environment.update(env)
   out = subprocess.run([sys.executable, "-c", program], env=environment,
                        capture_output=True, text=True, check=True).stdout
@@ -62,16 +62,16 @@ def run(program=PROGRAM, **env):
 
 @needs_tcmalloc
 def test_the_command_runs_again_with_tcmalloc_and_the_flags():
-  devices = f"{cpu_defaults.DEVICES_FLAG}={cpu_defaults.cpu_device_count()}"
+  devices = f"{runtime.DEVICES_FLAG}={runtime.cpu_device_count()}"
   # "started" is printed once before the re-execution and once after it.
   assert run(JAX_PLATFORMS="cpu") == [
       "started", "started", "None",
-      f"{cpu_defaults.kernel_flags('')} {devices}", TCMALLOC, "0"]
+      f"{runtime.kernel_flags('')} {devices}", TCMALLOC, "0"]
   assert run(JAX_PLATFORMS="cpu", TCMALLOC_RELEASE_RATE="1",
              XLA_FLAGS="--xla_force_host_platform_device_count=8") == [
                  "started", "started", "None",
                  f"--xla_force_host_platform_device_count=8 "
-                 f"{cpu_defaults.kernel_flags('')}", TCMALLOC, "1"]
+                 f"{runtime.kernel_flags('')}", TCMALLOC, "1"]
 
 
 @needs_huge_pages
@@ -89,23 +89,23 @@ def test_without_tcmalloc_glibc_gets_the_tunables():
 def test_memory_is_kept_only_where_jax_computes_on_the_cpu(monkeypatch):
   monkeypatch.delenv("LD_PRELOAD", raising=False)
   monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-  monkeypatch.setattr(cpu_defaults, "tcmalloc_library",
+  monkeypatch.setattr(runtime, "tcmalloc_library",
                       lambda: "libtcmalloc_minimal.so.4")
   monkeypatch.setenv("JAX_PLATFORMS", "tpu")
-  assert cpu_defaults.allocator_environment() == {
+  assert runtime.allocator_environment() == {
       "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
   monkeypatch.delenv("JAX_PLATFORMS")
-  monkeypatch.setattr(cpu_defaults.glob, "glob",
+  monkeypatch.setattr(runtime.glob, "glob",
                       lambda pattern: ["/dev/accel0"] if "accel" in pattern
                       else [])
-  assert cpu_defaults.allocator_environment() == {
+  assert runtime.allocator_environment() == {
       "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-  monkeypatch.setattr(cpu_defaults.glob, "glob", lambda pattern: [])
-  assert cpu_defaults.allocator_environment() == {
+  monkeypatch.setattr(runtime.glob, "glob", lambda pattern: [])
+  assert runtime.allocator_environment() == {
       "LD_PRELOAD": "libtcmalloc_minimal.so.4",
-      **cpu_defaults.TCMALLOC_SETTINGS}
-  monkeypatch.setattr(cpu_defaults, "tcmalloc_library", lambda: None)
-  assert cpu_defaults.allocator_environment() == {"GLIBC_TUNABLES": TUNABLES}
+      **runtime.TCMALLOC_SETTINGS}
+  monkeypatch.setattr(runtime, "tcmalloc_library", lambda: None)
+  assert runtime.allocator_environment() == {"GLIBC_TUNABLES": TUNABLES}
 
 
 @needs_huge_pages
@@ -116,7 +116,7 @@ def test_a_freed_buffer_is_reused_without_page_faults():
   assert int(run(FAULTS_PROGRAM, GLIBC_TUNABLES=TUNABLES)[0]) < pages // 10
   if TCMALLOC:
     assert int(run(FAULTS_PROGRAM, LD_PRELOAD=TCMALLOC,
-                   **cpu_defaults.TCMALLOC_SETTINGS)[0]) < pages // 10
+                   **runtime.TCMALLOC_SETTINGS)[0]) < pages // 10
 
 
 @needs_huge_pages
@@ -124,8 +124,8 @@ def test_the_input_pipeline_keeps_the_heap_that_the_tunables_keep():
   """Its own malloc settings (for TPU hosts) would hand a freed step buffer
   back to the OS."""
   pages = (256 << 20) // (2 << 20)
-  program = ("from vit_jax import input_pipeline; "
-             "input_pipeline.keep_freed_memory()\n" + FAULTS_PROGRAM)
+  program = ("from vit_jax import runtime; "
+             "runtime.keep_freed_memory()\n" + FAULTS_PROGRAM)
   assert int(run(program, GLIBC_TUNABLES=TUNABLES)[-1]) < pages // 10
 
 
@@ -133,7 +133,7 @@ def test_the_input_pipeline_keeps_the_heap_that_the_tunables_keep():
 def test_one_device_per_core_in_a_power_of_two(monkeypatch, cores, devices):
   monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)),
                       raising=False)
-  assert cpu_defaults.cpu_device_count() == devices
+  assert runtime.cpu_device_count() == devices
 
 
 def test_what_the_user_set_wins_and_no_second_run_when_set():
@@ -151,6 +151,6 @@ def test_what_the_user_set_wins_and_no_second_run_when_set():
                  "--xla_cpu_use_xnnpack=true",
                  "--xla_cpu_experimental_ynn_fusion_type="
                  "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
-                 f"{cpu_defaults.DEVICES_FLAG}="
-                 f"{cpu_defaults.cpu_device_count()}"]
+                 f"{runtime.DEVICES_FLAG}="
+                 f"{runtime.cpu_device_count()}"]
   assert run(VIT_JAX_CPU_DEFAULTS="0") == ["started"] + ["None"] * 4
