@@ -34,7 +34,16 @@ port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)
 # Keep the caller's other XLA flags; the device count is this script's.
 xla_flags="$(echo "${XLA_FLAGS:-}" | sed -E 's/--xla_force_host_platform_device_count=[0-9]+//g') --xla_force_host_platform_device_count=$devices"
 
+# The trap comes first: a signal that arrived while the processes started
+# would otherwise end this script and leave them running. One that arrives
+# before all have started is passed on once they have.
 pids=()
+told=0
+forward() {
+  told=1
+  ((${#pids[@]} == 0)) || kill -TERM "${pids[@]}" 2>/dev/null || true
+}
+trap forward TERM INT
 for ((i = 0; i < num_processes; i++)); do
   XLA_FLAGS=$xla_flags JAX_PLATFORMS=cpu PYTHONUNBUFFERED=1 \
     "$python" -m vit_jax.main "$@" --coordinator_address="127.0.0.1:$port" \
@@ -42,9 +51,7 @@ for ((i = 0; i < num_processes; i++)); do
     > >(sed "s/^/[$i] /") 2>&1 &
   pids+=("$!")
 done
-
-forward() { kill -TERM "${pids[@]}" 2>/dev/null || true; }
-trap forward TERM INT
+((told == 0)) || forward
 
 stop_others() {
   # A process whose peer died would wait in a collective until a timeout.

@@ -524,3 +524,4 @@ def test_local_pod_forwards_a_signal_and_exits_with_the_processes(
   for i in range(2):
     assert recorded_argv(log, i) == main_argv(2, i, "--x")
     assert f"[{i}] hello from {i}" in stdout.splitlines()
+
