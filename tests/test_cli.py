@@ -38,20 +38,14 @@ MISTAKES = {
     "override of the wrong type": (
         [*DIGITS, "--workdir={tmp}/w", "--config.total_steps=many"],
         "config.total_steps"),
-    "unknown model": (
-        [*DIGITS, "--workdir={tmp}/w", "--config.model.name=Q/7"], "Q/7"),
     "unknown dataset": (
         [*DIGITS, "--workdir={tmp}/w", "--config.dataset=no_such_data"],
         "no_such_data"),
-    "init_from missing": (
-        [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/none.npz"],
-        "none.npz"),
     "init_from not an npz": (
         [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/text.txt"],
         "text.txt"),
     "workdir not writable": (
         [*DIGITS, "--workdir={tmp}/text.txt/run"], "text.txt/run"),
-    "no workdir": ([*DIGITS], "--workdir"),
     "bad config argument": (
         ["vit_jax.main", "--config=configs/table2/pretrain.py:X/9,jft",
          "--workdir={tmp}/w"], "X/9,jft"),
