@@ -415,11 +415,19 @@ def pod_env(fake_bin=None, python=None):
   return env
 
 
+def default_signals():
+  # As from a user's shell: a signal ignored when bash starts cannot be
+  # trapped, and earlier tests in this pytest worker may have left SIGINT
+  # ignored, which a child inherits.
+  for number in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(number, signal.SIG_DFL)
+
+
 def start_local_pod(checkout, num_processes, args, env):
   return subprocess.Popen(
       [str(checkout / "launch" / "local_pod.sh"), str(num_processes), "2",
        "--", *args], cwd="/", env=env, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True)
+      stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
 
 
 def run_local_pod(checkout, num_processes, args, env, timeout=60):
