@@ -516,7 +516,7 @@ def test_local_pod_forwards_a_signal_and_exits_with_the_processes(
     tmp_path, signal_name):
   """Each process, told by the pod, stops with code 0: so does the pod."""
   checkout, log = pod_checkout(tmp_path)
-  runner = (f'trap \'echo "$i" >> "$log/told"; exit 0\' TERM; '
+  runner = ('trap \'echo "$i" >> "$log/told"; exit 0\' TERM; '
             'touch "$log/ready_$i"; while :; do sleep 0.05; done')
   write_python(checkout / ".venv" / "bin" / "python", log, "venv",
                {0: runner, 1: runner})
