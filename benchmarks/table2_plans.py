@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from vit_jax import runtime  # pylint: disable=g-import-not-at-top
 runtime.compile_ahead_of_time()  # Before JAX is imported.
 from configs.table2 import finetune, pretrain  # pylint: disable=g-import-not-at-top,wrong-import-position
-from vit_jax import plan  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax import planning  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 flags.DEFINE_enum("only", None, ["pretrain", "finetune"], "Plan one kind.")
 flags.DEFINE_string("json", None, "Also write each plan as a JSON line here.")
@@ -64,13 +64,13 @@ def rows(kind):
       yield kind, arg, dataclasses.replace(
           result, total_steps=config.total_steps), first
       continue
-    result = plan.plan(config, slice_name)
+    result = planning.plan(config, slice_name)
     planned[key] = (arg, result)
     yield kind, arg, result, None
 
 
 def markdown_row(kind, arg, result, shared_with):
-  gib = result.hbm_bytes_per_core / plan.GiB
+  gib = result.hbm_bytes_per_core / planning.GiB
   paper = PAPER_CORE_DAYS.get(arg) if kind == "pretrain" else None
   days = result.predicted_core_days
   mesh = "x".join(str(size) for size in result.mesh.values())

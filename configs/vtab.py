@@ -3,7 +3,7 @@
   python -m vit_jax.vtab --config=configs/vtab.py:MODEL --workdir=DIR \
       --config.init_from=CHECKPOINT --config.data_dir=DATA_DIR
 
-runs all 19 tasks and tabulates them (vit_jax/vtab.py). One task alone:
+runs all 19 tasks and tabulates them (vit_jax/vtab_suite.py). One task alone:
 
   python -m vit_jax.main --config=configs/vtab.py:MODEL,TASK[,val] ...
 
@@ -14,7 +14,6 @@ be prepared in DATA_DIR under their TFDS names.
 """
 
 from configs.table2 import common, finetune
-from vit_jax import vtab
 from vit_jax.datasets import vtab as registry
 
 # Table 4: 2,500 steps at learning rate 0.01 for every task; otherwise the
@@ -50,7 +49,7 @@ def get_config(arg=None):
       momentum=finetune.MOMENTUM)
   config.log_every = 50
   config.checkpoint_every = 500
-  # The task's data and evaluator come from vit_jax.vtab.task_config, for
+  # The task's data and evaluator come from the registry's task_config, for
   # one task here or for each in turn in `python -m vit_jax.vtab`.
   config.dataset = ""
   config.evaluators = {}
@@ -60,5 +59,5 @@ def get_config(arg=None):
     tasks = [p for p in options if p != "val"]
     if len(tasks) != 1:
       raise ValueError(f"configs/vtab.py takes {USAGE}, got {arg!r}")
-    config = vtab.task_config(config, registry.get(tasks[0]), val)
+    config = registry.task_config(config, registry.get(tasks[0]), val)
   return config

@@ -1,4 +1,4 @@
-"""vit_jax.inspect's numbers on hand-made attention, and its figures for a
+"""vit_jax.analysis's numbers on hand-made attention, and its figures for a
 digits run and for a released-layout .npz; vit_jax.predict on digits."""
 
 import functools
@@ -16,7 +16,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tests.util import REPO, made_once, randomize, small_config
-from vit_jax import checkpoint, images, inspect, models, predict, pretrained
+from vit_jax import analysis, checkpoint, images, models, predictions, pretrained
 from vit_jax import train, writers
 
 FIGURES = ("embedding_filters.png", "position_embedding_similarity.png",
@@ -30,7 +30,7 @@ def uniform(layers, images, heads, tokens):
 @pytest.mark.parametrize("class_token", [True, False])
 def test_rollout_of_uniform_attention_is_uniform(class_token):
   tokens = 9 + class_token
-  rollout = inspect.attention_rollout(uniform(3, 2, 4, tokens), class_token)
+  rollout = analysis.attention_rollout(uniform(3, 2, 4, tokens), class_token)
   assert rollout.shape == (2, 3, 3)
   np.testing.assert_allclose(rollout, rollout[0, 0, 0], rtol=1e-12)
   assert rollout[0, 0, 0] > 0
@@ -43,7 +43,7 @@ def test_rollout_follows_the_class_token_to_its_patch():
   attention[..., :, 0] = 1  # Every row attends to the class token ...
   attention[..., 0, :] = 0
   attention[..., 0, 6] = 1  # ... but the class token's own row.
-  rollout = inspect.attention_rollout(attention)
+  rollout = analysis.attention_rollout(attention)
   expected = np.zeros((1, 3, 3))
   expected[0, 1, 2] = 0.5
   np.testing.assert_allclose(rollout, expected)
@@ -63,14 +63,14 @@ def test_mean_attention_distance_of_hand_built_patterns():
   # across, 16 * sqrt(2) away.
   for query, key in ((1, 4), (2, 3), (3, 2), (4, 1)):
     attention[1, :, :, query, key] = 1
-  distances = inspect.mean_attention_distance(attention, grid_size=2,
+  distances = analysis.mean_attention_distance(attention, grid_size=2,
                                               patch_size=patch)
   assert distances.shape == (2, 2)
   np.testing.assert_allclose(distances, [
       [(0 + 16 + 16 + 16 * np.sqrt(2)) / 4, 0],
       [16 * np.sqrt(2), 16 * np.sqrt(2)]])
   # A GAP model has no class token to leave out.
-  gap = inspect.mean_attention_distance(attention[..., 1:, 1:], 2, patch,
+  gap = analysis.mean_attention_distance(attention[..., 1:, 1:], 2, patch,
                                         class_token=False)
   np.testing.assert_allclose(gap, distances)
 
@@ -78,7 +78,7 @@ def test_mean_attention_distance_of_hand_built_patterns():
 def test_position_similarity_is_one_on_the_diagonal():
   posemb = np.random.default_rng(0).standard_normal((1, 1 + 16, 8))
   posemb[0, 1 + 5] = 3 * posemb[0, 1 + 2]  # Patches (1, 1) and (0, 2).
-  similarity = inspect.position_similarity(posemb)
+  similarity = analysis.position_similarity(posemb)
   assert similarity.shape == (4, 4, 4, 4)
   flat = similarity.reshape(16, 16)
   np.testing.assert_allclose(np.diag(flat), 1)
@@ -94,7 +94,7 @@ def test_embedding_components_find_the_filters_directions():
   filters = (np.outer(3 * rng.standard_normal(64), strong)
              + np.outer(rng.standard_normal(64), weak))
   kernel = filters.T.reshape(2, 2, 3, 64)
-  components, explained = inspect.embedding_components(kernel, count=28)
+  components, explained = analysis.embedding_components(kernel, count=28)
   assert components.shape == (12, 2, 2, 3)  # At most 2 * 2 * 3 of them.
   assert abs(components[0].ravel() @ strong) == pytest.approx(1, abs=1e-2)
   assert abs(components[1].ravel() @ weak) == pytest.approx(1, abs=1e-2)
@@ -108,23 +108,23 @@ def test_attention_weights_are_the_models_own():
   params = randomize(nn.meta.unbox(model.init(
       jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)["params"]))
   pixels = np.random.default_rng(1).integers(0, 256, (4, 16, 16, 3), np.uint8)
-  logits, attention = inspect.attention_weights(model, params, pixels)
+  logits, attention = analysis.attention_weights(model, params, pixels)
   apply = jax.jit(functools.partial(model.apply, train=False))
   np.testing.assert_allclose(logits, apply({"params": params}, pixels),
                              rtol=1e-5, atol=1e-6)
   assert attention.shape == (3, 4, 4, 17, 17)
   np.testing.assert_allclose(attention.sum(-1), 1, rtol=1e-5)
   # A batch at a time, as for the figures, gives the same numbers.
-  summary_logits, distances, maps = inspect.attention_summary(
+  summary_logits, distances, maps = analysis.attention_summary(
       model, params, pixels, rollout_count=3, batch_size=2)
   np.testing.assert_allclose(summary_logits, logits, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(distances, inspect.mean_attention_distance(
+  np.testing.assert_allclose(distances, analysis.mean_attention_distance(
       attention, 4, 4), rtol=1e-5)
-  np.testing.assert_allclose(maps, inspect.attention_rollout(attention[:, :3]),
+  np.testing.assert_allclose(maps, analysis.attention_rollout(attention[:, :3]),
                              rtol=1e-5)
   # Layer order: a change to the last block changes only the last layer's.
   params["Transformer"]["encoderblock_2"]["LayerNorm_0"]["scale"] *= 2
-  _, changed = inspect.attention_weights(model, params, pixels)
+  _, changed = analysis.attention_weights(model, params, pixels)
   np.testing.assert_allclose(changed[:2], attention[:2], rtol=1e-5)
   assert not np.allclose(changed[2], attention[2])
 
@@ -259,10 +259,10 @@ def test_a_scanned_run_loads_as_the_plain_model(digits_run):
 
 def test_top_classes_are_named_ordered_and_printed():
   probs = np.array([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
-  tops = predict.top_classes(probs, 2, ["a", "b", "c"])
+  tops = predictions.top_classes(probs, 2, ["a", "b", "c"])
   assert tops == [[(1, "b", 0.6), (2, "c", 0.3)],
                   [(0, "a", 0.5), (2, "c", 0.3)]]
-  assert predict.top_classes(probs, 5)[0][2] == (0, "class 0", 0.1)
-  assert predict.as_text("x.png", tops[0]) == (
+  assert predictions.top_classes(probs, 5)[0][2] == (0, "class 0", 0.1)
+  assert predictions.as_text("x.png", tops[0]) == (
       "x.png\n  1.  60.00%  b\n  2.  30.00%  c")
 

@@ -11,7 +11,7 @@ import pytest
 
 from configs.table2 import pretrain
 from tests.util import REPO
-from vit_jax import compute, errors, models, plan
+from vit_jax import compute, errors, models, planning
 
 GiB = 2**30
 
@@ -43,7 +43,7 @@ def test_a_small_pretraining_config_on_v3_8():
   # Plain data parallelism: every core holds all of the state.
   config.update_from_flattened_dict({"batch_size": 256, "mesh.fsdp": 1,
                                      "model.scan_layers": False})
-  got = plan.plan(config, "v3-8").to_json()
+  got = planning.plan(config, "v3-8").to_json()
 
   assert got["topology"] == "v3-8" and got["cores"] == 8
   assert got["mesh"] == {"data": 8, "fsdp": 1, "model": 1}
@@ -87,7 +87,7 @@ def tiny_pretraining(**overrides):
 
 def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():
   # 16,384 images per core: the activations overflow 16 GiB.
-  too_big = plan.plan(tiny_pretraining(batch_size=131_072), "v3-8",
+  too_big = planning.plan(tiny_pretraining(batch_size=131_072), "v3-8",
                       classes=10)
   assert not too_big.fits and too_big.hbm_temp_bytes > 16 * GiB
   assert too_big.estimated_step_seconds is None and too_big.mfu is None
@@ -96,12 +96,12 @@ def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():
               "--config.accum_steps=2", "--config.model.scan_layers=True",
               "--topology=v3-32"):
     assert fix in suggested
-  assert "DOES NOT FIT" in plan.describe("tiny", too_big)
+  assert "DOES NOT FIT" in planning.describe("tiny", too_big)
 
 
 def test_micro_batches_are_all_costed():
   # XLA would count the loop's body once: half the FLOPs of 2 micro-batches.
-  accumulated = plan.plan(tiny_pretraining(batch_size=512, accum_steps=2,
+  accumulated = planning.plan(tiny_pretraining(batch_size=512, accum_steps=2,
                                            image_size=64),
                           "v3-8", classes=10)
   assert accumulated.fits and accumulated.suggestions == []
@@ -112,22 +112,22 @@ def test_micro_batches_are_all_costed():
 
 
 def test_slices_and_class_counts():
-  devices, name = plan.topology("v3-32")
+  devices, name = planning.topology("v3-32")
   assert name == "v3-32" and len(devices) == 32
   assert {d.device_kind for d in devices} == {"TPU v3"}
-  assert plan.topology("v3:2x2")[1] == "v3-8"
+  assert planning.topology("v3:2x2")[1] == "v3-8"
   with pytest.raises(ValueError, match="no TPU v3-12 slice.*v3-8, v3-32"):
-    plan.topology("v3-12")
+    planning.topology("v3-12")
   with pytest.raises(ValueError, match="such as v3-512"):
-    plan.topology("v4-8")
+    planning.topology("v4-8")
 
   config = pretrain.get_config("L/16,i21k")
-  assert plan.num_classes(config) == 21_843  # Not on this machine.
-  assert plan.num_classes(config, 5) == 5
+  assert planning.num_classes(config) == 21_843  # Not on this machine.
+  assert planning.num_classes(config, 5) == 5
   config.dataset = "cifar100"  # In the TFDS catalog, not prepared here.
-  assert plan.num_classes(config) == 100
+  assert planning.num_classes(config) == 100
   config.dataset = "vtab:dsprites_location"
-  assert plan.num_classes(config) == 16
+  assert planning.num_classes(config) == 16
   config.dataset = "no_such_dataset"
   with pytest.raises(errors.ConfigError, match="--num_classes"):
-    plan.num_classes(config)
+    planning.num_classes(config)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint, inspect, models, sharding, train
+from vit_jax import analysis, checkpoint, models, sharding, train
 from vit_jax.models import vit
 from tests.util import small_config, train_steps
 
@@ -121,7 +121,7 @@ def test_from_params_reads_the_kind_and_inspect_its_table(posemb):
   read, image_size = models.from_params(params, posemb)
   assert read == model
   assert image_size == (None if posemb in ("sincos2d", "none") else 24)
-  table = inspect.position_table(model, params, 24)
+  table = analysis.position_table(model, params, 24)
   if posemb == "none":
     assert table is None
   elif posemb == "learn":

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from configs import vtab as vtab_config
-from vit_jax import sharding, train, vtab
+from vit_jax import sharding, train, vtab_suite
 from vit_jax.datasets import vtab as registry
 from tests.test_table2 import TINY_MODEL, _split_dict
 from tests.test_vtab_registry import SPLIT_SIZES
@@ -64,24 +64,24 @@ def test_every_task_config_fits_its_splits(vtab_data_dir, name):
 
 
 def test_task_selection():
-  assert len(vtab.select("all")) == 19
-  chosen = vtab.select("clevr_count,natural")
+  assert len(registry.select("all")) == 19
+  chosen = registry.select("clevr_count,natural")
   assert [t.name for t in chosen] == [t.name for t in registry.TASKS.values()
                                       if t.group == "natural"] + [
                                           "clevr_count"]
   with pytest.raises(ValueError, match="caltech101"):
-    vtab.select("imagenet")
+    registry.select("imagenet")
 
 
 def test_summary_means_and_table():
   accuracies = {"caltech101": 0.9, "dtd": 0.7, "eurosat": 0.95,
                 "clevr_count": 0.5}
-  summary = vtab.summarise(accuracies, "test")
+  summary = vtab_suite.summarise(accuracies, "test")
   assert summary["groups"] == pytest.approx(
       {"natural": 0.8, "specialized": 0.95, "structured": 0.5})
   assert summary["mean"] == pytest.approx(0.7625)
   assert not summary["complete"]
-  table = vtab.markdown(summary)
+  table = vtab_suite.markdown(summary)
   assert "| Natural | DTD | 70.00 |" in table
   assert "| Natural | **mean** | **80.00** |" in table
   assert "| All | **mean of 4** | **76.25** |" in table
@@ -114,14 +114,14 @@ def test_runner_tabulates_two_shrunk_tasks(vtab_data_dir, tmp_path,
   config.mesh.update(data=8, fsdp=1, model=1)
   config.optimizer.warmup_steps = 1
   tasks = []
-  for task in vtab.select("caltech101,dsprites_location"):
+  for task in registry.select("caltech101,dsprites_location"):
     # Scoring the whole test splits would be thousands of padded batches.
     test = task.splits["test"].split("[")[0] + "[-64:]"
     tasks.append(dataclasses.replace(task, splits={**task.splits,
                                                    "test": test}))
     monkeypatch.setitem(registry.TASKS, task.name, tasks[-1])
   with tfds.testing.mock_data(data_dir=vtab_data_dir, as_dataset_fn=records):
-    summary = vtab.run(config, str(tmp_path), tasks)
+    summary = vtab_suite.run(config, str(tmp_path), tasks)
   assert set(summary["tasks"]) == {"caltech101", "dsprites_location"}
   for name, result in summary["tasks"].items():
     assert 0.0 <= result["accuracy"] <= 1.0
@@ -129,7 +129,7 @@ def test_runner_tabulates_two_shrunk_tasks(vtab_data_dir, tmp_path,
                open(tmp_path / name / "metrics.jsonl")]
     assert metrics[-1]["test_accuracy"] == result["accuracy"]
     assert metrics[-1]["step"] == 2
-  vtab.write(summary, str(tmp_path))
+  vtab_suite.write(summary, str(tmp_path))
   assert json.load(open(tmp_path / "vtab.json")) == summary
   assert "| Structured | dSprites-Loc |" in open(tmp_path / "vtab.md").read()
 

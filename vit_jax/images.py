@@ -9,7 +9,6 @@ import os
 
 import numpy as np
 import tensorflow as tf
-from absl import flags
 
 from vit_jax import errors, input_pipeline, preprocess
 from vit_jax.datasets import vtab
@@ -87,17 +86,3 @@ def name_classes(labels_file="", dataset="", data_dir=None):
     with open(labels_file) as f:
       return [line.strip() for line in f if line.strip()]
   return class_names(dataset, data_dir) if dataset else None
-
-
-def define_flags():
-  """--images, --labels, --dataset and --data_dir: what a tool looks at and
-  what it calls the classes."""
-  flags.DEFINE_list("images", [], "Image files, folders or globs (also taken "
-                    "as positional arguments).")
-  flags.DEFINE_string("labels", "", "A text file of class names, one per "
-                      "line, in class order.")
-  flags.DEFINE_string("dataset", "", "A dataset for the class names (TFDS "
-                      "label names) and, where the tool takes them, sample "
-                      "images (default: the run's).")
-  flags.DEFINE_string("data_dir", "", "Its TFDS data_dir (default: the "
-                      "run's).")

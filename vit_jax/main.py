@@ -2,7 +2,8 @@
 
 On a pod every host runs this same command. `jax.distributed` is initialised
 on its own on Cloud TPU VMs; elsewhere (several processes on one machine, as
-launch/local_pod.sh starts them) the coordinator flags below say who is who.
+launch/local_pod.sh starts them) --coordinator_address, --num_processes and
+--process_id say who is who.
 """
 
 if __name__ == "__main__":
@@ -14,54 +15,15 @@ import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import jax
 from absl import flags, logging
-from ml_collections import config_flags
 
-from vit_jax import cli, runtime, train
+from vit_jax import cli, tool_flags, train
 
-config_flags.DEFINE_config_file("config", None, "An ml-collections config file.",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "Where checkpoints, logs and metrics go.")
-flags.DEFINE_enum(
-    "distributed", "auto", ["auto", "on", "off"],
-    "Initialise jax.distributed: 'auto' does when --coordinator_address is "
-    "given or on a Cloud TPU VM (whose slice JAX describes by itself).")
-flags.DEFINE_string("coordinator_address", None,
-                    "host:port of process 0, e.g. 127.0.0.1:12345.")
-flags.DEFINE_integer("num_processes", None, "How many processes in all.")
-flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
-flags.mark_flags_as_required(["config", "workdir"])
-
-
-def initialize_distributed():
-  """Joins the processes of a pod, before JAX touches any device."""
-  f = flags.FLAGS
-  wanted = {"on": True, "off": False}.get(
-      f.distributed, bool(f.coordinator_address) or runtime.on_tpu_host())
-  if not wanted:
-    return
-  if jax.config.jax_platforms == "cpu" or os.environ.get(
-      "JAX_PLATFORMS") == "cpu":
-    # Collectives across CPU processes (the emulated pod) go through gloo.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=f.coordinator_address,
-                             num_processes=f.num_processes,
-                             process_id=f.process_id)
-  logging.info("Process %d of %d, %d of %d devices local",
-               jax.process_index(), jax.process_count(),
-               jax.local_device_count(), jax.device_count())
-
-
-def prepare():
-  """What every entry point that trains does first: accelerators for JAX
-  alone, the input pipeline's heap kept, and the pod's processes joined."""
-  runtime.hide_accelerators_from_tensorflow()
-  runtime.keep_freed_memory()
-  initialize_distributed()
+tool_flags.define_training()
 
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
-  prepare()
+  tool_flags.prepare_to_train()
   workdir = flags.FLAGS.workdir
   result = train.train_and_evaluate(flags.FLAGS.config, workdir)
   logging.info("final metrics: %s", result)

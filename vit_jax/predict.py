@@ -13,62 +13,16 @@ if __name__ == "__main__":
   from vit_jax import cli
   cli.prepare()
 
-import functools  # pylint: disable=g-import-not-at-top,wrong-import-position
-import json
+from absl import app, flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-import jax
-import numpy as np
-from absl import app, flags
+from vit_jax import cli, images, predictions, tool_flags
 
-from vit_jax import cli, images as images_lib, pretrained
-
-
-def probabilities(inference, images, batch_size=64):
-  """Softmax of the model's logits on uint8 `images`, [N, classes]."""
-  apply = _apply(inference.model)
-  return np.concatenate([
-      np.asarray(apply(inference.params, images[start:start + batch_size]))
-      for start in range(0, len(images), batch_size)])
-
-
-@functools.lru_cache(maxsize=4)
-def _apply(model):
-  return jax.jit(lambda params, images: jax.nn.softmax(
-      model.apply({"params": params}, images, train=False)))
-
-
-def class_name(names, i):
-  """The name of class `i`; "class i" where `names` has none."""
-  return names[i] if names and i < len(names) else f"class {i}"
-
-
-def top_classes(probs, k, names=None):
-  """Per row of `probs`, the k best as [(class, name, probability)], best
-  first."""
-  k = min(k, probs.shape[-1])
-  best = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
-  return [[(int(i), class_name(names, int(i)), float(row[i])) for i in order]
-          for row, order in zip(probs, best)]
-
-
-def as_text(path, top):
-  """The image's path, then a line per class: rank, probability, name."""
-  return "\n".join([path] + [f"  {rank}. {p:7.2%}  {name}"
-                             for rank, (_, name, p) in enumerate(top, 1)])
-
-
-def as_json(path, top):
-  return json.dumps({"image": path, "top": [
-      {"class": c, "name": name, "probability": p} for c, name, p in top]})
-
-
-def define_flags():
-  pretrained.define_flags("run")
-  images_lib.define_flags()
-  flags.DEFINE_integer("top", 5, "How many classes to show per image.")
-  flags.DEFINE_integer("batch_size", 64, "Images per forward pass.")
-  flags.DEFINE_bool("json", False, "One JSON object per image instead of "
-                    "text.")
+tool_flags.define_model_source("run")
+tool_flags.define_images()
+flags.DEFINE_integer("top", 5, "How many classes to show per image.")
+flags.DEFINE_integer("batch_size", 64, "Images per forward pass.")
+flags.DEFINE_bool("json", False, "One JSON object per image instead of "
+                  "text.")
 
 
 def main(argv):
@@ -76,18 +30,18 @@ def main(argv):
   paths = f.images + argv[1:]
   if not paths:
     raise app.UsageError("no images: give --images=PATH,... or paths")
-  inference = pretrained.from_flags()
-  files = images_lib.expand(paths)
-  images = images_lib.from_files(files, inference.image_size,
-                                 inference.crop_fraction)
-  names = images_lib.name_classes(f.labels, *inference.data(f.dataset,
-                                                            f.data_dir))
-  tops = top_classes(probabilities(inference, images, f.batch_size), f.top,
-                     names)
+  inference = tool_flags.model_from_flags()
+  files = images.expand(paths)
+  pixels = images.from_files(files, inference.image_size,
+                             inference.crop_fraction)
+  names = images.name_classes(f.labels, *inference.data(f.dataset,
+                                                        f.data_dir))
+  tops = predictions.top_classes(
+      predictions.probabilities(inference, pixels, f.batch_size), f.top, names)
+  show = predictions.as_json if f.json else predictions.as_text
   for path, top in zip(files, tops):
-    print(as_json(path, top) if f.json else as_text(path, top))
+    print(show(path, top))
 
 
 if __name__ == "__main__":
-  define_flags()
   cli.run(main, positional=True)

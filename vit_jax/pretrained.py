@@ -21,7 +21,7 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from absl import flags, logging
+from absl import logging
 
 from vit_jax import checkpoint, errors, models
 from vit_jax.workdir import read_config
@@ -153,22 +153,3 @@ def for_inference(workdir=None, npz=None, step=None):
       params, config.model.get("posemb") if config else None)
   image_size = image_size or config.image_size
   return Inference(model, params, image_size, what, config)
-
-
-def define_flags(verb):
-  """--workdir, --step and --npz: where a tool's model comes from."""
-  flags.DEFINE_string("workdir", None, f"A run's workdir, whose model to "
-                      f"{verb}.")
-  flags.DEFINE_integer("step", None, "The run's checkpoint (default: the "
-                       "newest).")
-  flags.DEFINE_string("npz", None, "An .npz of any layout load_npz reads, "
-                      "instead of a run.")
-  flags.register_multi_flags_validator(
-      ["workdir", "npz"], lambda v: bool(v["workdir"]) != bool(v["npz"]),
-      "give exactly one of --workdir and --npz")
-
-
-def from_flags():
-  """for_inference of the model the flags of define_flags name."""
-  f = flags.FLAGS
-  return for_inference(f.workdir, f.npz, f.step)

@@ -6,9 +6,9 @@ none. `prepare` is what a tool does first, before JAX or TensorFlow loads:
 quiet libraries (QUIET_ENVIRONMENT, unless --verbose), the CPU as JAX's
 platform on a host with no TPU or GPU (else libtpu, installed with the
 `tpu` extra, probes for chips and logs its failure), and the CPU defaults
-below (`apply`). Later, `hide_accelerators_from_tensorflow` and
-`keep_freed_memory` serve the input pipeline, and `compile_ahead_of_time`
-serves vit_jax.plan.
+below (`apply`). A process that trains then calls `prepare_to_train`
+(TensorFlow off the accelerators, the input pipeline's heap, the pod's
+processes joined); `compile_ahead_of_time` serves vit_jax.plan.
 
 The CPU defaults make XLA:CPU's train step faster. Measured with
 benchmarks/train_step.py and explained with benchmarks/profile_step.py
@@ -158,6 +158,40 @@ def keep_freed_memory():
   m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
   libc.mallopt(m_mmap_threshold, 32 << 20)
   libc.mallopt(m_trim_threshold, 256 << 20)
+
+
+def prepare_to_train(distributed="auto", coordinator_address=None,
+                     num_processes=None, process_id=None):
+  """What a process that trains does after `prepare`: accelerators for JAX
+  alone, the input pipeline's heap kept, and the pod's processes joined."""
+  hide_accelerators_from_tensorflow()
+  keep_freed_memory()
+  join_pod(distributed, coordinator_address, num_processes, process_id)
+
+
+def join_pod(mode="auto", coordinator_address=None, num_processes=None,
+             process_id=None):
+  """Initialises jax.distributed, before JAX touches a device.
+
+  mode "auto" joins when a coordinator is given (several processes on one
+  machine, as launch/local_pod.sh starts them) or on a Cloud TPU VM, whose
+  slice JAX describes by itself; "on" and "off" decide outright.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  wanted = {"on": True, "off": False}.get(
+      mode, bool(coordinator_address) or on_tpu_host())
+  if not wanted:
+    return
+  if "cpu" in (jax.config.jax_platforms, os.environ.get("JAX_PLATFORMS")):
+    # Collectives across CPU processes (the emulated pod) go through gloo.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes,
+                             process_id=process_id)
+  logging.info("Process %d of %d, %d of %d devices local",
+               jax.process_index(), jax.process_count(),
+               jax.local_device_count(), jax.device_count())
 
 
 def compile_ahead_of_time():

@@ -1,0 +1,83 @@
+"""VTAB-1k as one suite: each task fine-tuned from one checkpoint, then a table.
+
+Each task trains on its 1,000 examples (train800val200) in WORKDIR/<task>,
+an ordinary run that the same call resumes, and is scored on its test split;
+with `val` it trains on train800 and is scored on val200, to choose
+hyper-parameters. The summary holds each task's top-1 accuracy, each
+group's mean and the mean over the tasks: Table 2's VTAB row is the mean
+over all 19. `python -m vit_jax.vtab` is the command line.
+"""
+
+import json
+import os
+
+import jax
+from absl import logging
+
+from vit_jax import train
+from vit_jax.datasets import vtab as registry
+
+GROUP_TITLES = {registry.NATURAL: "Natural",
+                registry.SPECIALIZED: "Specialized",
+                registry.STRUCTURED: "Structured"}
+
+
+def run(config, workdir, tasks, val=False):
+  """Fine-tunes and scores each task in workdir/<task>; returns the summary
+  that `write` tabulates. A finished task is scored, not trained again."""
+  split = "val200" if val else "test"
+  accuracies = {}
+  for task in tasks:
+    logging.warning("VTAB task %s (%s)", task.name, task.title)
+    result = train.train_and_evaluate(registry.task_config(config, task, val),
+                                      os.path.join(workdir, task.name))
+    if "stopped_at_step" in result:
+      return None  # Preempted: the same command resumes this task.
+    accuracies[task.name] = result[("val" if val else "test") + "_accuracy"]
+  return summarise(accuracies, split)
+
+
+def summarise(accuracies, split):
+  """Per-task accuracy, each group's mean and the mean over the tasks."""
+  tasks = [registry.get(name) for name in accuracies]
+  groups = {}
+  for group in registry.GROUPS:
+    scores = [accuracies[t.name] for t in tasks if t.group == group]
+    if scores:
+      groups[group] = sum(scores) / len(scores)
+  return {
+      "split": split,
+      "tasks": {t.name: {"title": t.title, "group": t.group,
+                         "accuracy": accuracies[t.name]} for t in tasks},
+      "groups": groups,
+      "mean": sum(accuracies.values()) / len(accuracies),
+      "num_tasks": len(accuracies),
+      "complete": len(accuracies) == len(registry.TASKS),
+  }
+
+
+def markdown(summary):
+  lines = [f"VTAB-1k top-1 accuracy (%) on {summary['split']}", "",
+           "| Group | Task | Top-1 |", "|---|---|---:|"]
+  for group, mean in summary["groups"].items():
+    for task in summary["tasks"].values():
+      if task["group"] == group:
+        lines.append(f"| {GROUP_TITLES[group]} | {task['title']} | "
+                     f"{100 * task['accuracy']:.2f} |")
+    lines.append(f"| {GROUP_TITLES[group]} | **mean** | **{100 * mean:.2f}** |")
+  lines.append(f"| All | **mean of {summary['num_tasks']}** | "
+               f"**{100 * summary['mean']:.2f}** |")
+  if not summary["complete"]:
+    lines += ["", f"Only {summary['num_tasks']} of the "
+              f"{len(registry.TASKS)} tasks: not comparable with Table 2."]
+  return "\n".join(lines) + "\n"
+
+
+def write(summary, workdir):
+  """DIR/vtab.md and DIR/vtab.json (process 0 only)."""
+  if jax.process_index() > 0:
+    return
+  with open(os.path.join(workdir, "vtab.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  with open(os.path.join(workdir, "vtab.md"), "w") as f:
+    f.write(markdown(summary))
