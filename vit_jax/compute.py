@@ -69,7 +69,7 @@ def flops_per_image(model, image_size, train=False, num_classes=1000):
     pre_logits = 2 * d * vit.representation_size
     head_in = vit.representation_size
   head = 2 * head_in * vit.num_classes
-  if vit.mpp:  # Every patch token's 512-way prediction instead.
+  if isinstance(vit, models.MaskedPatchViT):  # 512 classes per patch.
     pre_logits, head = 0, 2 * d * mpp.NUM_CLASSES * patches
   forward = embedding + vit.num_layers * per_layer + pre_logits + head
   return forward * (TRAIN_FORWARDS if train else 1)

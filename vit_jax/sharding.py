@@ -11,7 +11,7 @@ resnet.py). The table
 below maps them to mesh axes, and then FSDP splits the largest dimension that
 the table left unsharded and that `fsdp` divides (never a scanned model's
 `layers`). The batch is split over `data` and `fsdp` together, and so is
-each block's input inside the jitted step (`keep_batch_split`).
+each block's input inside the jitted step (its logical "batch" axis).
 """
 
 import functools
@@ -28,6 +28,8 @@ BATCH_AXES = ("data", "fsdp")
 
 # Logical axis name -> mesh axis (None: not by rule; FSDP may still take it).
 LOGICAL_AXIS_RULES = (
+    ("batch", BATCH_AXES),  # activations' examples, as the batch's
+    ("tokens", None),   # activations' patch tokens
     ("embed", None),    # model width D
     ("mlp", "model"),   # MLP hidden units; also the pre-logits width
     ("heads", "model"), # attention heads
@@ -83,8 +85,9 @@ def describe_mesh(sizes):
 
 
 def constrained(fn, mesh):
-  """`fn`, traced so that `keep_batch_split` constrains its activations on
-  `mesh`. The train step and the evaluators' functions are jitted so."""
+  """`fn`, traced on `mesh`, so that the model's activation constraints
+  (`constrain`) take effect; elsewhere they do nothing. The train step and
+  the evaluators' functions are jitted so."""
   @functools.wraps(fn)
   def traced(*args):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
@@ -92,18 +95,16 @@ def constrained(fn, mesh):
   return traced
 
 
-def keep_batch_split(x):
-  """x (examples first), split over the batch axes like the batch itself,
+def constrain(x, names):
+  """x sharded as its logical axis `names` map through LOGICAL_AXIS_RULES,
   inside functions made by `constrained`; elsewhere x as it is.
 
-  The model calls it on each block's input. Without it, XLA may choose to
-  replicate the batch inside a layer scan rather than gather a weight, and
-  need tens of GiB per device.
+  The rules are passed here rather than set for the whole trace: flax would
+  then also apply them to the parameters' initialisers, which it traces to
+  check shapes, and a DenseGeneral's flattened kernel has fewer axes than
+  its names.
   """
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
-    return x
-  return jax.lax.with_sharding_constraint(x, P(BATCH_AXES))
+  return nn.with_logical_constraint(x, names, rules=LOGICAL_AXIS_RULES)
 
 
 def batch_sharding(mesh):

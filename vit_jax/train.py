@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from clu import parameter_overview
 
 from vit_jax import (checkpoint, compute, errors, evaluators, input_pipeline,
-                     models, mpp, optim, polyak, preemption, preprocess,
+                     models, optim, polyak, preemption, preprocess,
                      pretrained, progress as progress_lib, sharding, writers)
 from vit_jax import workdir as workdir_lib
 
@@ -61,10 +61,6 @@ def abstract_state(model, tx, image_size, polyak_decay, mesh):
   return shapes, shardings
 
 
-def cross_entropy(logits, labels):
-  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-
 def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
                     unroll=False):
   """state, batch -> state, metrics; gradients averaged over micro-batches.
@@ -74,14 +70,8 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
   one micro-step and frees each one's activations before the next.
   """
 
-  def loss_and_grads(params, images, labels, dropout_key):
-    def loss_fn(params):
-      if model.mpp:  # Self-supervised: the labels are not used.
-        return mpp.loss(model, params, images, *jax.random.split(dropout_key))
-      logits = model.apply({"params": params}, images, train=True,
-                           rngs={"dropout": dropout_key})
-      return cross_entropy(logits, labels)
-    return jax.value_and_grad(loss_fn)(params)
+  def loss_and_grads(params, images, labels, key):
+    return jax.value_and_grad(model.loss)(params, images, labels, key)
 
   def train_step(state, batch):
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
@@ -145,7 +135,7 @@ def check_program(config, mesh):
         f"config.batch_size={config.batch_size} is not divisible by the "
         f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
         f" x fsdp={mesh.shape['fsdp']}) times accum_steps={config.accum_steps}")
-  if model.mpp and evaluators.enabled_names(config):
+  if config.model.get("mpp") and evaluators.enabled_names(config):
     raise errors.ConfigError(
         f"config.model.mpp pre-trains without labels, but evaluators "
         f"{evaluators.enabled_names(config)} would classify: set their "

@@ -7,7 +7,7 @@ import flax
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.models.vit import REMAT_POLICIES, VisionTransformer
+from vit_jax.models.vit import MaskedPatchViT, VisionTransformer
 
 # Where the release layout keeps the position embedding ("learn"), and where
 # the "learn2d" kind keeps its row and column tables.
@@ -61,7 +61,8 @@ def create(name, num_classes, **overrides):
   remat_policy, scan_layers, resnet_stages, resnet_width, and also the size
   fields (hidden_size, num_layers, ...) for small models such as the digits
   one. Patch sizes outside PATCH_SIZES are accepted for small images (e.g. 2
-  on 8x8).
+  on 8x8). `mpp=True` gives the masked-patch-prediction model,
+  MaskedPatchViT, instead of the classifier.
 
   A hybrid ("R50+B/16", "R50+L/32", "R26+S/32") puts the BiT ResNet stem of
   HYBRID_STAGES under the ViT, with patch size 1 on its feature map; the
@@ -75,6 +76,9 @@ def create(name, num_classes, **overrides):
       raise errors.InputError(f"unknown hybrid {name!r}: the hybrids are "
                               f"{hybrid_names()}")
     fields.update(patch_size=1, resnet_stages=HYBRID_STAGES[key])
+  # `mpp` picks the head: masked patch prediction instead of classes.
+  model_class = MaskedPatchViT if overrides.pop("mpp", False) else (
+      VisionTransformer)
   unknown = set(overrides) - set(VisionTransformer.__dataclass_fields__)
   if unknown:
     raise errors.InputError(
@@ -82,11 +86,9 @@ def create(name, num_classes, **overrides):
   fields.update(overrides)
   if fields.get("resnet_stages") is not None:  # A list, from a JSON config.
     fields["resnet_stages"] = tuple(fields["resnet_stages"])
-  if fields.get("remat_policy", "") not in REMAT_POLICIES:
-    raise errors.InputError(
-        f"unknown remat_policy {fields['remat_policy']!r}; one "
-        f"of {sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
-  return VisionTransformer(num_classes=num_classes, **fields)
+  model = model_class(num_classes=num_classes, **fields)
+  model.check_options()  # Here, once, rather than when it is traced.
+  return model
 
 
 _BLOCK_0 = "Transformer/encoderblock_0/"

@@ -142,7 +142,7 @@ def stem(x, stages, width, dtype, param_dtype):
   smaller than the image: 16 for three stages, 32 for four.
   """
   kinds = dict(dtype=dtype, param_dtype=param_dtype)
-  x = sharding.keep_batch_split(x)
+  x = sharding.constrain(x, ("batch", None, None, None))
   x = StdConv(width, 7, 2, **kinds, name="conv_root")(x)
   x = nn.relu(group_norm("gn_root", **kinds)(x))
   x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")

@@ -2,9 +2,9 @@
 
 Module names follow the released checkpoints (`Transformer/encoderblock_{i}/
 MultiHeadDotProductAttention_1`, ...), so our params tree *is* the release
-layout and `checkpoint.save_npz` is a flatten. Every parameter carries logical
-axis names; `vit_jax.sharding.LOGICAL_AXES` documents them and maps them to
-mesh axes.
+layout and `checkpoint.save_npz` is a flatten. Every parameter, and each
+block's input, carries logical axis names; `vit_jax.sharding`'s rules table
+maps them to mesh axes, so the model names none.
 """
 
 from typing import Any, Optional
@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from vit_jax import errors, mpp as mpp_lib, sharding
 from vit_jax.models import resnet
@@ -54,10 +55,6 @@ class Attention(nn.Module):
   @nn.compact
   def __call__(self, x, *, train):
     width = x.shape[-1]
-    if width % self.num_heads:
-      raise errors.InputError(
-          f"hidden_size {width} is not divisible by num_heads "
-          f"{self.num_heads}")
     head_dim = width // self.num_heads
 
     def project(name):
@@ -129,7 +126,10 @@ class EncoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, train):
-    x = sharding.keep_batch_split(x)
+    # Each block's input split over the batch like the batch itself: left
+    # to itself, XLA may replicate the batch inside a layer scan rather than
+    # gather a weight, and need tens of GiB per device.
+    x = sharding.constrain(x, ("batch", "tokens", "embed"))
     # One counter across module types, as in the release files.
     y = _layer_norm("LayerNorm_0", self.dtype, self.param_dtype)(x)
     y = Attention(self.num_heads, self.attention_dropout_rate, self.dtype,
@@ -261,9 +261,119 @@ class Encoder(nn.Module):
     return _layer_norm("encoder_norm", self.dtype, self.param_dtype)(x)
 
 
+class ImageEncoder(nn.Module):
+  """Images to encoded tokens [N, tokens, D], what every head reads.
+
+  uint8 images are scaled to [-1, 1] here, on the device; an optional BiT
+  ResNet stem; the patch embedding; for masked patch prediction, a learned
+  [mask] embedding that a `corruption` puts in; the class token first when
+  `class_token`; then the Encoder. Fields as VisionTransformer's.
+  """
+  patch_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  class_token: bool = True
+  mask_token: bool = False
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  remat_policy: str = ""
+  scan_layers: bool = False
+  posemb: str = "learn"
+  resnet_stages: Optional[tuple] = None
+  resnet_width: int = 64
+
+  @nn.compact
+  def __call__(self, images, *, train, corruption=None):
+    if images.dtype == jnp.uint8:  # As the input pipeline ships them.
+      images = images.astype(jnp.float32) / 127.5 - 1
+    x = images.astype(self.dtype)
+    if self.resnet_stages is not None:
+      x = resnet.stem(x, self.resnet_stages, self.resnet_width, self.dtype,
+                      self.param_dtype)
+    p = self.patch_size
+    x = nn.Conv(
+        self.hidden_size, (p, p), strides=(p, p), padding="VALID",
+        dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=_init(nn.initializers.lecun_normal(),
+                          (None, None, None, "embed")),
+        bias_init=_init(nn.initializers.zeros, ("embed",)),
+        name="embedding")(x)
+    n, h, w, d = x.shape
+    x = x.reshape(n, h * w, d)
+    if self.mask_token:
+      mask = self.param(
+          "mask_embedding", _init(nn.initializers.normal(stddev=0.02),
+                                  (None, None, "embed")),
+          (1, 1, d), self.param_dtype)
+      if corruption is not None:
+        x = mpp_lib.apply(corruption, x, mask)
+    if self.class_token:
+      cls = self.param("cls", _init(nn.initializers.zeros, (None, None, "embed")),
+                       (1, 1, d), self.param_dtype)
+      x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
+    return Encoder(self.num_layers, self.num_heads, self.mlp_dim,
+                   self.dropout_rate, self.attention_dropout_rate, self.dtype,
+                   self.param_dtype, self.remat_policy, self.scan_layers,
+                   self.posemb, name="Transformer")(x, train=train, grid=(h, w))
+
+
+class ClassifierHead(nn.Module):
+  """Encoded tokens -> float32 logits [N, num_classes]: the class token
+  ("token") or the mean of the tokens ("gap"), an optional tanh pre-logits
+  layer of `representation_size`, and a zero-initialised linear head."""
+  num_classes: int
+  classifier: str = "token"
+  representation_size: Optional[int] = None
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    x = x[:, 0] if self.classifier == "token" else x.mean(axis=1)
+    if self.representation_size is not None:
+      x = nn.Dense(
+          self.representation_size, dtype=self.dtype,
+          param_dtype=self.param_dtype,
+          kernel_init=_init(nn.initializers.lecun_normal(), ("embed", "mlp")),
+          bias_init=_init(nn.initializers.zeros, ("mlp",)),
+          name="pre_logits")(x)
+      x = nn.tanh(x)
+    # What the head reads (the pre-logits): few-shot evaluation fits its own
+    # linear classifiers to these.
+    self.sow("intermediates", "features", x)
+    # Zero-initialised: a fresh head starts from uniform predictions.
+    logits = nn.Dense(
+        self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=_init(nn.initializers.zeros, (None, "classes")),
+        bias_init=_init(nn.initializers.zeros, ("classes",)),
+        name="head")(x)
+    return logits.astype(jnp.float32)
+
+
+class PatchColourHead(nn.Module):
+  """Encoded tokens -> float32 logits [N, patches, 512]: each patch token's
+  prediction of its patch's mean colour (vit_jax/mpp.py)."""
+  class_token: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    patches = x[:, 1:] if self.class_token else x
+    return nn.Dense(
+        mpp_lib.NUM_CLASSES, dtype=self.dtype, param_dtype=self.param_dtype,
+        kernel_init=_init(nn.initializers.zeros, (None, "classes")),
+        bias_init=_init(nn.initializers.zeros, ("classes",)),
+        name="mpp_head")(patches).astype(jnp.float32)
+
+
 class VisionTransformer(nn.Module):
-  """ViT classifier. Images are NHWC in [-1, 1], or uint8 in [0, 255] (then
-  scaled to [-1, 1] here, on the device); returns float32 logits.
+  """ViT classifier: an ImageEncoder read by a ClassifierHead. Images are
+  NHWC in [-1, 1], or uint8 in [0, 255]; returns float32 logits.
 
   classifier: "token" prepends a learned class token and reads it out; "gap"
     averages the patch tokens (no class token, Appendix D.3).
@@ -275,11 +385,11 @@ class VisionTransformer(nn.Module):
     stage of the BiT ResNet stem (`models/resnet.py`) whose feature map the
     patch embedding reads, e.g. (3, 4, 9) for R50+ViT-B/16.
   resnet_width: the stem's root width in channels (64 x BiT's width factor).
-  mpp: a model for masked patch prediction (`vit_jax/mpp.py`): a learned
-    [mask] embedding that `corruption` puts in, and a 512-way `mpp_head` on
-    every patch token, whose logits [N, patches, 512] it returns instead of
-    the classifier's.
   remat_policy, scan_layers: see Encoder; neither changes the results.
+
+  The encoder and the head share this module's scope (`nn.share_scope`),
+  so the params are the release layout: embedding, cls, Transformer,
+  pre_logits, head.
   """
   num_classes: int
   patch_size: int
@@ -298,7 +408,6 @@ class VisionTransformer(nn.Module):
   posemb: str = "learn"
   resnet_stages: Optional[tuple] = None
   resnet_width: int = 64
-  mpp: bool = False
 
   @property
   def token_stride(self):
@@ -315,77 +424,87 @@ class VisionTransformer(nn.Module):
     stem = self.token_stride // self.patch_size
     return f"patch size {self.patch_size} x {stem} (the ResNet stem's)"
 
-  @nn.compact
-  def __call__(self, images, *, train, corruption=None):
-    """Logits for `images`; `corruption` (an mpp.Corruption, for `mpp`
-    models) is applied to the patch embeddings."""
-    if images.dtype == jnp.uint8:  # As the input pipeline ships them.
-      images = images.astype(jnp.float32) / 127.5 - 1
+  def setup(self):
+    self.check_options()
+    self.encoder = self.image_encoder(mask_token=False)
+    nn.share_scope(self, self.encoder)
+    self.classify = ClassifierHead(
+        self.num_classes, self.classifier, self.representation_size,
+        self.dtype, self.param_dtype)
+    nn.share_scope(self, self.classify)
+
+  def __call__(self, images, *, train):
+    self.check_image_size(images)
+    return self.classify(self.encoder(images, train=train))
+
+  @nn.nowrap
+  def loss(self, params, images, labels, key):
+    """The training loss: mean cross-entropy; `key` draws the dropout."""
+    logits = self.apply({"params": params}, images, train=True,
+                        rngs={"dropout": key})
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, labels).mean()
+
+  @nn.nowrap
+  def check_options(self):
+    """InputError for options no model has; models.create calls it too."""
     if self.classifier not in ("token", "gap"):
       raise errors.InputError(f"classifier must be 'token' or 'gap', got "
                               f"{self.classifier!r}")
     if self.posemb not in POSEMB_KINDS:
       raise errors.InputError(f"posemb must be one of {POSEMB_KINDS}, got "
                               f"{self.posemb!r}")
+    if self.hidden_size % self.num_heads:
+      raise errors.InputError(
+          f"hidden_size {self.hidden_size} is not divisible by num_heads "
+          f"{self.num_heads}")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise errors.InputError(
+          f"unknown remat_policy {self.remat_policy!r}; one of "
+          f"{sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
+
+  @nn.nowrap
+  def check_image_size(self, images):
     height, width = images.shape[1:3]
     if height % self.token_stride or width % self.token_stride:
       raise errors.InputError(
           f"{self.describe_patch()} does not divide the image "
           f"size {height}x{width}")
-    x = images.astype(self.dtype)
-    if self.resnet_stages is not None:
-      x = resnet.stem(x, self.resnet_stages, self.resnet_width, self.dtype,
-                      self.param_dtype)
-    p = self.patch_size
-    x = nn.Conv(
-        self.hidden_size, (p, p), strides=(p, p), padding="VALID",
-        dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=_init(nn.initializers.lecun_normal(),
-                          (None, None, None, "embed")),
-        bias_init=_init(nn.initializers.zeros, ("embed",)),
-        name="embedding")(x)
-    n, h, w, d = x.shape
-    x = x.reshape(n, h * w, d)
-    if self.mpp:
-      mask = self.param(
-          "mask_embedding", _init(nn.initializers.normal(stddev=0.02),
-                                  (None, None, "embed")),
-          (1, 1, d), self.param_dtype)
-      if corruption is not None:
-        x = mpp_lib.apply(corruption, x, mask)
-    if self.classifier == "token":
-      cls = self.param("cls", _init(nn.initializers.zeros, (None, None, "embed")),
-                       (1, 1, d), self.param_dtype)
-      x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
 
-    x = Encoder(self.num_layers, self.num_heads, self.mlp_dim,
-                self.dropout_rate, self.attention_dropout_rate, self.dtype,
-                self.param_dtype, self.remat_policy, self.scan_layers,
-                self.posemb, name="Transformer")(x, train=train, grid=(h, w))
-    if self.mpp:  # Each patch token's prediction of its mean colour.
-      patches = x[:, 1:] if self.classifier == "token" else x
-      return nn.Dense(
-          mpp_lib.NUM_CLASSES, dtype=self.dtype, param_dtype=self.param_dtype,
-          kernel_init=_init(nn.initializers.zeros, (None, "classes")),
-          bias_init=_init(nn.initializers.zeros, ("classes",)),
-          name="mpp_head")(patches).astype(jnp.float32)
-    x = x[:, 0] if self.classifier == "token" else x.mean(axis=1)
+  @nn.nowrap
+  def image_encoder(self, mask_token):
+    return ImageEncoder(
+        self.patch_size, self.hidden_size, self.num_layers, self.num_heads,
+        self.mlp_dim, self.classifier == "token", mask_token,
+        self.dropout_rate, self.attention_dropout_rate, self.dtype,
+        self.param_dtype, self.remat_policy, self.scan_layers, self.posemb,
+        self.resnet_stages, self.resnet_width)
 
-    if self.representation_size is not None:
-      x = nn.Dense(
-          self.representation_size, dtype=self.dtype,
-          param_dtype=self.param_dtype,
-          kernel_init=_init(nn.initializers.lecun_normal(), ("embed", "mlp")),
-          bias_init=_init(nn.initializers.zeros, ("mlp",)),
-          name="pre_logits")(x)
-      x = nn.tanh(x)
-    # What the head reads (the pre-logits): few-shot evaluation fits its own
-    # linear classifiers to these.
-    self.sow("intermediates", "features", x)
-    # Zero-initialised head: a fresh head starts from uniform predictions.
-    logits = nn.Dense(
-        self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=_init(nn.initializers.zeros, (None, "classes")),
-        bias_init=_init(nn.initializers.zeros, ("classes",)),
-        name="head")(x)
-    return logits.astype(jnp.float32)
+
+class MaskedPatchViT(VisionTransformer):
+  """The same encoder, with a [mask] embedding, read by a PatchColourHead:
+  masked patch prediction (`vit_jax/mpp.py`). Returns logits [N, patches,
+  512]; `corruption` (an mpp.Corruption) is applied to the patch
+  embeddings. num_classes and representation_size are unused. Its encoder
+  fine-tunes like any other through `init_from`, which drops mask_embedding
+  and mpp_head."""
+
+  def setup(self):
+    self.check_options()
+    self.encoder = self.image_encoder(mask_token=True)
+    nn.share_scope(self, self.encoder)
+    self.predict = PatchColourHead(self.classifier == "token", self.dtype,
+                                   self.param_dtype)
+    nn.share_scope(self, self.predict)
+
+  def __call__(self, images, *, train, corruption=None):
+    self.check_image_size(images)
+    return self.predict(self.encoder(images, train=train,
+                                     corruption=corruption))
+
+  @nn.nowrap
+  def loss(self, params, images, labels, key):
+    """The mean cross-entropy over the corrupted patches; labels are not
+    used. `key` draws the corruption and the dropout."""
+    del labels
+    return mpp_lib.loss(self, params, images, *jax.random.split(key))
