@@ -7,7 +7,6 @@ saved by orbax every `checkpoint_every` steps.
 """
 
 import os
-import time
 from typing import Any, Callable, NamedTuple
 
 import flax
@@ -21,7 +20,8 @@ from clu import parameter_overview
 
 from vit_jax import (checkpoint, compute, errors, evaluators, input_pipeline,
                      models, optim, polyak, preemption, preprocess,
-                     pretrained, progress as progress_lib, sharding, writers)
+                     pretrained, progress as progress_lib, sharding, timing,
+                     writers)
 from vit_jax import workdir as workdir_lib
 
 @flax.struct.dataclass
@@ -213,6 +213,30 @@ def ensure_finite(metrics, step):
         "optimizer.grad_clip_norm may help.")
 
 
+def resume_or_start(manager, program, config):
+  """(state, training seconds so far, whether it resumed): the latest
+  checkpoint's, or a new run's."""
+  restored = checkpoint.restore_latest(manager, program.state_shapes)
+  if restored:
+    state, progress = restored
+    return state, progress["train_seconds"], True
+  return initial_state(program, config), 0.0, False
+
+
+def train_batches(config, mesh, start_step):
+  """This process's share of each global batch, from `start_step` on."""
+  shares, num_shares = sharding.process_shares(mesh)
+  return input_pipeline.train_dataset(
+      config.dataset, config.train_split, batch_size=config.batch_size,
+      image_size=config.image_size, augment=config.augment, seed=config.seed,
+      start_step=start_step, shares=shares, num_shares=num_shares,
+      data_dir=config.data_dir).as_numpy_iterator()
+
+
+def due(step, every, last_step):
+  return step % every == 0 or step == last_step
+
+
 def train_and_evaluate(config, workdir):
   """Trains `config` in `workdir`, resuming from its latest checkpoint.
 
@@ -222,51 +246,32 @@ def train_and_evaluate(config, workdir):
   """
   mesh = sharding.make_mesh(config.mesh)
   check_config(config, mesh)
-  data_dir = config.data_dir
-  num_classes = input_pipeline.num_classes(config.dataset, data_dir)
+  num_classes = input_pipeline.num_classes(config.dataset, config.data_dir)
   program = build(config, mesh, num_classes)
-  throughput = compute.Throughput(config, num_classes)
   changes = workdir_lib.check(config, workdir)  # Before anything is written.
   manager = checkpoint.manager(os.path.join(workdir, checkpoint.SUBDIR),
                                config.keep_checkpoints)
-  restored = checkpoint.restore_latest(manager, program.state_shapes)
-  if restored:
-    state, progress = restored
-  else:
-    state, progress = initial_state(program, config), {"train_seconds": 0.0}
+  state, train_seconds, resumed = resume_or_start(manager, program, config)
   workdir_lib.record(config, workdir, changes)
   evaluate = evaluators.Evaluators(config, program)
-  start_step = int(state.step)
+  start_step, total = int(state.step), config.total_steps
   writer = writers.create(workdir, start_step)
   parameter_overview.log_parameter_overview(
       program.state_shapes.params, include_stats=False,
       msg=f"{config.model.name}, params sharded over mesh {dict(mesh.shape)}")
-  shares, num_shares = sharding.process_shares(mesh)
-  batches = input_pipeline.train_dataset(
-      config.dataset, config.train_split, batch_size=config.batch_size,
-      image_size=config.image_size, augment=config.augment, seed=config.seed,
-      start_step=start_step, shares=shares, num_shares=num_shares,
-      data_dir=data_dir).as_numpy_iterator()
-
-  num_devices = jax.device_count()
-  printer = progress_lib.Progress(
-      config.total_steps, start_step, config.batch_size, config.log_every,
-      enabled=jax.process_index() == 0)
+  batches = train_batches(config, mesh, start_step)
+  printer = progress_lib.Progress(total, start_step, config.batch_size,
+                                  config.log_every,
+                                  enabled=jax.process_index() == 0)
   printer.say(progress_lib.describe_run(config, mesh, workdir, start_step,
-                                         bool(restored)))
-  loop_start = time.time()
-
-  def train_seconds():  # Cumulative over every run in this workdir.
-    return progress["train_seconds"] + time.time() - loop_start
-
-  def core_days():
-    return train_seconds() * num_devices / compute.SECONDS_PER_DAY
-
+                                         resumed))
+  clock = timing.RunClock(train_seconds, jax.device_count())
+  window = timing.Window(config.batch_size, jax.device_count(),
+                         compute.Throughput(config, num_classes))
   last, previous = {}, None
-  window_metrics, window_start, window_steps = [], time.time(), 0
   try:
     with preemption.StopRequest() as stop_requested:
-      for step in range(start_step + 1, config.total_steps + 1):
+      for step in range(start_step + 1, total + 1):
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           batch = input_pipeline.to_global(next(batches),
                                            program.batch_sharding)
@@ -277,42 +282,25 @@ def train_and_evaluate(config, workdir):
         if previous is not None:
           ensure_finite(previous, step - 1)
         previous = metrics
-        window_metrics.append(metrics)
-        window_steps += 1
-        if step == start_step + 1:
-          # The first step compiles; keep it out of the throughput.
-          jax.block_until_ready(metrics)
-          window_start, window_steps = time.time(), 0
-
+        window.add(metrics, compiled=step == start_step + 1)
         stopping = stop_requested(step)
-        due = lambda every: (step % every == 0 or step == config.total_steps
-                             or stopping)
-        if (due(config.log_every) or due(config.checkpoint_every)
-            or evaluate.any_due(step)):
+        log_now = stopping or due(step, config.log_every, total)
+        save_now = stopping or due(step, config.checkpoint_every, total)
+        if log_now or save_now or evaluate.any_due(step):
           ensure_finite(metrics, step)
-        row = {}
-        if due(config.log_every):
-          row = jax.tree.map(lambda *x: float(np.mean(x)),
-                             *jax.device_get(window_metrics))
-          if window_steps:
-            row["img_per_sec_per_device"] = (
-                window_steps * config.batch_size
-                / (time.time() - window_start) / num_devices)
-            row.update(throughput.metrics(row["img_per_sec_per_device"]))
-          window_metrics, window_start, window_steps = [], time.time(), 0
+        row = window.row() if log_now else {}
         printer.step(step, lambda: float(metrics["train_loss"]))
-        paused = time.time()
-        results = evaluate.run_due(step, polyak.eval_params(state))
-        printer.results(step, results)
-        row.update(results)
-        if row:  # One row per step: metrics.jsonl has each value once.
-          row["core_days"] = core_days()
-          writer.write_scalars(step, row)
-          last.update(row)
-        if due(config.checkpoint_every):
-          checkpoint.save(manager, step, state,
-                          {"train_seconds": train_seconds()})
-        window_start += time.time() - paused  # Eval and saving are not steps.
+        with window.paused():  # Evaluation and saving are not steps.
+          results = evaluate.run_due(step, polyak.eval_params(state))
+          printer.results(step, results)
+          row.update(results)
+          if row:  # One row per step: metrics.jsonl has each value once.
+            row["core_days"] = clock.core_days()
+            writer.write_scalars(step, row)
+            last.update(row)
+          if save_now:
+            checkpoint.save(manager, step, state,
+                            {"train_seconds": clock.seconds()})
         if stopping:
           last["stopped_at_step"] = step
           break
@@ -323,5 +311,5 @@ def train_and_evaluate(config, workdir):
     writer.flush()
   if not last:  # Already finished in an earlier run: report, do not train.
     last = {**evaluate.run_all(polyak.eval_params(state)),
-            "core_days": core_days()}
+            "core_days": clock.core_days()}
   return last
