@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import models, preprocess, sharding, train
+from vit_jax import preprocess, sharding, train
 from vit_jax.evaluators import fewshot, real
 from tests.test_train import compiles_during
 from tests.util import randomize, small_config

@@ -1,7 +1,6 @@
 """A pod of processes on this machine (launch/local_pod.sh) runs like one."""
 
 import random
-import signal
 import subprocess
 import time
 

@@ -16,8 +16,6 @@ built at full size without compiling.
 import math
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow as tf
