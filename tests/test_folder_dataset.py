@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import input_pipeline
+from tests.util import metric_rows, small_config
+from vit_jax import errors, input_pipeline, train
 from vit_jax.datasets import folder
 
 CLASSES = ["apple", "banana", "cherry"]
@@ -326,9 +327,82 @@ def test_malformed_folders_are_clear_errors(tmp_path):
                                str(data_dir))
 
 
-def test_a_file_that_is_not_an_image_is_named(tmp_path):
-  root = tmp_path / "fruit"
-  write_png(root / "cat" / "1.png")
-  (root / "cat" / "2.jpg").write_bytes(b"<html>not an image</html>")
-  message = folder_error(root, tmp_path / "data")
-  assert str(root / "cat" / "2.jpg") in message
+def odd_and_broken_folder(root):
+  """A single-split folder: IMAGES' 7 train images, 4 images that decode
+  but are unusual, and 4 files that do not decode. Returns ({relative path:
+  (colour, label)} of the usable ones, [relative paths of the broken])."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  expected = make_folder(root, single_split=True)
+  odd = [  # (class, file name, PIL image, its colour as the pipeline sees it)
+      ("apple", "cmyk.jpg",
+       Image.new("RGB", (9, 7), (200, 100, 50)).convert("CMYK"),
+       (200, 100, 50)),
+      ("banana", "deep.png", Image.fromarray(np.full((6, 5), 40_000,
+                                                     np.uint16)),
+       (156,) * 3),  # 40000 / 65535 of 255.
+      ("cherry", "gray_alpha.png", Image.fromarray(
+          np.full((5, 6, 2), (230, 0), np.uint8), "LA"), (230,) * 3),
+      ("cherry", "palette.png",
+       Image.new("RGB", (4, 4), (40, 180, 250)).convert(
+           "P", palette=Image.Palette.ADAPTIVE),
+       (40, 180, 250)),
+  ]
+  for name, file_name, image, rgb in odd:
+    image.save(os.path.join(root, name, file_name), quality=95)
+    expected[f"{name}/{file_name}"] = (rgb, CLASSES.index(name))
+  with open(os.path.join(root, "apple", "c.jpeg"), "rb") as f:
+    jpeg = f.read()
+  with open(os.path.join(root, "apple", "a.png"), "rb") as f:
+    png = f.read()
+  broken = {"apple/page.jpg": b"<html>not an image</html>",
+            "banana/cut.jpg": jpeg[:len(jpeg) // 2],
+            "banana/cut.png": png[:len(png) // 2],
+            "cherry/empty.png": b""}
+  for relative, data in broken.items():
+    with open(os.path.join(root, relative), "wb") as f:
+      f.write(data)
+  return expected, sorted(broken)
+
+
+def test_files_that_do_not_decode_are_left_out_and_named(tmp_path, capsys):
+  root = str(tmp_path / "fruit")
+  expected, broken = odd_and_broken_folder(root)
+  dataset, data_dir = folder.PREFIX + root, str(tmp_path / "data")
+  builder = input_pipeline.get_builder(dataset, data_dir)
+  listed = folder.broken_files(builder)
+  assert [relative for relative, _ in listed] == broken
+  assert all(reason for _, reason in listed)
+  assert dict(listed)["cherry/empty.png"] == "empty file"
+  printed = capsys.readouterr().out
+  assert f"Left out 4 of 15 files of {root}" in printed
+  assert folder.BROKEN_FILES in printed and broken[0] in printed
+  # Every usable image, the odd ones too, and only those.
+  assert input_pipeline.num_examples(dataset, "train", data_dir) == 11
+  found = identify(eval_examples(dataset, "train", data_dir),
+                   list(expected.values()))
+  assert sorted(found) == list(range(11))
+  # Opened again, the prepared copy is used and says nothing.
+  input_pipeline.get_builder(dataset, data_dir)
+  assert capsys.readouterr().out == ""
+
+
+def test_a_run_trains_past_broken_files_or_refuses_them(tmp_path):
+  root = str(tmp_path / "fruit")
+  _, broken = odd_and_broken_folder(root)
+  data_dir = str(tmp_path / "data")
+  folder_run = {"dataset": folder.PREFIX + root, "train_split": "train[:7]",
+                "evaluators.test.split": "train[7:]", "image_size": 8}
+  config = small_config(data_dir, **folder_run)
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert 0 <= result["test_accuracy"] <= 1
+  steps = [row["step"] for row in metric_rows(str(tmp_path / "run"))]
+  assert steps[-1] == config.total_steps
+  refusing = small_config(data_dir, broken_images="refuse", **folder_run)
+  with pytest.raises(errors.ConfigError, match="4 files of .* do not decode"
+                     ) as refused:
+    train.train_and_evaluate(refusing, str(tmp_path / "refused"))
+  assert broken[0] in str(refused.value)
+  with pytest.raises(errors.ConfigError, match="broken_images must be one"):
+    train.train_and_evaluate(small_config(data_dir, broken_images="maybe",
+                                          **folder_run),
+                             str(tmp_path / "typo"))

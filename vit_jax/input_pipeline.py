@@ -22,6 +22,7 @@ datasets and folders are prepared into `data_dir` on first use.
 import contextlib
 import dataclasses
 import io
+import os
 from typing import Callable
 
 import jax
@@ -85,7 +86,45 @@ def _folder_builder(root, data_dir):
   if builder.is_prepared():
     return builder
   _prepare_here(builder)
-  return folder.Folder(config=config, data_dir=data_dir)
+  builder = folder.Folder(config=config, data_dir=data_dir)
+  broken = folder.broken_files(builder)
+  if broken and jax.process_index() == 0:
+    print(describe_broken(broken, builder), flush=True)
+  return builder
+
+
+def describe_broken(broken, builder, shown=3):
+  """What a folder's preparation left out, in a few lines."""
+  total = sum(split.num_examples for split in builder.info.splits.values())
+  lines = [f"Left out {len(broken)} of {total + len(broken)} files of "
+           f"{builder.builder_config.root} that do not decode as images "
+           f"(all listed in {os.path.join(builder.data_dir, folder.BROKEN_FILES)}):"]
+  lines += [f"  {relative}: {reason}" for relative, reason in broken[:shown]]
+  if len(broken) > shown:
+    lines.append(f"  ... and {len(broken) - shown} more")
+  return "\n".join(lines)
+
+
+BROKEN_IMAGE_POLICIES = ("skip", "refuse")
+
+
+def check_broken_images(dataset, data_dir, policy):
+  """Refuses a folder dataset that left images out, where `policy`
+  (config.broken_images) is "refuse"; "skip" trains on the rest."""
+  if policy not in BROKEN_IMAGE_POLICIES:
+    raise errors.InputError(
+        f"config.broken_images must be one of {BROKEN_IMAGE_POLICIES}, got "
+        f"{policy!r}")
+  if policy == "skip" or not dataset.startswith(FOLDER_PREFIX):
+    return
+  builder = get_builder(dataset, data_dir)
+  broken = folder.broken_files(builder)
+  if broken:
+    raise errors.InputError(
+        f"{len(broken)} files of {builder.builder_config.root} do not decode "
+        f"as images, and config.broken_images is 'refuse': first "
+        f"{broken[0][0]} ({broken[0][1]}); all listed in "
+        f"{os.path.join(builder.data_dir, folder.BROKEN_FILES)}")
 
 
 def _builder(dataset, data_dir):

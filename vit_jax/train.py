@@ -116,6 +116,8 @@ def check_config(config, mesh):
     preprocess.parse_augmentations(config.augment)
     input_pipeline.num_examples(config.dataset, config.train_split,
                                 config.data_dir)
+    input_pipeline.check_broken_images(config.dataset, config.data_dir,
+                                       config.broken_images)
     evaluators.check(config)
   except ValueError as e:
     raise errors.ConfigError(str(e)) from e

@@ -26,11 +26,12 @@ CHANGES_FILE = "config_changes.jsonl"
 # fnmatch patterns of dotted keys.
 CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
                    "total_steps", "data_dir", "evaluators.*",
-                   "model.remat_policy")
+                   "model.remat_policy", "broken_images")
 # Keys added since runs were first recorded, with the value that does what
 # a run recorded without them did.
 ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
-              "model.posemb": "learn", "model.mpp": False}
+              "model.posemb": "learn", "model.mpp": False,
+              "broken_images": "skip"}
 
 
 def check(config, workdir):

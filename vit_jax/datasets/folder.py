@@ -14,18 +14,27 @@ label id there. Label ids follow that
 order and the `ClassLabel` feature carries the names
 (`info.features["label"].names`).
 
-Images are the files ending in .png, .jpg or .jpeg (any case), of any size,
-grayscale, RGB or RGBA; the pipeline decodes them to RGB, dropping alpha (see
-`vit_jax.preprocess.decode`). Files are stored in the prepared copy as they
-are, byte for byte: TFDS's `Image` feature keeps encoded bytes it is given
-without re-encoding. A file so named that is not a PNG or JPEG fails the
-preparation with its path. Other files (.txt, .gif, ...) and names starting
-with "." (hidden files, macOS "._x.jpg" resource forks, .ipynb_checkpoints)
-are ignored. Images lie directly in their class folder: a class folder with
-no images, or with sub-folders, is an error naming it.
+Images are the files ending in .png, .jpg or .jpeg (any case), of any size
+and kind that TensorFlow's decoder reads as the pipeline will (it also reads
+GIF, BMP and WebP content under those names): grayscale, RGB, RGBA, gray
+with alpha, palette, 16-bit (scaled to 8 bits) and CMYK JPEGs all become
+RGB uint8, alpha dropped (`vit_jax.preprocess.decode`). EXIF orientation is
+not applied: a photo is used as its pixels are stored, as TFDS's own image
+decoding does. Files are stored in the prepared copy as they are, byte for
+byte: TFDS's `Image` feature keeps encoded bytes it is given without
+re-encoding.
+
+Every file is decoded once when the folder is prepared. One that does not
+decode (not an image, truncated, empty) is left out, and the preparation
+lists each such file with TensorFlow's reason in `broken_files.txt` next to
+the prepared copy (`broken_files`); the run trains on the rest, unless
+config.broken_images is "refuse". Other files (.txt, .gif, ...) and names
+starting with "." (hidden files, macOS "._x.jpg" resource forks,
+.ipynb_checkpoints) are ignored. Images lie directly in their class folder:
+a class folder with no images, or with sub-folders, is an error naming it.
 
 The folder is prepared, like the shipped datasets, into `data_dir` on first
-use: `data_dir/folder/<config>/1.0.0`, where the config's name is the folder's
+use: `data_dir/folder/<config>/1.1.0`, where the config's name is the folder's
 base name and a hash of its absolute path and of the sorted (relative path,
 size, mtime) of its images. Adding, removing or replacing an image therefore
 makes a new config, prepared afresh, rather than reading a stale copy; the
@@ -41,6 +50,7 @@ import os
 import re
 
 from etils import epath
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import errors
@@ -48,7 +58,8 @@ from vit_jax import errors
 PREFIX = "folder:"
 SINGLE_SPLIT = "train"  # The split of the root/<class>/<image> layout.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
-_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")  # PNG, JPEG.
+# Next to the prepared copy: "relative path<TAB>reason" per file left out.
+BROKEN_FILES = "broken_files.txt"
 _SPLIT_NAME = re.compile(r"[\w-]+")  # What TFDS accepts in split names.
 _LAYOUTS = ("root/<class>/<image> or root/<split>/<class>/<image>, images "
             "being .png, .jpg or .jpeg files")
@@ -189,8 +200,10 @@ class Folder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """The images of a folder, by class; construct with config=make_config()."""
 
   name = "folder"
-  VERSION = tfds.core.Version("1.0.0")
+  VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {
+      "1.1.0": "Files that do not decode are left out and listed in "
+               f"{BROKEN_FILES}.",
       "1.0.0": "PNG/JPEG files stored as they are, labelled by the sorted "
                "names of their class folders.",
   }
@@ -226,12 +239,46 @@ class Folder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     return {split: self._generate_examples(examples)
             for split, examples in self.builder_config.splits}
 
+  def _download_and_prepare(self, dl_manager, download_config):
+    self._broken = []
+    super()._download_and_prepare(dl_manager, download_config)
+    # Into the directory that TFDS renames into place when it is done.
+    with open(os.path.join(self.data_dir, BROKEN_FILES), "w") as f:
+      f.writelines(f"{relative}\t{reason}\n"
+                   for relative, reason in sorted(self._broken))
+
   def _generate_examples(self, examples):
     for relative, label in examples:
       path = os.path.join(self.builder_config.root, relative)
       with open(path, "rb") as f:
         encoded = f.read()
-      if not encoded.startswith(_SIGNATURES):
-        raise errors.InputError(f"{path} is not a PNG or JPEG image")
+      reason = undecodable(encoded)
+      if reason:
+        self._broken.append((relative, reason))
+        continue
       # The path relative to the root is a stable, unique key.
       yield relative, {"image": encoded, "label": label}
+
+
+def undecodable(encoded):
+  """Why the input pipeline could not decode `encoded`, or None if it can."""
+  if not encoded:
+    return "empty file"
+  try:
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    if tf.io.is_jpeg(encoded):  # Training decodes JPEGs and crops at once.
+      tf.io.decode_and_crop_jpeg(
+          encoded, tf.constant([0, 0, *image.shape[:2]]), channels=3)
+  except tf.errors.OpError as e:
+    # "{{function_node ...}} Invalid PNG. ... [Op:DecodeImage]" -> the middle.
+    message = re.sub(r"\{\{.*?\}\}|\[Op:\w+\]", "", e.message)
+    return " ".join(message.split()) or type(e).__name__
+  return None
+
+
+def broken_files(builder):
+  """[(relative path, reason)] of the files that preparing `builder` (a
+  prepared Folder) left out."""
+  path = os.path.join(builder.data_dir, BROKEN_FILES)
+  with open(path) as f:
+    return [tuple(line.rstrip("\n").split("\t", 1)) for line in f]
