@@ -1,5 +1,6 @@
 """Released-checkpoint interchange: layouts, logits, adapting to a new model."""
 
+import errno
 import re
 
 import flax
@@ -362,3 +363,28 @@ def test_missing_and_unexpected_keys_are_named(trained_tiny):
                               **dict(TINY, num_layers=4))
   with pytest.raises(ValueError, match="encoderblock_3"):
     checkpoint.adapt(params, init_params(more_layers, 16))
+
+
+def test_storage_failures_are_told_apart_from_bugs():
+  assert checkpoint.storage_failure(
+      OSError(errno.ENOSPC, "No space left on device")) == (
+          "No space left on device")
+  # Tensorstore's form, from orbax's background writes.
+  assert checkpoint.storage_failure(ValueError(
+      'RESOURCE_EXHAUSTED: Error writing "params.head" in OCDBT database: '
+      "Failed to write 294181 bytes to file 15: No space left on device "
+      "[os_error_code='28']")) == "No space left on device"
+  try:
+    try:
+      raise PermissionError(errno.EACCES, "Permission denied", "/ckpt")
+    except PermissionError as e:
+      raise RuntimeError("commit failed") from e
+  except RuntimeError as e:
+    assert checkpoint.storage_failure(e) == "Permission denied"
+  assert checkpoint.storage_failure(ValueError(
+      "PERMISSION_DENIED: gs://bucket/run/checkpoints/5")).startswith(
+          "PERMISSION_DENIED from storage")
+  # A bug stays a bug: its traceback is shown.
+  assert checkpoint.storage_failure(ValueError("shapes (3,) and (4,) do not "
+                                               "match")) is None
+  assert checkpoint.storage_failure(OSError(errno.ENOENT, "gone")) is None

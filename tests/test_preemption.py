@@ -134,3 +134,88 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
   rows = metric_rows(tmp_path)
   assert max(r["step"] for r in rows if "train_loss" in r) == 4
   assert all(np.isfinite(v) for r in rows for v in r.values())
+
+
+# Runs vit_jax.main through the tools' entry wrapper with orbax's final
+# rename of one step's checkpoint failing as on a full disk. The rename runs
+# in orbax's background thread, as the failure of a real save does.
+FAIL_SAVE = """
+import errno, os, sys
+from orbax.checkpoint._src.path import atomicity
+step = sys.argv[1]
+real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+async def finalize(self):
+  if os.path.basename(str(self._final_path)) == step:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                  str(self._final_path))
+  return await real_finalize(self)
+atomicity.AtomicRenameTemporaryPath.finalize = finalize
+from vit_jax import cli, main
+sys.argv = ["vit_jax.main"] + sys.argv[2:]
+cli.run(main.main)
+"""
+
+# Saves at 20, 40 and 60; the params at 60 are those of `uninterrupted`.
+SAVES_EVERY_20 = {**LONG, "checkpoint_every": 20}
+
+
+def assert_stopped_by_a_full_disk(stderr):
+  lines = stderr.strip().splitlines()
+  assert lines[0].startswith("error: ") and len(lines) <= 3, stderr[-3000:]
+  assert "No space left on device" in stderr
+  assert "Traceback" not in stderr
+
+
+def assert_resumes_to_the_end(workdir, args, config, expected):
+  code, stdout, stderr = finish(start_main(args))
+  assert code == 0, stderr[-3000:]
+  assert "Resuming at step 20 of 60" in stdout
+  step, params, _ = latest_checkpoint(workdir, config)
+  assert step == LONG["total_steps"]
+  assert_trees_equal(params, expected)
+  steps = [r["step"] for r in metric_rows(workdir)]
+  assert steps == list(range(1, LONG["total_steps"] + 1))
+
+
+def test_a_save_that_fails_stops_the_run_at_once_and_it_resumes(
+    digits_data_dir, tmp_path, uninterrupted):
+  config, expected = uninterrupted
+  workdir = str(tmp_path / "run")
+  args = main_flags(workdir, digits_data_dir, **SAVES_EVERY_20)
+  failed = subprocess.run([sys.executable, "-c", FAIL_SAVE, "40", *args],
+                          cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+  assert failed.returncode == 2, failed.stderr[-3000:]
+  assert_stopped_by_a_full_disk(failed.stderr)
+  assert (f"could not save a checkpoint in {workdir}/checkpoints" in
+          failed.stderr)
+  assert "the checkpoint of step 20 is complete" in failed.stderr
+  # Within steps of the failure, not at the next save (60) as before.
+  assert 40 <= max(r["step"] for r in metric_rows(workdir)) < 60
+  step, _, _ = latest_checkpoint(workdir, config)
+  assert step == 20
+  assert_resumes_to_the_end(workdir, args, config, expected)
+
+
+def test_a_full_disk_stops_the_run_and_it_resumes_once_there_is_room(
+    digits_data_dir, tmp_path, uninterrupted):
+  config, expected = uninterrupted
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  # Room for the first checkpoint (about 0.5 MB) but not for a second one.
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=800k",
+                            "tmpfs", str(disk)], capture_output=True)
+  if mounted.returncode:
+    pytest.skip("mounting a small tmpfs needs root")
+  try:
+    workdir = str(disk / "run")
+    args = main_flags(workdir, digits_data_dir, **SAVES_EVERY_20)
+    code, _, stderr = finish(start_main(args))
+    assert code == 2, stderr[-3000:]
+    assert_stopped_by_a_full_disk(stderr)
+    step, _, _ = latest_checkpoint(workdir, config)
+    assert step == 20
+    subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+    assert_resumes_to_the_end(workdir, args, config, expected)
+  finally:
+    subprocess.run(["umount", str(disk)], check=False)

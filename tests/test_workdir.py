@@ -1,9 +1,11 @@
 """A workdir guards its run: changed configs are refused, nothing written."""
 
+import errno
+import io
 import json
 import os
 
-from vit_jax import train
+from vit_jax import train, writers
 from tests.util import (finish, latest_checkpoint, main_flags, small_config,
                         start_main)
 
@@ -56,3 +58,29 @@ def test_extending_total_steps_is_allowed_and_recorded(digits_data_dir,
     changes = [json.loads(line)["changes"] for line in f]
   assert changes == [{"log_every": {"old": 3, "new": 2},
                       "total_steps": {"old": 3, "new": 6}}]
+
+
+class _FillsUp(io.FileIO):
+  """A file on a disk with room for 5 more bytes."""
+
+  def write(self, data):
+    if self.tell() >= self._full_at:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return super().write(bytes(data)[:self._full_at - self.tell()])
+
+
+def test_a_row_that_does_not_fit_leaves_nothing_of_itself(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_bytes(b'{"step": 1}\n')
+  with _FillsUp(path, "ab") as f:
+    f._full_at = len(path.read_bytes()) + 5  # pylint: disable=protected-access
+    try:
+      writers.append_line(f, '{"step": 2, "train_loss": 0.5}')
+    except OSError as e:
+      assert e.errno == errno.ENOSPC
+    else:
+      raise AssertionError("the write should have failed")
+  assert path.read_bytes() == b'{"step": 1}\n'
+  with open(path, "ab", buffering=0) as f:
+    writers.append_line(f, '{"step": 2}')
+  assert path.read_bytes() == b'{"step": 1}\n{"step": 2}\n'

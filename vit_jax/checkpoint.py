@@ -12,6 +12,8 @@ layer axis), each also under the `opt/target/` or `params/` prefix that
 published files use; bfloat16 arrays load as float32.
 """
 
+import contextlib
+import errno
 import functools
 import os
 import re
@@ -66,17 +68,99 @@ def _register_array_handler():
 
 
 def manager(directory, keep):
-  """An orbax CheckpointManager keeping the newest `keep` steps."""
+  """An orbax CheckpointManager keeping the newest `keep` steps. A save that
+  a crash or a full disk left half-written is deleted when the next run
+  makes its manager."""
   _register_array_handler()
   return ocp.CheckpointManager(
       os.path.abspath(directory),
-      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           cleanup_tmp_directories=True))
 
 
 def save(checkpoints, step, state, progress):
-  """Saves `state` (a pytree of jax.Arrays) and `progress` (JSON) at `step`."""
-  checkpoints.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)))
+  """Starts saving `state` (a pytree of jax.Arrays) and `progress` (JSON) at
+  `step`, in the background; first raises a RunError if an earlier save
+  failed for want of storage."""
+  with _storage_errors(checkpoints, f"save the checkpoint of step {step}"):
+    checkpoints.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        progress=ocp.args.JsonSave(progress)))
+
+
+def check_saves(checkpoints):
+  """A RunError now if a background save has failed for want of storage
+  (a full disk, no permission, a storage service error): the loop calls it
+  every step, so a run stops within seconds of a failed save, not at the
+  next one."""
+  with _storage_errors(checkpoints, "save a checkpoint"):
+    checkpoints.check_for_errors()  # The arrays' writing.
+    if not checkpoints.is_saving_in_progress():
+      # Returns at once, raising what the finished save's last part (its
+      # metadata and the rename into place) failed with, if anything.
+      checkpoints.wait_until_finished()
+
+
+def finish(checkpoints):
+  """Waits for the save under way (the run resumes from it rather than an
+  older one); a RunError if it fails for want of storage."""
+  with _storage_errors(checkpoints, "save a checkpoint"):
+    checkpoints.wait_until_finished()
+
+
+# Why a save fails that is no bug: the OS's errno, or the status of a
+# tensorstore or cloud storage error (transient ones were retried first).
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM,
+                   errno.EROFS, errno.EIO}
+_STORAGE_STATUSES = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED",
+                     "UNAUTHENTICATED", "UNAVAILABLE", "DEADLINE_EXCEEDED",
+                     "DATA_LOSS")
+
+
+def storage_failure(exception):
+  """Why `exception` (or one it was raised from) is a failure of storage,
+  in a few words; None when it is not one."""
+  seen = set()
+  while exception is not None and id(exception) not in seen:
+    seen.add(id(exception))
+    if (isinstance(exception, OSError)
+        and exception.errno in _STORAGE_ERRNOS):
+      return os.strerror(exception.errno)
+    text = str(exception)
+    code = re.search(r"os_error_code='(\d+)'", text)
+    if code and int(code.group(1)) in _STORAGE_ERRNOS:
+      return os.strerror(int(code.group(1)))
+    status = re.search(r"\b(" + "|".join(_STORAGE_STATUSES) + r")\b", text)
+    if status:
+      return f"{status.group(1)} from storage: {text.splitlines()[0][:200]}"
+    exception = exception.__cause__ or exception.__context__
+  return None
+
+
+def complete_steps(directory):
+  """The steps whose checkpoints in `directory` are complete (renamed into
+  place; a save under way or cut short has a temporary name)."""
+  path = epath.Path(directory)
+  if not path.exists():
+    return []
+  return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
+
+
+@contextlib.contextmanager
+def _storage_errors(checkpoints, what):
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    cause = storage_failure(e)
+    if cause is None:
+      raise
+    steps = complete_steps(checkpoints.directory)
+    kept = (f"the checkpoint of step {steps[-1]} is complete" if steps
+            else "no checkpoint is complete yet")
+    raise errors.RunError(
+        f"could not {what} in {checkpoints.directory}: {cause}. Stopped; "
+        f"{kept}. Free space (or fix access) and run the same command to "
+        "resume.") from e
 
 
 def restore_latest(checkpoints, state_shapes):

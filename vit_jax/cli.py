@@ -175,6 +175,17 @@ def _configure_logging(verbose):
   logging.get_absl_handler().addFilter(_own_records)
   # TensorFlow's Python logger has a handler of its own.
   std_logging.getLogger("tensorflow").setLevel(std_logging.ERROR)
+  sys.excepthook = _hide_closed_event_loops
+
+
+def _hide_closed_event_loops(kind, value, traceback):
+  """A checkpoint write that fails (a full disk) ends orbax's event loop
+  while tensorstore's other writes are under way; each of their callbacks
+  then prints "RuntimeError: Event loop is closed" through sys.excepthook,
+  dozens of tracebacks after the one error that matters."""
+  if kind is RuntimeError and str(value) == "Event loop is closed":
+    return
+  sys.__excepthook__(kind, value, traceback)
 
 
 def _native_stdout_to_null():

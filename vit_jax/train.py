@@ -303,13 +303,14 @@ def train_and_evaluate(config, workdir):
           if save_now:
             checkpoint.save(manager, step, state,
                             {"train_seconds": clock.seconds()})
+        checkpoint.check_saves(manager)  # A failed save stops the run now.
         if stopping:
           last["stopped_at_step"] = step
           break
   finally:
     # Even when a step fails, the save under way completes: the run
     # resumes from it rather than from an older step.
-    manager.wait_until_finished()
+    checkpoint.finish(manager)
     writer.flush()
   if not last:  # Already finished in an earlier run: report, do not train.
     last = {**evaluate.run_all(polyak.eval_params(state)),

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from vit_jax import errors
+from vit_jax import errors, writers
 
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
@@ -70,10 +70,10 @@ def record(config, workdir, changes):
   if changes:
     logging.warning("Config changes on restart of %s:\n%s", workdir,
                     _describe(changes))
-    with open(os.path.join(workdir, CHANGES_FILE), "a") as f:
-      f.write(json.dumps({"time": time.time(), "changes": {
+    with open(os.path.join(workdir, CHANGES_FILE), "ab", buffering=0) as f:
+      writers.append_line(f, json.dumps({"time": time.time(), "changes": {
           key: {"old": old, "new": new} for key, (old, new) in
-          changes.items()}}) + "\n")
+          changes.items()}}))
   _write_atomically(os.path.join(workdir, CONFIG_FILE),
                     json.dumps(_as_json(config), indent=2))
 

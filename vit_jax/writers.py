@@ -18,12 +18,11 @@ class JsonlWriter(metric_writers.interface.MetricWriter):
   """Appends `{"step": n, name: value, ...}` lines to a file."""
 
   def __init__(self, path):
-    self._file = open(path, "a")
+    self._file = open(path, "ab", buffering=0)  # pylint: disable=consider-using-with
 
   def write_scalars(self, step, scalars):
     row = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
-    self._file.write(json.dumps(row) + "\n")
-    self._file.flush()
+    append_line(self._file, json.dumps(row))
 
   def write_summaries(self, step, values, metadata=None): pass
   def write_images(self, step, images): pass
@@ -32,8 +31,23 @@ class JsonlWriter(metric_writers.interface.MetricWriter):
   def write_texts(self, step, texts): pass
   def write_histograms(self, step, arrays, num_buckets=None): pass
   def write_hparams(self, hparams): pass
-  def flush(self): self._file.flush()
+  def flush(self): pass  # Unbuffered: each row is written when it comes.
   def close(self): self._file.close()
+
+
+def append_line(file, line):
+  """Appends `line` to `file` (opened with open(path, "ab", buffering=0))
+  whole or not at all: what a failing write (a full disk) left of it is cut
+  off before the error goes on."""
+  data = (line + "\n").encode()
+  end = file.seek(0, os.SEEK_END)
+  try:
+    written = 0
+    while written < len(data):  # A full disk may take part of it first.
+      written += file.write(data[written:])
+  except OSError:
+    file.truncate(end)
+    raise
 
 
 def create(workdir, resume_step):
