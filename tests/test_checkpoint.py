@@ -13,7 +13,7 @@ import pytest
 
 from tests import reference_vit
 from tests.util import randomize
-from vit_jax import checkpoint, models
+from vit_jax import checkpoint, models, storage
 
 TINY = dict(num_layers=3, hidden_size=32, mlp_dim=64, num_heads=4)
 
@@ -366,11 +366,11 @@ def test_missing_and_unexpected_keys_are_named(trained_tiny):
 
 
 def test_storage_failures_are_told_apart_from_bugs():
-  assert checkpoint.storage_failure(
+  assert storage.failure(
       OSError(errno.ENOSPC, "No space left on device")) == (
           "No space left on device")
   # Tensorstore's form, from orbax's background writes.
-  assert checkpoint.storage_failure(ValueError(
+  assert storage.failure(ValueError(
       'RESOURCE_EXHAUSTED: Error writing "params.head" in OCDBT database: '
       "Failed to write 294181 bytes to file 15: No space left on device "
       "[os_error_code='28']")) == "No space left on device"
@@ -380,11 +380,15 @@ def test_storage_failures_are_told_apart_from_bugs():
     except PermissionError as e:
       raise RuntimeError("commit failed") from e
   except RuntimeError as e:
-    assert checkpoint.storage_failure(e) == "Permission denied"
-  assert checkpoint.storage_failure(ValueError(
+    assert storage.failure(e) == "Permission denied"
+  assert storage.failure(ValueError(
       "PERMISSION_DENIED: gs://bucket/run/checkpoints/5")).startswith(
           "PERMISSION_DENIED from storage")
+  # TensorFlow's file errors (TensorBoard's writer) only say it.
+  assert storage.failure(RuntimeError(
+      "events.out.tfevents.1; No space left on device\n\tFailed to flush 8 "
+      "events")) == "No space left on device"
   # A bug stays a bug: its traceback is shown.
-  assert checkpoint.storage_failure(ValueError("shapes (3,) and (4,) do not "
+  assert storage.failure(ValueError("shapes (3,) and (4,) do not "
                                                "match")) is None
-  assert checkpoint.storage_failure(OSError(errno.ENOENT, "gone")) is None
+  assert storage.failure(OSError(errno.ENOENT, "gone")) is None

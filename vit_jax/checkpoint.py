@@ -12,8 +12,6 @@ layer axis), each also under the `opt/target/` or `params/` prefix that
 published files use; bfloat16 arrays load as float32.
 """
 
-import contextlib
-import errno
 import functools
 import os
 import re
@@ -29,7 +27,7 @@ import orbax.checkpoint as ocp
 import scipy.ndimage
 from absl import logging
 
-from vit_jax import errors, models
+from vit_jax import errors, models, storage
 
 POSEMB_KEY = models.POSEMB_KEY
 # Where a run keeps its orbax checkpoints, under its workdir.
@@ -108,35 +106,6 @@ def finish(checkpoints):
     checkpoints.wait_until_finished()
 
 
-# Why a save fails that is no bug: the OS's errno, or the status of a
-# tensorstore or cloud storage error (transient ones were retried first).
-_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM,
-                   errno.EROFS, errno.EIO}
-_STORAGE_STATUSES = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED",
-                     "UNAUTHENTICATED", "UNAVAILABLE", "DEADLINE_EXCEEDED",
-                     "DATA_LOSS")
-
-
-def storage_failure(exception):
-  """Why `exception` (or one it was raised from) is a failure of storage,
-  in a few words; None when it is not one."""
-  seen = set()
-  while exception is not None and id(exception) not in seen:
-    seen.add(id(exception))
-    if (isinstance(exception, OSError)
-        and exception.errno in _STORAGE_ERRNOS):
-      return os.strerror(exception.errno)
-    text = str(exception)
-    code = re.search(r"os_error_code='(\d+)'", text)
-    if code and int(code.group(1)) in _STORAGE_ERRNOS:
-      return os.strerror(int(code.group(1)))
-    status = re.search(r"\b(" + "|".join(_STORAGE_STATUSES) + r")\b", text)
-    if status:
-      return f"{status.group(1)} from storage: {text.splitlines()[0][:200]}"
-    exception = exception.__cause__ or exception.__context__
-  return None
-
-
 def complete_steps(directory):
   """The steps whose checkpoints in `directory` are complete (renamed into
   place; a save under way or cut short has a temporary name)."""
@@ -146,21 +115,12 @@ def complete_steps(directory):
   return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
 
 
-@contextlib.contextmanager
 def _storage_errors(checkpoints, what):
-  try:
-    yield
-  except Exception as e:  # pylint: disable=broad-except
-    cause = storage_failure(e)
-    if cause is None:
-      raise
+  def kept():
     steps = complete_steps(checkpoints.directory)
-    kept = (f"the checkpoint of step {steps[-1]} is complete" if steps
+    return (f"the checkpoint of step {steps[-1]} is complete" if steps
             else "no checkpoint is complete yet")
-    raise errors.RunError(
-        f"could not {what} in {checkpoints.directory}: {cause}. Stopped; "
-        f"{kept}. Free space (or fix access) and run the same command to "
-        "resume.") from e
+  return storage.stops_on_failure(f"{what} in {checkpoints.directory}", kept)
 
 
 def restore_latest(checkpoints, state_shapes):

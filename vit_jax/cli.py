@@ -175,17 +175,47 @@ def _configure_logging(verbose):
   logging.get_absl_handler().addFilter(_own_records)
   # TensorFlow's Python logger has a handler of its own.
   std_logging.getLogger("tensorflow").setLevel(std_logging.ERROR)
-  sys.excepthook = _hide_closed_event_loops
+  sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
 
 
-def _hide_closed_event_loops(kind, value, traceback):
-  """A checkpoint write that fails (a full disk) ends orbax's event loop
-  while tensorstore's other writes are under way; each of their callbacks
-  then prints "RuntimeError: Event loop is closed" through sys.excepthook,
-  dozens of tracebacks after the one error that matters."""
-  if kind is RuntimeError and str(value) == "Event loop is closed":
-    return
-  sys.__excepthook__(kind, value, traceback)
+class _WithoutClosedLoopTracebacks:
+  """`stream` (sys.stderr) less the tracebacks that end in "RuntimeError:
+  Event loop is closed". A checkpoint write that fails (a full disk) ends
+  orbax's event loop while tensorstore's other writes are under way; each
+  of their callbacks then prints one, dozens in all around the one error
+  that matters. Python prints them straight to sys.stderr, past
+  sys.excepthook."""
+
+  def __init__(self, stream):
+    self._stream = stream
+    self._partial = ""  # Of a line not yet ended.
+    self._traceback = []  # The lines of one being held back.
+
+  def write(self, text):
+    *lines, self._partial = (self._partial + text).split("\n")
+    for line in lines:
+      self._write_line(line + "\n")
+    return len(text)
+
+  def _write_line(self, line):
+    if not self._traceback and not line.startswith("Traceback ("):
+      self._stream.write(line)
+      return
+    self._traceback.append(line)
+    if line.startswith((" ", "Traceback (")):
+      return  # Its frames; the exception's own line ends it.
+    held, self._traceback = "".join(self._traceback), []
+    if line.strip() != "RuntimeError: Event loop is closed":
+      self._stream.write(held)
+
+  def flush(self):
+    if self._partial and not self._traceback:
+      self._stream.write(self._partial)
+      self._partial = ""
+    self._stream.flush()
+
+  def __getattr__(self, name):  # fileno, isatty, encoding, ...
+    return getattr(self._stream, name)
 
 
 def _native_stdout_to_null():

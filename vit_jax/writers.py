@@ -11,6 +11,8 @@ import os
 import jax
 from clu import metric_writers
 
+from vit_jax import storage
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -51,14 +53,32 @@ def append_line(file, line):
 
 
 def create(workdir, resume_step):
-  """The run's writer; only process 0 writes files, the others only log."""
+  """The run's writer; only process 0 writes files, the others only log.
+  A disk that cannot take the metrics stops the run in one message."""
   if jax.process_index() > 0:
     return metric_writers.create_default_writer(workdir, just_logging=True)
   path = os.path.join(workdir, METRICS_FILE)
   drop_rows_after(path, resume_step)
-  return metric_writers.MultiWriter([
+  return StoppingOnStorageFailure(metric_writers.MultiWriter([
       metric_writers.create_default_writer(workdir),
-      JsonlWriter(path)])
+      JsonlWriter(path)]), workdir)
+
+
+class StoppingOnStorageFailure:
+  """`writer`, whose storage failures (TensorBoard's asynchronous ones
+  among them, which surface at a later write or flush) end the run with
+  storage.stops_on_failure's message."""
+
+  def __init__(self, writer, workdir):
+    self._writer, self._workdir = writer, workdir
+
+  def write_scalars(self, step, scalars):
+    with storage.stops_on_failure(f"write the metrics in {self._workdir}"):
+      self._writer.write_scalars(step, scalars)
+
+  def flush(self):
+    with storage.stops_on_failure(f"write the metrics in {self._workdir}"):
+      self._writer.flush()
 
 
 def read_rows(workdir):
