@@ -197,9 +197,11 @@ def test_a_save_that_fails_stops_the_run_at_once_and_it_resumes(
   assert_resumes_to_the_end(workdir, args, config, expected)
 
 
-def test_a_full_disk_stops_the_run_and_it_resumes_once_there_is_room(
+def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(
     digits_data_dir, tmp_path, uninterrupted):
-  config, expected = uninterrupted
+  # The real thing behind the test above (whose restart covers this one's):
+  # tensorstore's and TensorBoard's own errors on a disk that is full.
+  config, _ = uninterrupted
   disk = tmp_path / "disk"
   disk.mkdir()
   # Room for the first checkpoint (about 0.5 MB) but not for a second one.
@@ -215,7 +217,5 @@ def test_a_full_disk_stops_the_run_and_it_resumes_once_there_is_room(
     assert_stopped_by_a_full_disk(stderr)
     step, _, _ = latest_checkpoint(workdir, config)
     assert step == 20
-    subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
-    assert_resumes_to_the_end(workdir, args, config, expected)
   finally:
     subprocess.run(["umount", str(disk)], check=False)
