@@ -265,10 +265,13 @@ def undecodable(encoded):
   if not encoded:
     return "empty file"
   try:
-    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
-    if tf.io.is_jpeg(encoded):  # Training decodes JPEGs and crops at once.
-      tf.io.decode_and_crop_jpeg(
-          encoded, tf.constant([0, 0, *image.shape[:2]]), channels=3)
+    if tf.io.is_jpeg(encoded):
+      # Training decodes a JPEG and crops it at once; the whole image as the
+      # window decodes all of it, as evaluation does.
+      height, width, _ = tf.io.extract_jpeg_shape(encoded).numpy()
+      tf.io.decode_and_crop_jpeg(encoded, [0, 0, height, width], channels=3)
+    else:
+      tf.io.decode_image(encoded, channels=3, expand_animations=False)
   except tf.errors.OpError as e:
     # "{{function_node ...}} Invalid PNG. ... [Op:DecodeImage]" -> the middle.
     message = re.sub(r"\{\{.*?\}\}|\[Op:\w+\]", "", e.message)

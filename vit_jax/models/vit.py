@@ -267,24 +267,25 @@ class ImageEncoder(nn.Module):
   uint8 images are scaled to [-1, 1] here, on the device; an optional BiT
   ResNet stem; the patch embedding; for masked patch prediction, a learned
   [mask] embedding that a `corruption` puts in; the class token first when
-  `class_token`; then the Encoder. Fields as VisionTransformer's.
+  `class_token`; then the Encoder. The other fields are VisionTransformer's,
+  whose `image_encoder` makes this module: their defaults are there.
   """
   patch_size: int
   hidden_size: int
   num_layers: int
   num_heads: int
   mlp_dim: int
-  class_token: bool = True
-  mask_token: bool = False
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  remat_policy: str = ""
-  scan_layers: bool = False
-  posemb: str = "learn"
-  resnet_stages: Optional[tuple] = None
-  resnet_width: int = 64
+  class_token: bool
+  mask_token: bool
+  dropout_rate: float
+  attention_dropout_rate: float
+  dtype: Dtype
+  param_dtype: Dtype
+  remat_policy: str
+  scan_layers: bool
+  posemb: str
+  resnet_stages: Optional[tuple]
+  resnet_width: int
 
   @nn.compact
   def __call__(self, images, *, train, corruption=None):
