@@ -37,7 +37,7 @@ transfer: $(VENV)/installed
 	done
 
 test: $(VENV)/installed
-	$(TEST_ENV) $(PYTHON) -m pytest -n 2 -q --durations=15
+	$(TEST_ENV) $(PYTHON) -m pytest -n 2 --dist worksteal -q --durations=15
 
 clean:
 	rm -rf $(VENV) workdir
