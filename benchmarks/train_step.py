@@ -64,7 +64,8 @@ def prepared_step(config, num_classes=1000):
   batch = input_pipeline.to_global({
       "image": rng.integers(0, 256, (config.batch_size, size, size, 3),
                             np.uint8),
-      "label": rng.integers(0, num_classes, config.batch_size, np.int32)},
+      "label": rng.integers(0, num_classes, config.batch_size, np.int32),
+      "mask": np.ones(config.batch_size, np.float32)},
       program.batch_sharding)
   return program.train_step, state, batch
 

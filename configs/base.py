@@ -20,8 +20,9 @@ def get_config():
   # Evaluation resizes to image_size; f < 1 resizes to image_size / f and
   # takes the central crop (0.875: 256 -> 224).
   config.eval_crop_fraction = 1.0
-  # A folder dataset's files that do not decode are left out when it is
-  # prepared: "skip" trains on the rest, "refuse" stops before training.
+  # Images that do not decode: "skip" leaves them out, counts and names
+  # them (a folder's when it is prepared, a TFDS record's when it is read);
+  # "refuse" stops the run at the first (vit_jax/broken_images.py).
   config.broken_images = "skip"
   # `name` ("B/16") gives the sizes (Table 1); any other field overrides
   # models.create's. posemb: "learn" (1-D, as released), "learn2d",

@@ -87,7 +87,8 @@ def test_real_evaluator_scores_the_sets_of_every_image(real_validation):
   pixels = np.stack([preprocess.eval_resize(preprocess.decode(image), 8)
                      for image in images])
   logits = program.model.apply({"params": params}, pixels, train=False)
-  assert got == {"real_accuracy": real.accuracy(logits, REAL_SETS)}
+  assert got == {"real_accuracy": real.accuracy(logits, REAL_SETS),
+                 "real_examples": len(REAL_SETS)}
   assert 0 < got["real_accuracy"] < 1
 
 

@@ -151,8 +151,8 @@ OUTPUT_LINES = [
     r"step 1/4 \| loss \d\.\d{4} \| first step \(compiles\) \d+s",
     r"step 2/4 \| loss \d\.\d{4} \| [\d,]+ img/s \| ETA \d+s",
     r"step 4/4 \| loss \d\.\d{4} \| [\d,]+ img/s \| ETA 0s",
-    r"step 4/4 \| test_accuracy \d\.\d{4}",
-    r"test_accuracy \d\.\d{4} \| core_days \d\.\d+ \| TensorBoard: "
+    r"step 4/4 \| test_accuracy \d\.\d{4} \| test_examples 360",
+    r"test_accuracy \d\.\d{4} \| test_examples 360 \| core_days \d\.\d+ \| TensorBoard: "
     r"tensorboard --logdir .*",
 ]
 

@@ -33,7 +33,7 @@ from absl import logging
 
 # Imported for its side effect: registering the shipped TFDS builders.
 from vit_jax import datasets  # pylint: disable=unused-import
-from vit_jax import errors, preprocess
+from vit_jax import broken_images, errors, preprocess
 from vit_jax.datasets import folder, vtab
 
 # Built by vit_jax.datasets, so prepared on first use instead of requiring
@@ -105,16 +105,10 @@ def describe_broken(broken, builder, shown=3):
   return "\n".join(lines)
 
 
-BROKEN_IMAGE_POLICIES = ("skip", "refuse")
-
-
 def check_broken_images(dataset, data_dir, policy):
   """Refuses a folder dataset that left images out, where `policy`
   (config.broken_images) is "refuse"; "skip" trains on the rest."""
-  if policy not in BROKEN_IMAGE_POLICIES:
-    raise errors.InputError(
-        f"config.broken_images must be one of {BROKEN_IMAGE_POLICIES}, got "
-        f"{policy!r}")
+  broken_images.check_policy(policy)
   if policy == "skip" or not dataset.startswith(FOLDER_PREFIX):
     return
   builder = get_builder(dataset, data_dir)
@@ -239,10 +233,13 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
   shuffled anew each epoch. A process reads only the shares in `shares` (the
   blocks its devices hold, consecutive) and yields their blocks concatenated:
   {"image": uint8 [rows, image_size, image_size, 3] (preprocess.py),
-  "label": int32 [rows]}, rows = batch_size / num_shares * len(shares).
-  The global batches are therefore the same for any number of processes,
-  and batch k of a stream started at `start_step` equals batch
-  start_step + k of one started at 0, augmentations included.
+  "label": int32 [rows], "mask": float32 [rows], "index": int32 [rows]},
+  rows = batch_size / num_shares * len(shares). "mask" is 0.0 for an example
+  whose image does not decode, a row of zeros, and "index" is each record's
+  position in the split (broken_images.py). The global batches are
+  therefore the same for any number of processes, and batch k of a stream
+  started at `start_step` equals batch start_step + k of one started at 0,
+  augmentations included.
 
   Resuming reads at most one epoch of each share, however late the step:
   the epoch of `start_step` is computed rather than replayed, and only the
@@ -251,16 +248,15 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
   names = preprocess.parse_augmentations(augment)
   block = _block_size(batch_size, image_size, shares, num_shares)
   source = get_source(dataset, data_dir)
-  builder = source.builder
-  _num_examples(builder, dataset, split)  # A clear error for a missing split.
+  _num_examples(source.builder, dataset, split)  # A missing split's error.
   blocks = []
-  for share in shares:
-    share_split = tfds.even_splits(split, num_shares)[share]
-    size = _share_size(builder, split, share_split, num_shares)
+  for share, (share_split, offset) in _shares(source.builder, split,
+                                              num_shares, shares):
+    size = _share_size(source.builder, split, share_split, num_shares)
     share_key = tf.constant([seed, share], tf.int64)
     # Records in file order; each epoch shuffles them with its own seed, a
     # function of (seed, share, epoch), so any epoch can be built directly.
-    records = _records(source, share_split)
+    records = _records(source, share_split, offset)
 
     def epoch(number, records=records, share_key=share_key, size=size):
       epoch_seed = tf.random.stateless_uniform(
@@ -269,13 +265,14 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
       return records.shuffle(min(shuffle_buffer, size), seed=epoch_seed,
                              reshuffle_each_iteration=False)
 
-    def train_example(position, example, share_key=share_key):
+    def train_example(position, record, share_key=share_key):
       # Seeded by the example's position in its share's stream: the same
       # pixels wherever the run (re)started.
+      _, example = record
       example_seed = tf.random.experimental.stateless_fold_in(share_key,
                                                               position)
-      image = preprocess.decode_and_augment(example[source.image_key], names,
-                                            example_seed, image_size)
+      image = preprocess.decode_and_augment(example[source.image_key],
+                                            names, example_seed, image_size)
       return {"image": preprocess.resize(image, image_size),
               "label": source.label(example)}
 
@@ -284,9 +281,9 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
     examples = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
     examples = examples.enumerate(start=first_epoch * size)
     examples = examples.skip(first - first_epoch * size)
-    examples = examples.map(train_example, num_parallel_calls=tf.data.AUTOTUNE,
-                            deterministic=True)
-    blocks.append(examples.batch(block, drop_remainder=True))
+    blocks.append(broken_images.decode_blocks(
+        examples, block, train_example,
+        index=lambda position, record: record[0]))
   return _concatenate(blocks)
 
 
@@ -296,9 +293,11 @@ def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
   """This process's rows of every evaluation batch over `split`, once.
 
   As in training, block s of every global batch comes from share s of the
-  split; the process yields the blocks of `shares` concatenated, each
-  example with "mask" 1.0 and padding with 0.0: {"image", "label",
-  "mask": float32 [rows]}. Every share yields the same number of blocks,
+  split; the process yields the blocks of `shares` concatenated: {"image",
+  "label", "mask": float32 [rows], "index": int32 [rows]}. "mask" is 1.0 for
+  an example, 0.0 for padding and for an example whose image does not
+  decode; "index" is the record's position in the split, -1 in padding
+  (broken_images.py). Every share yields the same number of blocks,
   ceil(largest share / block), so that the collectives of a multi-host
   evaluation line up and every example is counted exactly once.
 
@@ -314,40 +313,63 @@ def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
   source = get_source(dataset, data_dir)
   builder = source.builder
   _num_examples(builder, dataset, split)  # A clear error for a missing split.
-  share_splits = tfds.even_splits(split, num_shares)
-  largest = max(builder.info.splits[s].num_examples for s in share_splits)
+  largest = max(builder.info.splits[s].num_examples
+                for s in tfds.even_splits(split, num_shares))
   num_blocks = -(-largest // block)  # Ceiling division.
 
-  def eval_example(example):
+  def eval_example(index, example):
+    del index
     image = preprocess.decode(example[source.image_key])
     return {"image": preprocess.eval_resize(image, image_size,
                                             eval_crop_fraction),
             "label": source.label(example),
-            "mask": tf.constant(1.0),
             **(extras(example) if extras else {})}
 
+  def padded(rows):
+    # The last block of a share, filled up to `block` rows of padding.
+    missing = block - tf.shape(rows["index"])[0]
+    return {key: tf.pad(value, [[0, missing]] + [[0, 0]] * (value.shape.rank
+                                                            - 1),
+                        constant_values=-1 if key == "index" else 0)
+            for key, value in rows.items()}
+
   blocks = []
-  for share in shares:
-    examples = _records(source, share_splits[share]).map(
-        eval_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    padding = tf.data.Dataset.from_tensors(tf.nest.map_structure(
-        lambda spec: tf.zeros(spec.shape, spec.dtype),
-        examples.element_spec)).repeat()
-    examples = examples.concatenate(padding).take(num_blocks * block)
-    blocks.append(examples.batch(block, drop_remainder=True))
+  for _, (share_split, offset) in _shares(builder, split, num_shares, shares):
+    decoded = broken_images.decode_blocks(
+        _records(source, share_split, offset), block, eval_example,
+        index=lambda index, example: index)
+    blocks.append(decoded.map(padded).concatenate(
+        _padding_blocks(decoded.element_spec, block)).take(num_blocks))
   return _concatenate(blocks)
 
 
-def _records(source, split):
-  """A split's examples in file order, the image left encoded (decoding is
-  the pipeline's, which can crop while decoding)."""
+def _padding_blocks(spec, block):
+  """Blocks of padding rows, forever: zeros, "index" -1."""
+  rows = {key: tf.fill([block, *value.shape[1:]],
+                       tf.constant(-1 if key == "index" else 0, value.dtype))
+          for key, value in spec.items()}
+  return tf.data.Dataset.from_tensors(rows).repeat()
+
+
+def _shares(builder, split, num_shares, shares):
+  """(share, (its split, the position of its first record in `split`))."""
+  share_splits = tfds.even_splits(split, num_shares)
+  sizes = [builder.info.splits[s].num_examples for s in share_splits]
+  for share in shares:
+    yield share, (share_splits[share], sum(sizes[:share]))
+
+
+def _records(source, split, offset):
+  """(position in the split, counted from `offset`; example) of a split's
+  examples in file order, the image left encoded (decoding is the
+  pipeline's, which can crop while decoding)."""
   records = source.builder.as_dataset(
       split=split, shuffle_files=False,
       decoders={source.image_key: tfds.decode.SkipDecoding()})
-  if source.fix_image is None:
-    return records
-  key, fix = source.image_key, source.fix_image
-  return records.map(lambda example: {**example, key: fix(example[key])})
+  if source.fix_image is not None:
+    key, fix = source.image_key, source.fix_image
+    records = records.map(lambda example: {**example, key: fix(example[key])})
+  return records.enumerate(start=offset)
 
 
 def _block_size(batch_size, image_size, shares, num_shares):

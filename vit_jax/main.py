@@ -16,7 +16,7 @@ import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
 from absl import flags, logging
 
-from vit_jax import cli, tool_flags, train
+from vit_jax import cli, progress as progress_lib, tool_flags, train
 
 tool_flags.define_training()
 
@@ -36,8 +36,9 @@ def main(argv):
   # What the evaluators measured last: their names prefix their metrics.
   prefixes = tuple(f"{name}{sep}" for name in flags.FLAGS.config.evaluators
                    for sep in "_/")
-  scores = [f"{key} {value:.4f}" for key, value in sorted(result.items())
-            if key.startswith(prefixes)]
+  scores = progress_lib.scores({key: value for key, value in
+                                sorted(result.items())
+                                if key.startswith(prefixes)})
   print(" | ".join([*scores, f"core_days {result['core_days']:.6f}",
                     f"TensorBoard: tensorboard --logdir "
                     f"{os.path.abspath(workdir)}"]))

@@ -174,7 +174,9 @@ def build_step(config, devices, classes, unroll=False):
   shapes = {"image": jax.ShapeDtypeStruct((batch, size, size, 3), jnp.uint8,
                                           sharding=program.batch_sharding),
             "label": jax.ShapeDtypeStruct((batch,), jnp.int32,
-                                          sharding=program.batch_sharding)}
+                                          sharding=program.batch_sharding),
+            "mask": jax.ShapeDtypeStruct((batch,), jnp.float32,
+                                         sharding=program.batch_sharding)}
   return program, shapes
 
 

@@ -29,6 +29,12 @@ def describe_run(config, mesh, workdir, start_step, resumed):
           f"{sharding.describe_mesh(mesh.shape)}), workdir {os.path.abspath(workdir)}")
 
 
+def scores(results):
+  """"name value" for each result: fractions to 4 decimals, counts whole."""
+  return [f"{name} {value:.4f}" if isinstance(value, float) else
+          f"{name} {value}" for name, value in results.items()]
+
+
 def duration(seconds):
   """3725 -> '1h02m', 84 -> '1m24s', 9.4 -> '9s'."""
   seconds = int(round(seconds))
@@ -93,8 +99,8 @@ class Progress:
   def results(self, step, results):
     """The evaluators' results at `step`, if any ran."""
     if results:
-      self.say(" | ".join([f"step {step:>{self._width}}/{self._total}"] + [
-          f"{name} {value:.4f}" for name, value in results.items()]))
+      self.say(" | ".join([f"step {step:>{self._width}}/{self._total}",
+                           *scores(results)]))
       # The next line's img/s counts training only.
       self._last_line = (step, self._clock())
 

@@ -18,10 +18,10 @@ import optax
 from jax.sharding import NamedSharding
 from clu import parameter_overview
 
-from vit_jax import (checkpoint, compute, errors, evaluators, input_pipeline,
-                     models, optim, polyak, preemption, preprocess,
-                     pretrained, progress as progress_lib, sharding, timing,
-                     writers)
+from vit_jax import (broken_images, checkpoint, compute, errors, evaluators,
+                     input_pipeline, models, optim, polyak, preemption,
+                     preprocess, pretrained, progress as progress_lib,
+                     sharding, timing, writers)
 from vit_jax import workdir as workdir_lib
 
 @flax.struct.dataclass
@@ -63,45 +63,50 @@ def abstract_state(model, tx, image_size, polyak_decay, mesh):
 
 def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
                     unroll=False):
-  """state, batch -> state, metrics; gradients averaged over micro-batches.
+  """state, batch -> state, metrics; the gradient of the batch's mean loss,
+  summed over micro-batches.
 
   unroll: trace the micro-batch loop unrolled, for vit_jax.plan (XLA's cost
   analysis counts a loop's body once); runs keep the loop, which compiles
   one micro-step and frees each one's activations before the next.
   """
 
-  def loss_and_grads(params, images, labels, key):
-    return jax.value_and_grad(model.loss)(params, images, labels, key)
+  def loss_and_grads(params, batch, weights, key):
+    return jax.value_and_grad(model.loss)(params, batch["image"],
+                                          batch["label"], weights, key)
 
   def train_step(state, batch):
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
+    # The mean over the batch's examples, without the rows whose image did
+    # not decode (mask 0, broken_images.py): each example weighs 1 / count.
+    mask = batch["mask"]
+    weights = mask / jnp.maximum(mask.sum(), 1)
     if accum_steps == 1:
-      loss, grads = loss_and_grads(state.params, batch["image"], batch["label"],
-                                   dropout_key)
+      loss, grads = loss_and_grads(state.params, batch, weights, dropout_key)
     else:
       # Micro-batch i takes examples i, i + A, i + 2A, ...: each device's
       # rows stay on that device, so splitting needs no communication.
       strided = jax.tree.map(
           lambda x: x.reshape(x.shape[0] // accum_steps, accum_steps,
-                              *x.shape[1:]), batch)
+                              *x.shape[1:]), {**batch, "weight": weights})
 
       def accumulate(carry, i):
         micro = jax.tree.map(lambda x: x[:, i], strided)
-        loss, grads = loss_and_grads(state.params, micro["image"],
-                                     micro["label"],
+        loss, grads = loss_and_grads(state.params, micro, micro["weight"],
                                      jax.random.fold_in(dropout_key, i))
         return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
       zeros = (jnp.zeros((), jnp.float32),
                jax.tree.map(jnp.zeros_like, state.params))
+      # Weighted sums over the micro-batches add up to the batch's mean.
       (loss, grads), _ = jax.lax.scan(accumulate, zeros,
                                       jnp.arange(accum_steps), unroll=unroll)
-      loss, grads = jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"train_loss": loss, "learning_rate": schedule(state.step),
-               "grad_norm": optax.tree.norm(grads)}
+               "grad_norm": optax.tree.norm(grads),
+               "skipped_examples": (mask == 0).sum()}
     average = polyak.update(state.polyak, params, polyak_decay)
     return TrainState(state.step + 1, params, opt_state, average), metrics
 
@@ -216,23 +221,27 @@ def ensure_finite(metrics, step):
 
 
 def resume_or_start(manager, program, config):
-  """(state, training seconds so far, whether it resumed): the latest
-  checkpoint's, or a new run's."""
+  """(state, progress, whether it resumed): the latest checkpoint's, or a
+  new run's. progress: training seconds and skipped examples so far."""
   restored = checkpoint.restore_latest(manager, program.state_shapes)
   if restored:
     state, progress = restored
-    return state, progress["train_seconds"], True
-  return initial_state(program, config), 0.0, False
+    return state, {"skipped_examples": 0, **progress}, True
+  return (initial_state(program, config),
+          {"train_seconds": 0.0, "skipped_examples": 0}, False)
 
 
 def train_batches(config, mesh, start_step):
-  """This process's share of each global batch, from `start_step` on."""
+  """This process's share of each global batch, from `start_step` on; the
+  log names the first broken images (broken_images.named)."""
   shares, num_shares = sharding.process_shares(mesh)
-  return input_pipeline.train_dataset(
+  batches = input_pipeline.train_dataset(
       config.dataset, config.train_split, batch_size=config.batch_size,
       image_size=config.image_size, augment=config.augment, seed=config.seed,
       start_step=start_step, shares=shares, num_shares=num_shares,
       data_dir=config.data_dir).as_numpy_iterator()
+  return broken_images.named(batches, f"{config.dataset} "
+                             f"{config.train_split}", config.broken_images)
 
 
 def due(step, every, last_step):
@@ -253,7 +262,7 @@ def train_and_evaluate(config, workdir):
   changes = workdir_lib.check(config, workdir)  # Before anything is written.
   manager = checkpoint.manager(os.path.join(workdir, checkpoint.SUBDIR),
                                config.keep_checkpoints)
-  state, train_seconds, resumed = resume_or_start(manager, program, config)
+  state, progress, resumed = resume_or_start(manager, program, config)
   workdir_lib.record(config, workdir, changes)
   evaluate = evaluators.Evaluators(config, program)
   start_step, total = int(state.step), config.total_steps
@@ -267,7 +276,8 @@ def train_and_evaluate(config, workdir):
                                   enabled=jax.process_index() == 0)
   printer.say(progress_lib.describe_run(config, mesh, workdir, start_step,
                                          resumed))
-  clock = timing.RunClock(train_seconds, jax.device_count())
+  clock = timing.RunClock(progress["train_seconds"], jax.device_count())
+  skipped = broken_images.Count(progress["skipped_examples"])
   window = timing.Window(config.batch_size, jax.device_count(),
                          compute.Throughput(config, num_classes))
   last, previous = {}, None
@@ -284,6 +294,7 @@ def train_and_evaluate(config, workdir):
         if previous is not None:
           ensure_finite(previous, step - 1)
         previous = metrics
+        skipped.add(metrics.pop("skipped_examples"))
         window.add(metrics, compiled=step == start_step + 1)
         stopping = stop_requested(step)
         log_now = stopping or due(step, config.log_every, total)
@@ -291,6 +302,8 @@ def train_and_evaluate(config, workdir):
         if log_now or save_now or evaluate.any_due(step):
           ensure_finite(metrics, step)
         row = window.row() if log_now else {}
+        if log_now:
+          row["train_skipped_examples"] = skipped.total()
         printer.step(step, lambda: float(metrics["train_loss"]))
         with window.paused():  # Evaluation and saving are not steps.
           results = evaluate.run_due(step, polyak.eval_params(state))
@@ -302,7 +315,8 @@ def train_and_evaluate(config, workdir):
             last.update(row)
           if save_now:
             checkpoint.save(manager, step, state,
-                            {"train_seconds": clock.seconds()})
+                            {"train_seconds": clock.seconds(),
+                             "skipped_examples": skipped.total()})
         checkpoint.check_saves(manager)  # A failed save stops the run now.
         if stopping:
           last["stopped_at_step"] = step

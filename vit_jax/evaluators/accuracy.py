@@ -1,7 +1,8 @@
 """Top-1 accuracy over a split, every example counted once across hosts.
 
 Settings (config.evaluators.NAME): split, and dataset ("": the run's
-config.dataset). Logs NAME_accuracy.
+config.dataset). Logs NAME_accuracy and NAME_examples, the examples scored
+(and NAME_skipped_examples, those whose image does not decode, if any).
 """
 
 import jax.numpy as jnp
@@ -12,9 +13,11 @@ DEFAULTS = dict(dataset="", split="test")
 
 
 def counts(logits, batch):
-  """Correct top-1 predictions and examples in a masked batch."""
+  """Correct top-1 predictions, examples counted and examples scored in a
+  masked batch (here the same)."""
   hits = (jnp.argmax(logits, axis=-1) == batch["label"]) * batch["mask"]
-  return {"correct": hits.sum(), "count": batch["mask"].sum()}
+  return {"correct": hits.sum(), "count": batch["mask"].sum(),
+          "examples": batch["mask"].sum()}
 
 
 class Accuracy:
@@ -41,4 +44,6 @@ class Accuracy:
     totals = batches.sum_over(self.step, params, batches.global_batches(
         self.program, self.config, self.settings.dataset,
         self.settings.split, extras=self.extras))
-    return {f"{self.name}_accuracy": totals["correct"] / totals["count"]}
+    return {f"{self.name}_accuracy": totals["correct"] / totals["count"],
+            **batches.scored(self.name, self.config, self.settings.dataset,
+                             self.settings.split, totals["examples"])}

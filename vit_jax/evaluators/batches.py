@@ -3,20 +3,33 @@ of (params, batch) over the run's shardings."""
 
 import jax
 
-from vit_jax import input_pipeline, sharding
+from vit_jax import broken_images, input_pipeline, sharding
 
 
 def global_batches(program, config, dataset, split, extras=None):
   """Every evaluation batch of `split` as global arrays, padded and masked
-  (input_pipeline.eval_dataset), read by each process for its devices."""
+  (input_pipeline.eval_dataset), read by each process for its devices; the
+  log names the first broken images (broken_images.named)."""
   shares, num_shares = sharding.process_shares(program.batch_sharding.mesh)
-  dataset = input_pipeline.eval_dataset(
-      dataset or config.dataset, split, batch_size=config.batch_size,
+  dataset = dataset or config.dataset
+  rows = input_pipeline.eval_dataset(
+      dataset, split, batch_size=config.batch_size,
       image_size=config.image_size, shares=shares, num_shares=num_shares,
       data_dir=config.data_dir,
       eval_crop_fraction=config.eval_crop_fraction, extras=extras)
-  for batch in dataset.as_numpy_iterator():
+  for batch in broken_images.named(rows.as_numpy_iterator(),
+                                   f"{dataset} {split}", config.broken_images):
     yield input_pipeline.to_global(batch, program.batch_sharding)
+
+
+def scored(name, config, dataset, split, examples):
+  """NAME_examples: the examples of `split` an evaluation scored, and
+  NAME_skipped_examples, those it could not (broken images), if any."""
+  total = input_pipeline.num_examples(dataset or config.dataset, split,
+                                      config.data_dir)
+  return {f"{name}_examples": examples,
+          **({f"{name}_skipped_examples": total - examples}
+             if examples < total else {})}
 
 
 def jit(program, fn):

@@ -4,7 +4,7 @@ Each validation image has a set of correct labels (Beyer et al. 2020); a
 prediction is right when it is in the set, and images whose set is empty
 are not counted. Settings (config.evaluators.NAME): dataset (TFDS
 imagenet2012_real, whose "real_label" feature holds the sets) and split.
-Logs NAME_accuracy.
+Logs NAME_accuracy and NAME_examples, as the accuracy evaluator.
 """
 
 import jax.numpy as jnp
@@ -45,11 +45,12 @@ def accuracy(logits, real_labels):
 
 
 def counts(logits, batch):
-  """Right predictions and labelled examples in a masked batch whose "real"
-  holds each image's label set as a multi-hot."""
+  """Right predictions, labelled examples and examples scored in a masked
+  batch whose "real" holds each image's label set as a multi-hot."""
   correct, labelled = hits(logits, batch["real"])
   counted = labelled & (batch["mask"] > 0)
-  return {"correct": (correct & counted).sum(), "count": counted.sum()}
+  return {"correct": (correct & counted).sum(), "count": counted.sum(),
+          "examples": batch["mask"].sum()}
 
 
 class Real(top1.Accuracy):

@@ -439,12 +439,14 @@ class VisionTransformer(nn.Module):
     return self.classify(self.encoder(images, train=train))
 
   @nn.nowrap
-  def loss(self, params, images, labels, key):
-    """The training loss: mean cross-entropy; `key` draws the dropout."""
+  def loss(self, params, images, labels, weights, key):
+    """The training loss: the examples' cross-entropies summed with
+    `weights` (1/n each for the mean over n; 0 leaves a row out); `key` draws
+    the dropout."""
     logits = self.apply({"params": params}, images, train=True,
                         rngs={"dropout": key})
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits, labels).mean()
+    return (weights * optax.softmax_cross_entropy_with_integer_labels(
+        logits, labels)).sum()
 
   @nn.nowrap
   def check_options(self):
@@ -504,8 +506,9 @@ class MaskedPatchViT(VisionTransformer):
                                      corruption=corruption))
 
   @nn.nowrap
-  def loss(self, params, images, labels, key):
-    """The mean cross-entropy over the corrupted patches; labels are not
-    used. `key` draws the corruption and the dropout."""
+  def loss(self, params, images, labels, weights, key):
+    """Each image's mean cross-entropy over its corrupted patches, summed
+    with `weights` as VisionTransformer.loss; labels are not used. `key`
+    draws the corruption and the dropout."""
     del labels
-    return mpp_lib.loss(self, params, images, *jax.random.split(key))
+    return mpp_lib.loss(self, params, images, weights, *jax.random.split(key))

@@ -1,0 +1,155 @@
+"""TFDS records whose image does not decode: dropped, counted and named in
+training and evaluation, the same records after a resume."""
+
+import logging
+import os
+import shutil
+import signal
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.util import (assert_trees_equal, latest_checkpoint, made_once,
+                        metric_rows, small_config)
+from vit_jax import errors, input_pipeline, train
+
+# Positions in each split of the prepared digits whose image bytes are
+# replaced: by bytes that are no image, or by the first half of a PNG.
+BROKEN = {"train": {3: "garbage", 100: "truncated", 250: "garbage"},
+          "test": {7: "truncated", 200: "garbage"}}
+# One epoch of train[:256] in 4 shares of 64 is 8 steps of 32 examples.
+EPOCH = {"train_split": "train[:256]", "total_steps": 8}
+
+
+def break_records(data_dir):
+  """Rewrites the prepared digits in `data_dir` with BROKEN's images."""
+  folder = os.path.join(data_dir, "digits", "all", "1.0.0")
+  for split, broken in BROKEN.items():
+    path = os.path.join(folder, f"digits-{split}.tfrecord-00000-of-00001")
+    records = [bytes(r) for r in tf.data.TFRecordDataset(path)
+               .as_numpy_iterator()]
+    for position, kind in broken.items():
+      example = tf.train.Example.FromString(records[position])
+      image = example.features.feature["image"].bytes_list.value
+      image[0] = (b"not an image" if kind == "garbage"
+                  else image[0][:len(image[0]) // 2])
+      records[position] = example.SerializeToString()
+    with tf.io.TFRecordWriter(path) as writer:
+      for record in records:
+        writer.write(record)
+
+
+@pytest.fixture(scope="module")
+def broken_digits(digits_data_dir, tmp_path_factory):
+  """A data_dir whose digits hold the BROKEN records."""
+  def make(path):
+    shutil.copytree(os.path.join(digits_data_dir, "digits"),
+                    os.path.join(path, "digits"))
+    break_records(path)
+  return made_once(tmp_path_factory, "broken_digits", make)
+
+
+def one_epoch(data_dir):
+  """The rows of the first epoch of digits train[:256], 4 shares."""
+  batches = input_pipeline.train_dataset(
+      "digits", "train[:256]", batch_size=32, image_size=8,
+      augment="flip", shares=range(4), num_shares=4, data_dir=data_dir)
+  rows = list(batches.take(8).as_numpy_iterator())
+  return {key: np.concatenate([r[key] for r in rows]) for key in rows[0]}
+
+
+def test_training_rows_of_broken_records_are_masked_and_the_rest_kept(
+    digits_data_dir, broken_digits):
+  clean, broken = one_epoch(digits_data_dir), one_epoch(broken_digits)
+  # Every record once, in the same places as in the intact dataset.
+  np.testing.assert_array_equal(np.sort(broken["index"]), np.arange(256))
+  np.testing.assert_array_equal(broken["index"], clean["index"])
+  dropped = broken["mask"] == 0
+  assert set(broken["index"][dropped]) == set(BROKEN["train"])
+  assert not broken["image"][dropped].any()
+  # No usable image lost or changed: augmentations included.
+  np.testing.assert_array_equal(broken["image"][~dropped],
+                                clean["image"][~dropped])
+  np.testing.assert_array_equal(broken["label"][~dropped],
+                                clean["label"][~dropped])
+  assert (clean["mask"] == 1).all()
+
+
+def test_evaluation_rows_of_broken_records_are_masked_like_padding(
+    broken_digits):
+  rows = list(input_pipeline.eval_dataset(
+      "digits", "test", batch_size=64, image_size=8, shares=range(4),
+      num_shares=4, data_dir=broken_digits).as_numpy_iterator())
+  index = np.concatenate([r["index"] for r in rows])
+  mask = np.concatenate([r["mask"] for r in rows])
+  assert set(index[(mask == 0) & (index >= 0)]) == set(BROKEN["test"])
+  scored = index[mask == 1]
+  np.testing.assert_array_equal(
+      np.sort(scored), sorted(set(range(360)) - set(BROKEN["test"])))
+
+
+def config_for(data_dir, **overrides):
+  return small_config(data_dir, **{**EPOCH, "log_every": 4,
+                                   "checkpoint_every": 4,
+                                   "evaluators.test.every": 8, **overrides})
+
+
+def test_a_run_trains_and_evaluates_to_the_end_counting_and_naming_them(
+    broken_digits, tmp_path, caplog):
+  caplog.set_level(logging.WARNING)
+  result = train.train_and_evaluate(config_for(broken_digits), str(tmp_path))
+  assert result["train_skipped_examples"] == len(BROKEN["train"])
+  assert result["test_skipped_examples"] == len(BROKEN["test"])
+  assert result["test_examples"] == 360 - len(BROKEN["test"])
+  rows = metric_rows(tmp_path)
+  assert [r["train_skipped_examples"] for r in rows
+          if "train_skipped_examples" in r][-1] == len(BROKEN["train"])
+  named = " ".join(caplog.messages)
+  for position in BROKEN["train"]:
+    assert f"Skipped example {position} of digits train[:256]" in named
+  for position in BROKEN["test"]:
+    assert f"Skipped example {position} of digits test" in named
+
+
+def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_end(
+    broken_digits, tmp_path, monkeypatch):
+  # Two epochs: each drops every broken record once.
+  config = config_for(broken_digits, total_steps=16, log_every=1,
+                      checkpoint_every=16, **{"evaluators.test.every": 16})
+  whole = str(tmp_path / "whole")
+  expected = train.train_and_evaluate(config, whole)
+
+  real_build = train.build
+  steps = []
+
+  def sigterm_at_step_5(*args, **kwargs):
+    program = real_build(*args, **kwargs)
+
+    def step(state, batch):
+      steps.append(step)
+      if len(steps) == 5:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return program.train_step(state, batch)
+    return program._replace(train_step=step)
+
+  parted = str(tmp_path / "parted")
+  monkeypatch.setattr(train, "build", sigterm_at_step_5)
+  assert train.train_and_evaluate(config, parted)["stopped_at_step"] == 5
+  monkeypatch.setattr(train, "build", real_build)
+  result = train.train_and_evaluate(config, parted)
+  assert result["train_skipped_examples"] == (
+      expected["train_skipped_examples"]) == 2 * len(BROKEN["train"])
+  assert_trees_equal(latest_checkpoint(parted, config)[1],
+                     latest_checkpoint(whole, config)[1])
+  counts = lambda workdir: [r["train_skipped_examples"]
+                            for r in metric_rows(workdir)]
+  assert counts(parted) == counts(whole)
+
+
+def test_refuse_stops_the_run_at_the_first_broken_image(broken_digits,
+                                                         tmp_path):
+  config = config_for(broken_digits, broken_images="refuse")
+  with pytest.raises(errors.InputError, match="does not decode as an image, "
+                     "and config.broken_images is 'refuse'"):
+    train.train_and_evaluate(config, str(tmp_path))
