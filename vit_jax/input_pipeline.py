@@ -10,7 +10,9 @@ into arrays over all devices.
 Training streams are deterministic functions of (seed, step): each epoch's
 shuffle has its own seed, augmentations are seeded per example, and
 `start_step` jumps to its epoch and skips encoded records within it, so a
-resumed run sees the same batches as an uninterrupted one.
+resumed run sees the same batches as an uninterrupted one. A process decodes
+a batch's rows of all its shares at once (broken_images.decode_blocks): an
+image that does not decode becomes a masked row, in its place.
 
 A dataset is a TFDS name, one shipped with vit_jax ("digits"),
 "folder:PATH", a folder of images laid out by class (see
@@ -249,14 +251,30 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
   block = _block_size(batch_size, image_size, shares, num_shares)
   source = get_source(dataset, data_dir)
   _num_examples(source.builder, dataset, split)  # A missing split's error.
-  blocks = []
-  for share, (share_split, offset) in _shares(source.builder, split,
-                                              num_shares, shares):
+  offsets = _offsets(source.builder, split, num_shares)
+  starts = tf.constant(offsets, tf.int64)
+
+  def train_example(position, record):
+    # Seeded by the example's position in its share's stream: the same
+    # pixels wherever the run (re)started.
+    index, example = record
+    share = tf.cast(tf.searchsorted(starts, [index], side="right")[0] - 1,
+                    tf.int64)
+    example_seed = tf.random.experimental.stateless_fold_in(
+        tf.stack([tf.constant(seed, tf.int64), share]), position)
+    image = preprocess.decode_and_augment(example[source.image_key], names,
+                                          example_seed, image_size)
+    return {"image": preprocess.resize(image, image_size),
+            "label": source.label(example)}
+
+  streams = []
+  for share in shares:
+    share_split = tfds.even_splits(split, num_shares)[share]
     size = _share_size(source.builder, split, share_split, num_shares)
     share_key = tf.constant([seed, share], tf.int64)
     # Records in file order; each epoch shuffles them with its own seed, a
     # function of (seed, share, epoch), so any epoch can be built directly.
-    records = _records(source, share_split, offset)
+    records = _records(source, share_split, offsets[share])
 
     def epoch(number, records=records, share_key=share_key, size=size):
       epoch_seed = tf.random.stateless_uniform(
@@ -265,26 +283,14 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
       return records.shuffle(min(shuffle_buffer, size), seed=epoch_seed,
                              reshuffle_each_iteration=False)
 
-    def train_example(position, record, share_key=share_key):
-      # Seeded by the example's position in its share's stream: the same
-      # pixels wherever the run (re)started.
-      _, example = record
-      example_seed = tf.random.experimental.stateless_fold_in(share_key,
-                                                              position)
-      image = preprocess.decode_and_augment(example[source.image_key],
-                                            names, example_seed, image_size)
-      return {"image": preprocess.resize(image, image_size),
-              "label": source.label(example)}
-
     first = start_step * block  # Records of this share consumed before.
     first_epoch = first // size
     examples = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
     examples = examples.enumerate(start=first_epoch * size)
-    examples = examples.skip(first - first_epoch * size)
-    blocks.append(broken_images.decode_blocks(
-        examples, block, train_example,
-        index=lambda position, record: record[0]))
-  return _concatenate(blocks)
+    streams.append(examples.skip(first - first_epoch * size))
+  return _prefetched(broken_images.decode_blocks(
+      streams, block, train_example,
+      index=lambda position, record: record[0]))
 
 
 def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
@@ -313,50 +319,40 @@ def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
   source = get_source(dataset, data_dir)
   builder = source.builder
   _num_examples(builder, dataset, split)  # A clear error for a missing split.
-  largest = max(builder.info.splits[s].num_examples
-                for s in tfds.even_splits(split, num_shares))
-  num_blocks = -(-largest // block)  # Ceiling division.
-
-  def eval_example(index, example):
-    del index
-    image = preprocess.decode(example[source.image_key])
-    return {"image": preprocess.eval_resize(image, image_size,
-                                            eval_crop_fraction),
-            "label": source.label(example),
-            **(extras(example) if extras else {})}
-
-  def padded(rows):
-    # The last block of a share, filled up to `block` rows of padding.
-    missing = block - tf.shape(rows["index"])[0]
-    return {key: tf.pad(value, [[0, missing]] + [[0, 0]] * (value.shape.rank
-                                                            - 1),
-                        constant_values=-1 if key == "index" else 0)
-            for key, value in rows.items()}
-
-  blocks = []
-  for _, (share_split, offset) in _shares(builder, split, num_shares, shares):
-    decoded = broken_images.decode_blocks(
-        _records(source, share_split, offset), block, eval_example,
-        index=lambda index, example: index)
-    blocks.append(decoded.map(padded).concatenate(
-        _padding_blocks(decoded.element_spec, block)).take(num_blocks))
-  return _concatenate(blocks)
-
-
-def _padding_blocks(spec, block):
-  """Blocks of padding rows, forever: zeros, "index" -1."""
-  rows = {key: tf.fill([block, *value.shape[1:]],
-                       tf.constant(-1 if key == "index" else 0, value.dtype))
-          for key, value in spec.items()}
-  return tf.data.Dataset.from_tensors(rows).repeat()
-
-
-def _shares(builder, split, num_shares, shares):
-  """(share, (its split, the position of its first record in `split`))."""
   share_splits = tfds.even_splits(split, num_shares)
-  sizes = [builder.info.splits[s].num_examples for s in share_splits]
+  largest = max(builder.info.splits[s].num_examples for s in share_splits)
+  num_blocks = -(-largest // block)  # Ceiling division.
+  offsets = _offsets(builder, split, num_shares)
+
+  def slim(index, example):
+    # What evaluation reads of a record, in shapes that padding can take.
+    return index, {"image": example[source.image_key],
+                   "label": source.label(example),
+                   **(extras(example) if extras else {})}
+
+  def eval_example(index, record):
+    del index
+    image = preprocess.decode(record["image"])
+    return {**record, "image": preprocess.eval_resize(image, image_size,
+                                                      eval_crop_fraction)}
+
+  streams = []
   for share in shares:
-    yield share, (share_splits[share], sum(sizes[:share]))
+    examples = _records(source, share_splits[share], offsets[share]).map(slim)
+    padding = tf.data.Dataset.from_tensors((
+        tf.constant(-1, tf.int64),
+        tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
+                              examples.element_spec[1]))).repeat()
+    streams.append(examples.concatenate(padding).take(num_blocks * block))
+  return _prefetched(broken_images.decode_blocks(
+      streams, block, eval_example, index=lambda index, record: index))
+
+
+def _offsets(builder, split, num_shares):
+  """The position in `split` of each share's first record."""
+  sizes = [builder.info.splits[s].num_examples
+           for s in tfds.even_splits(split, num_shares)]
+  return [sum(sizes[:share]) for share in range(num_shares)]
 
 
 def _records(source, split, offset):
@@ -397,14 +393,7 @@ def _share_size(builder, split, share_split, num_shares):
   return size
 
 
-def _concatenate(blocks):
-  """Zips per-share block streams into this process's rows of each batch."""
-  if len(blocks) == 1:
-    batches = blocks[0]
-  else:
-    batches = tf.data.Dataset.zip(tuple(blocks)).map(
-        lambda *parts: tf.nest.map_structure(lambda *x: tf.concat(x, 0),
-                                             *parts))
+def _prefetched(batches):
   return batches.prefetch(PREFETCH_BATCHES).with_options(_options())
 
 
