@@ -7,17 +7,16 @@ config.dataset). Logs NAME_accuracy and NAME_examples, the examples scored
 
 import jax.numpy as jnp
 
+from vit_jax import input_pipeline
 from vit_jax.evaluators import batches
 
 DEFAULTS = dict(dataset="", split="test")
 
 
 def counts(logits, batch):
-  """Correct top-1 predictions, examples counted and examples scored in a
-  masked batch (here the same)."""
+  """Correct top-1 predictions and examples in a masked batch."""
   hits = (jnp.argmax(logits, axis=-1) == batch["label"]) * batch["mask"]
-  return {"correct": hits.sum(), "count": batch["mask"].sum(),
-          "examples": batch["mask"].sum()}
+  return {"correct": hits.sum(), "count": batch["mask"].sum()}
 
 
 class Accuracy:
@@ -29,9 +28,14 @@ class Accuracy:
   def __init__(self, name, settings, config, program):
     self.name, self.settings, self.config = name, settings, config
     self.program = program
-    self.step = batches.jit(program, lambda params, batch: self.counts(
-        program.model.apply({"params": params}, batch["image"], train=False),
-        batch))
+    # Examples scored (mask 1) beside what `counts` counts: ReaL counts
+    # only those with a label set.
+    self.step = batches.jit(program, lambda params, batch: {
+        **self.counts(program.model.apply({"params": params}, batch["image"],
+                                          train=False), batch),
+        "examples": batch["mask"].sum()})
+    self.total = input_pipeline.num_examples(
+        settings.dataset or config.dataset, settings.split, config.data_dir)
 
   @staticmethod
   def check(settings, config):
@@ -45,5 +49,4 @@ class Accuracy:
         self.program, self.config, self.settings.dataset,
         self.settings.split, extras=self.extras))
     return {f"{self.name}_accuracy": totals["correct"] / totals["count"],
-            **batches.scored(self.name, self.config, self.settings.dataset,
-                             self.settings.split, totals["examples"])}
+            **batches.scored(self.name, self.total, totals["examples"])}

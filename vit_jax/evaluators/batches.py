@@ -22,11 +22,10 @@ def global_batches(program, config, dataset, split, extras=None):
     yield input_pipeline.to_global(batch, program.batch_sharding)
 
 
-def scored(name, config, dataset, split, examples):
-  """NAME_examples: the examples of `split` an evaluation scored, and
-  NAME_skipped_examples, those it could not (broken images), if any."""
-  total = input_pipeline.num_examples(dataset or config.dataset, split,
-                                      config.data_dir)
+def scored(name, total, examples):
+  """NAME_examples: the examples of a split of `total` that an evaluation
+  scored, and NAME_skipped_examples, those it could not (broken images), if
+  any."""
   return {f"{name}_examples": examples,
           **({f"{name}_skipped_examples": total - examples}
              if examples < total else {})}

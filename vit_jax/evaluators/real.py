@@ -45,12 +45,11 @@ def accuracy(logits, real_labels):
 
 
 def counts(logits, batch):
-  """Right predictions, labelled examples and examples scored in a masked
-  batch whose "real" holds each image's label set as a multi-hot."""
+  """Right predictions and labelled examples in a masked batch whose "real"
+  holds each image's label set as a multi-hot."""
   correct, labelled = hits(logits, batch["real"])
   counted = labelled & (batch["mask"] > 0)
-  return {"correct": (correct & counted).sum(), "count": counted.sum(),
-          "examples": batch["mask"].sum()}
+  return {"correct": (correct & counted).sum(), "count": counted.sum()}
 
 
 class Real(top1.Accuracy):
