@@ -258,6 +258,8 @@ def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
     # Seeded by the example's position in its share's stream: the same
     # pixels wherever the run (re)started.
     index, example = record
+    # One decode serves all the process's shares (decode_blocks); the
+    # example's share is the one whose positions hold its index.
     share = tf.cast(tf.searchsorted(starts, [index], side="right")[0] - 1,
                     tf.int64)
     example_seed = tf.random.experimental.stateless_fold_in(
