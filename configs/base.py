@@ -29,17 +29,24 @@ def get_config():
   # "sincos2d" or "none" (Appendix D.4). mpp: pre-train by masked patch
   # prediction (configs/mpp.py). remat_policy and scan_layers trade
   # speed for memory and compile time, and leave the results as they are.
+  # layer_norm_epsilon, gelu ("tanh", "exact") and final_norm ("tokens",
+  # "pooled"): unset, they are init_from's (an HF or timm model's own),
+  # else the release's (1e-6, "tanh", "tokens"); the run records them.
   config.model = ml_collections.ConfigDict(dict(
       name="", classifier="token", representation_size=None,
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32",
-      remat_policy="", scan_layers=False, posemb="learn", mpp=False))
+      remat_policy="", scan_layers=False, posemb="learn", mpp=False,
+      layer_norm_epsilon=ml_collections.config_dict.placeholder(float),
+      gelu=ml_collections.config_dict.placeholder(str),
+      final_norm=ml_collections.config_dict.placeholder(str)))
   config.batch_size = 0
   config.accum_steps = 1  # Raise it where a batch does not fit in memory.
   config.total_steps = 0
   config.optimizer = ml_collections.ConfigDict(dict(
       name="", learning_rate=0.0, warmup_steps=0, decay="", weight_decay=0.0,
       grad_clip_norm=0.0, b1=0.9, b2=0.999, momentum=0.9))
-  # A checkpoint to start from: an .npz or a workdir of ours (DIR[:STEP]).
+  # A checkpoint to start from: an .npz, an HF transformers ViT directory,
+  # a timm .safetensors or a workdir of ours (DIR[:STEP]).
   config.init_from = ""
   config.polyak_decay = 0.0  # 0: no Polyak average of the params.
   # Pure data parallelism over every device; a model that does not fit can

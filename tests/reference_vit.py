@@ -5,19 +5,32 @@ code with vit_jax.models; the hybrids' ResNet from BiT's description
 (weight-standardised convolutions, GroupNorm, TensorFlow's "SAME" padding).
 It reads the flat '/'-keyed arrays of a release .npz directly, so agreement
 with our model checks both the model and the interchange.
+
+`forward_torch` reads PyTorch state dicts in their own names and layouts
+(HF transformers' ViT, timm's VisionTransformer), written from torch's
+conventions (Linear: x W^T + b; Conv2d weight [out, in, kh, kw]), sharing
+nothing with vit_jax.torch_layouts.
 """
 
 import numpy as np
+import scipy.special
 
 
-def _layer_norm(x, p):
+def _layer_norm(x, p, eps=1e-6):
   mean = x.mean(-1, keepdims=True)
   var = ((x - mean) ** 2).mean(-1, keepdims=True)
-  return (x - mean) / np.sqrt(var + 1e-6) * p["scale"] + p["bias"]
+  return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
 
 
 def _gelu_tanh(x):
   return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _gelu_exact(x):
+  return 0.5 * x * (1 + scipy.special.erf(x / np.sqrt(2)))
+
+
+GELU = {"tanh": _gelu_tanh, "exact": _gelu_exact}
 
 
 def _sub(flat, prefix):
@@ -100,8 +113,11 @@ def _bit_stem(flat, x):
   return x
 
 
-def forward(flat, images, classifier="token"):
-  """Logits of the released ViT (or hybrid) for NHWC `images`, float64."""
+def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
+  """Logits of the released ViT (or hybrid) for NHWC `images`, float64;
+  `eps` and `gelu` as other sources of weights compute (the release: 1e-6,
+  tanh)."""
+  ln = lambda x, p: _layer_norm(x, p, eps)
   flat = {k: np.asarray(v, np.float64) for k, v in flat.items()}
   images = np.asarray(images, np.float64)
   if "conv_root/kernel" in flat:
@@ -121,15 +137,99 @@ def forward(flat, images, classifier="token"):
                     if k.startswith("Transformer/encoderblock_")})
   for i in range(num_layers):
     blk = _sub(flat, f"Transformer/encoderblock_{i}/")
-    y = _layer_norm(x, _sub(blk, "LayerNorm_0/"))
+    y = ln(x, _sub(blk, "LayerNorm_0/"))
     x = x + _attention(y, _sub(blk, "MultiHeadDotProductAttention_1/"))
-    y = _layer_norm(x, _sub(blk, "LayerNorm_2/"))
+    y = ln(x, _sub(blk, "LayerNorm_2/"))
     mlp = _sub(blk, "MlpBlock_3/")
-    y = _gelu_tanh(y @ mlp["Dense_0/kernel"] + mlp["Dense_0/bias"])
+    y = GELU[gelu](y @ mlp["Dense_0/kernel"] + mlp["Dense_0/bias"])
     x = x + y @ mlp["Dense_1/kernel"] + mlp["Dense_1/bias"]
-  x = _layer_norm(x, _sub(flat, "Transformer/encoder_norm/"))
+  if "fc_norm/scale" not in flat:
+    x = ln(x, _sub(flat, "Transformer/encoder_norm/"))
 
   x = x[:, 0] if classifier == "token" else x.mean(axis=1)
+  if "fc_norm/scale" in flat:
+    x = ln(x, _sub(flat, "fc_norm/"))
   if "pre_logits/kernel" in flat:
     x = np.tanh(x @ flat["pre_logits/kernel"] + flat["pre_logits/bias"])
   return x @ flat["head/kernel"] + flat["head/bias"]
+
+
+def _linear(t, name, x):
+  return x @ t[name + ".weight"].T + t[name + ".bias"]
+
+
+def _torch_norm(t, name, x, eps):
+  return _layer_norm(x, {"scale": t[name + ".weight"],
+                         "bias": t[name + ".bias"]}, eps)
+
+
+def _heads_attention(q, k, v, num_heads):
+  """[n, L, D] queries, keys, values -> [n, L, D], heads split from D."""
+  n, length, width = q.shape
+  split = lambda a: a.reshape(n, length, num_heads, width // num_heads)
+  q, k, v = split(q), split(k), split(v)
+  logits = np.einsum("nqhd,nkhd->nhqk", q, k) / np.sqrt(width // num_heads)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum("nhqk,nkhd->nqhd", weights, v).reshape(n, length, width)
+
+
+def forward_torch(tensors, images, layout, num_heads, eps, gelu):
+  """Logits (or, with no head, the pooled features) of a PyTorch ViT state
+  dict for NHWC `images`, float64. layout: "hf" (transformers' hub names,
+  with or without the "vit." prefix of ViTForImageClassification) or
+  "timm"."""
+  t = {k[len("vit."):] if k.startswith("vit.") else k: np.asarray(v, np.float64)
+       for k, v in tensors.items()}
+  images = np.asarray(images, np.float64)
+  act = GELU[gelu]
+  embed = ("embeddings.patch_embeddings.projection" if layout == "hf"
+           else "patch_embed.proj")
+  weight = t[embed + ".weight"]
+  width, _, p, _ = weight.shape
+  n, h, w, c = images.shape
+  patches = images.reshape(n, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+  x = np.einsum("nijabc,dcab->nijd", patches, weight) + t[embed + ".bias"]
+  x = x.reshape(n, -1, width)
+  cls = t.get("embeddings.cls_token" if layout == "hf" else "cls_token")
+  posemb = t["embeddings.position_embeddings" if layout == "hf" else
+             "pos_embed"]
+  if cls is not None and posemb.shape[1] == x.shape[1]:  # no_embed_class
+    x = x + posemb
+  if cls is not None:
+    x = np.concatenate([np.broadcast_to(cls, (n, 1, width)), x], axis=1)
+  if posemb.shape[1] == x.shape[1]:
+    x = x + posemb
+  if layout == "hf":
+    names = dict(block="encoder.layer.{}.", norm1="layernorm_before",
+                 norm2="layernorm_after", fc1="intermediate.dense",
+                 fc2="output.dense", proj="attention.output.dense",
+                 norm="layernorm", head="classifier", pre_logits="pooler.dense")
+  else:
+    names = dict(block="blocks.{}.", norm1="norm1", norm2="norm2",
+                 fc1="mlp.fc1", fc2="mlp.fc2", proj="attn.proj", norm="norm",
+                 head="head", pre_logits="pre_logits.fc")
+  num_layers = len({k.split(".")[2 if layout == "hf" else 1] for k in t
+                    if k.startswith(names["block"].split("{")[0])})
+  for i in range(num_layers):
+    b = names["block"].format(i)
+    y = _torch_norm(t, b + names["norm1"], x, eps)
+    if layout == "hf":
+      q, k, v = (_linear(t, f"{b}attention.attention.{m}", y)
+                 for m in ("query", "key", "value"))
+    else:
+      q, k, v = np.split(_linear(t, b + "attn.qkv", y), 3, axis=-1)
+    x = x + _linear(t, b + names["proj"], _heads_attention(q, k, v,
+                                                            num_heads))
+    y = _torch_norm(t, b + names["norm2"], x, eps)
+    x = x + _linear(t, b + names["fc2"], act(_linear(t, b + names["fc1"], y)))
+  if "fc_norm.weight" in t:
+    x = _torch_norm(t, "fc_norm", x.mean(axis=1), eps)
+  else:
+    x = _torch_norm(t, names["norm"], x, eps)
+    x = x[:, 0] if cls is not None else x.mean(axis=1)
+  if names["pre_logits"] + ".weight" in t:
+    x = np.tanh(_linear(t, names["pre_logits"], x))
+  if names["head"] + ".weight" not in t:
+    return x
+  return _linear(t, names["head"], x)

@@ -187,6 +187,17 @@ def load_npz(path):
   return flax.traverse_util.unflatten_dict(to_release_layout(flat), sep="/")
 
 
+def npz_keys(path):
+  """The keys of an .npz, without reading its arrays."""
+  with epath.Path(path).open("rb") as f:
+    try:
+      with np.load(f, allow_pickle=False) as npz:
+        keys = npz.files
+    except (ValueError, EOFError, zipfile.BadZipFile, AttributeError) as e:
+      raise errors.InputError(f"{path} is not an .npz file of arrays") from e
+  return keys
+
+
 def _read_array(npz, key, path):
   try:
     array = npz[key]
@@ -212,7 +223,8 @@ def _read_array(npz, key, path):
 _PREFIXES = ("opt/target/", "params/")
 # What the release and big_vision layouts have at the top of the tree.
 _ROOT_LEAVES = ("cls", "pos_embedding")
-_ROOT_MODULES = ("embedding/", "Transformer/", "pre_logits/", "head/")
+_ROOT_MODULES = ("embedding/", "Transformer/", "fc_norm/", "pre_logits/",
+                 "head/")
 
 
 def _is_param_key(key):

@@ -31,7 +31,8 @@ CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
 # a run recorded without them did.
 ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
               "model.posemb": "learn", "model.mpp": False,
-              "broken_images": "skip"}
+              "broken_images": "skip", "model.layer_norm_epsilon": 1e-6,
+              "model.gelu": "tanh", "model.final_norm": "tokens"}
 
 
 def check(config, workdir):

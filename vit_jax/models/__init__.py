@@ -25,6 +25,13 @@ VARIANTS = {
 }
 PATCH_SIZES = (8, 14, 16, 32)
 
+# The fields that set what a model computes beyond its sizes, and the
+# release's values of them (vit.py says who uses which). They travel with a
+# model's params: a run started from another source's weights computes that
+# source's function (pretrained.function_of).
+FUNCTION_OPTIONS = {"layer_norm_epsilon": 1e-6, "gelu": "tanh",
+                    "final_norm": "tokens"}
+
 # The hybrids' BiT ResNet stems (units per stage), by ResNet and by the
 # pixels per token they give with patch size 1 on their feature map.
 # Three stages shrink the image 16 times (R50's fourth stage dropped and
@@ -62,7 +69,8 @@ def create(name, num_classes, **overrides):
   fields (hidden_size, num_layers, ...) for small models such as the digits
   one. Patch sizes outside PATCH_SIZES are accepted for small images (e.g. 2
   on 8x8). `mpp=True` gives the masked-patch-prediction model,
-  MaskedPatchViT, instead of the classifier.
+  MaskedPatchViT, instead of the classifier. FUNCTION_OPTIONS left None
+  take the release's values.
 
   A hybrid ("R50+B/16", "R50+L/32", "R26+S/32") puts the BiT ResNet stem of
   HYBRID_STAGES under the ViT, with patch size 1 on its feature map; the
@@ -79,6 +87,8 @@ def create(name, num_classes, **overrides):
   # `mpp` picks the head: masked patch prediction instead of classes.
   model_class = MaskedPatchViT if overrides.pop("mpp", False) else (
       VisionTransformer)
+  overrides = {key: value for key, value in overrides.items()
+               if not (key in FUNCTION_OPTIONS and value is None)}
   unknown = set(overrides) - set(VisionTransformer.__dataclass_fields__)
   if unknown:
     raise errors.InputError(
@@ -105,7 +115,7 @@ def grid_side(num_patches, what="the patches"):
   return side
 
 
-def from_params(params, posemb=None):
+def from_params(params, posemb=None, **function):
   """(the VisionTransformer that `params` belong to, the image side its
   position embedding was trained at, or None if no params tell), with every
   size read from the shapes.
@@ -117,6 +127,9 @@ def from_params(params, posemb=None):
   head count. A `conv_root` makes it a hybrid, whose stages are counted
   from the `block{i}/unit{j}` it holds. The position embedding's params give
   its kind; give `posemb` for the kinds without params ("sincos2d", "none").
+  `fc_norm` says final_norm "pooled". Shapes cannot tell
+  `layer_norm_epsilon` and `gelu`: `function` gives them where the source
+  is not the release's (FUNCTION_OPTIONS).
   """
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
   wanted = ("embedding/kernel", "head/kernel",
@@ -159,5 +172,7 @@ def from_params(params, posemb=None):
       mlp_dim=np.shape(flat[wanted[3]])[1], classifier=classifier,
       representation_size=(np.shape(flat["pre_logits/kernel"])[1]
                            if "pre_logits/kernel" in flat else None),
-      posemb=posemb, **hybrid)
+      posemb=posemb, final_norm="pooled" if "fc_norm/scale" in flat else
+      "tokens", **hybrid, **function)
+  model.check_options()
   return model, None if grid is None else grid * model.token_stride

@@ -20,7 +20,13 @@ from vit_jax.models import resnet
 
 Dtype = Any
 
-LAYERNORM_EPSILON = 1e-6  # The released models use 1e-6, not flax's 1e-5.
+# How a model's function differs between sources of weights. The release
+# uses LayerNorm epsilon 1e-6 (not flax's 1e-5) and the tanh GELU; HF
+# transformers' ViT configs say 1e-12 and the exact GELU, timm 1e-6 and the
+# exact GELU; timm's average-pool models normalise the pooled features
+# ("fc_norm") instead of every token.
+GELU_KINDS = ("tanh", "exact")
+FINAL_NORMS = ("tokens", "pooled")
 
 # Rematerialisation: what the backward pass keeps of each block's forward
 # (jax.checkpoint_policies); the rest is recomputed. "" keeps everything.
@@ -37,9 +43,9 @@ def _init(initializer, axes):
   return nn.with_logical_partitioning(initializer, axes)
 
 
-def _layer_norm(name, dtype, param_dtype):
+def _layer_norm(name, epsilon, dtype, param_dtype):
   return nn.LayerNorm(
-      epsilon=LAYERNORM_EPSILON, dtype=dtype, param_dtype=param_dtype,
+      epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
       scale_init=_init(nn.initializers.ones, ("embed",)),
       bias_init=_init(nn.initializers.zeros, ("embed",)),
       name=name)
@@ -90,11 +96,13 @@ class Attention(nn.Module):
 
 
 class MlpBlock(nn.Module):
-  """Dense -> GELU (tanh approximation, as released) -> Dense."""
+  """Dense -> GELU (`gelu`: "tanh", the release's approximation, or
+  "exact") -> Dense."""
   mlp_dim: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  gelu: str = "tanh"
 
   @nn.compact
   def __call__(self, x, *, train):
@@ -105,7 +113,7 @@ class MlpBlock(nn.Module):
         bias_init=_init(nn.initializers.normal(stddev=1e-6), axes[-1:]),
         name=name)
     x = dense(self.mlp_dim, ("embed", "mlp"), "Dense_0")(x)
-    x = nn.gelu(x)
+    x = nn.gelu(x, approximate=self.gelu == "tanh")
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     x = dense(width, ("mlp", "embed"), "Dense_1")(x)
     return nn.Dropout(self.dropout_rate)(x, deterministic=not train)
@@ -123,6 +131,8 @@ class EncoderBlock(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  layer_norm_epsilon: float = 1e-6
+  gelu: str = "tanh"
 
   @nn.compact
   def __call__(self, x, train):
@@ -131,15 +141,17 @@ class EncoderBlock(nn.Module):
     # gather a weight, and need tens of GiB per device.
     x = sharding.constrain(x, ("batch", "tokens", "embed"))
     # One counter across module types, as in the release files.
-    y = _layer_norm("LayerNorm_0", self.dtype, self.param_dtype)(x)
+    y = _layer_norm("LayerNorm_0", self.layer_norm_epsilon, self.dtype,
+                    self.param_dtype)(x)
     y = Attention(self.num_heads, self.attention_dropout_rate, self.dtype,
                   self.param_dtype, name="MultiHeadDotProductAttention_1")(
                       y, train=train)
     y = nn.Dropout(self.dropout_rate)(y, deterministic=not train)
     x = x + y
-    y = _layer_norm("LayerNorm_2", self.dtype, self.param_dtype)(x)
+    y = _layer_norm("LayerNorm_2", self.layer_norm_epsilon, self.dtype,
+                    self.param_dtype)(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, self.param_dtype,
-                 name="MlpBlock_3")(y, train=train)
+                 self.gelu, name="MlpBlock_3")(y, train=train)
     return x + y, None
 
 
@@ -211,7 +223,8 @@ class AddPositionEmbedding(nn.Module):
 
 
 class Encoder(nn.Module):
-  """Position embedding, then `num_layers` blocks and a final LayerNorm.
+  """Position embedding, then `num_layers` blocks and a final LayerNorm
+  (unless `final_norm` is "pooled": then the head normalises what it reads).
 
   posemb: a kind of AddPositionEmbedding, one of POSEMB_KINDS.
   remat_policy: a key of REMAT_POLICIES; each block's backward recomputes
@@ -230,6 +243,9 @@ class Encoder(nn.Module):
   remat_policy: str = ""
   scan_layers: bool = False
   posemb: str = "learn"
+  layer_norm_epsilon: float = 1e-6
+  gelu: str = "tanh"
+  final_norm: str = "tokens"
 
   @nn.compact
   def __call__(self, x, *, train, grid=None):
@@ -247,7 +263,8 @@ class Encoder(nn.Module):
     sizes = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
                  dropout_rate=self.dropout_rate,
                  attention_dropout_rate=self.attention_dropout_rate,
-                 dtype=self.dtype, param_dtype=self.param_dtype)
+                 dtype=self.dtype, param_dtype=self.param_dtype,
+                 layer_norm_epsilon=self.layer_norm_epsilon, gelu=self.gelu)
     if self.scan_layers:
       block = nn.scan(
           block, variable_axes={"params": 0, "intermediates": 0},
@@ -258,7 +275,10 @@ class Encoder(nn.Module):
     else:
       for i in range(self.num_layers):
         x, _ = block(**sizes, name=f"encoderblock_{i}")(x, train)
-    return _layer_norm("encoder_norm", self.dtype, self.param_dtype)(x)
+    if self.final_norm == "pooled":
+      return x
+    return _layer_norm("encoder_norm", self.layer_norm_epsilon, self.dtype,
+                       self.param_dtype)(x)
 
 
 class ImageEncoder(nn.Module):
@@ -286,6 +306,9 @@ class ImageEncoder(nn.Module):
   posemb: str
   resnet_stages: Optional[tuple]
   resnet_width: int
+  layer_norm_epsilon: float
+  gelu: str
+  final_norm: str
 
   @nn.compact
   def __call__(self, images, *, train, corruption=None):
@@ -316,25 +339,33 @@ class ImageEncoder(nn.Module):
       cls = self.param("cls", _init(nn.initializers.zeros, (None, None, "embed")),
                        (1, 1, d), self.param_dtype)
       x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
-    return Encoder(self.num_layers, self.num_heads, self.mlp_dim,
-                   self.dropout_rate, self.attention_dropout_rate, self.dtype,
-                   self.param_dtype, self.remat_policy, self.scan_layers,
-                   self.posemb, name="Transformer")(x, train=train, grid=(h, w))
+    return Encoder(
+        self.num_layers, self.num_heads, self.mlp_dim, self.dropout_rate,
+        self.attention_dropout_rate, self.dtype, self.param_dtype,
+        self.remat_policy, self.scan_layers, self.posemb,
+        self.layer_norm_epsilon, self.gelu, self.final_norm,
+        name="Transformer")(x, train=train, grid=(h, w))
 
 
 class ClassifierHead(nn.Module):
   """Encoded tokens -> float32 logits [N, num_classes]: the class token
-  ("token") or the mean of the tokens ("gap"), an optional tanh pre-logits
-  layer of `representation_size`, and a zero-initialised linear head."""
+  ("token") or the mean of the tokens ("gap"), normalised when `final_norm`
+  is "pooled" (timm's fc_norm), an optional tanh pre-logits layer of
+  `representation_size`, and a zero-initialised linear head."""
   num_classes: int
   classifier: str = "token"
   representation_size: Optional[int] = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  final_norm: str = "tokens"
+  layer_norm_epsilon: float = 1e-6
 
   @nn.compact
   def __call__(self, x):
     x = x[:, 0] if self.classifier == "token" else x.mean(axis=1)
+    if self.final_norm == "pooled":
+      x = _layer_norm("fc_norm", self.layer_norm_epsilon, self.dtype,
+                      self.param_dtype)(x)
     if self.representation_size is not None:
       x = nn.Dense(
           self.representation_size, dtype=self.dtype,
@@ -387,6 +418,10 @@ class VisionTransformer(nn.Module):
     patch embedding reads, e.g. (3, 4, 9) for R50+ViT-B/16.
   resnet_width: the stem's root width in channels (64 x BiT's width factor).
   remat_policy, scan_layers: see Encoder; neither changes the results.
+  layer_norm_epsilon, gelu ("tanh" or "exact"), final_norm ("tokens" or
+    "pooled"): what differs between the release's function (the defaults)
+    and the weights of HF transformers and timm (vit_jax/torch_layouts.py).
+    final_norm "pooled" keeps the last LayerNorm's params as `fc_norm`.
 
   The encoder and the head share this module's scope (`nn.share_scope`),
   so the params are the release layout: embedding, cls, Transformer,
@@ -409,6 +444,9 @@ class VisionTransformer(nn.Module):
   posemb: str = "learn"
   resnet_stages: Optional[tuple] = None
   resnet_width: int = 64
+  layer_norm_epsilon: float = 1e-6
+  gelu: str = "tanh"
+  final_norm: str = "tokens"
 
   @property
   def token_stride(self):
@@ -431,7 +469,7 @@ class VisionTransformer(nn.Module):
     nn.share_scope(self, self.encoder)
     self.classify = ClassifierHead(
         self.num_classes, self.classifier, self.representation_size,
-        self.dtype, self.param_dtype)
+        self.dtype, self.param_dtype, self.final_norm, self.layer_norm_epsilon)
     nn.share_scope(self, self.classify)
 
   def __call__(self, images, *, train):
@@ -461,6 +499,12 @@ class VisionTransformer(nn.Module):
       raise errors.InputError(
           f"hidden_size {self.hidden_size} is not divisible by num_heads "
           f"{self.num_heads}")
+    if self.gelu not in GELU_KINDS:
+      raise errors.InputError(f"gelu must be one of {GELU_KINDS}, got "
+                              f"{self.gelu!r}")
+    if self.final_norm not in FINAL_NORMS:
+      raise errors.InputError(f"final_norm must be one of {FINAL_NORMS}, got "
+                              f"{self.final_norm!r}")
     if self.remat_policy not in REMAT_POLICIES:
       raise errors.InputError(
           f"unknown remat_policy {self.remat_policy!r}; one of "
@@ -481,7 +525,8 @@ class VisionTransformer(nn.Module):
         self.mlp_dim, self.classifier == "token", mask_token,
         self.dropout_rate, self.attention_dropout_rate, self.dtype,
         self.param_dtype, self.remat_policy, self.scan_layers, self.posemb,
-        self.resnet_stages, self.resnet_width)
+        self.resnet_stages, self.resnet_width, self.layer_norm_epsilon,
+        self.gelu, self.final_norm)
 
 
 class MaskedPatchViT(VisionTransformer):
@@ -491,6 +536,14 @@ class MaskedPatchViT(VisionTransformer):
   embeddings. num_classes and representation_size are unused. Its encoder
   fine-tunes like any other through `init_from`, which drops mask_embedding
   and mpp_head."""
+
+  @nn.nowrap
+  def check_options(self):
+    super().check_options()
+    if self.final_norm == "pooled":
+      raise errors.InputError(
+          "masked patch prediction reads every token: final_norm must be "
+          "'tokens'")
 
   def setup(self):
     self.check_options()
