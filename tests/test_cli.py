@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+import safetensors.numpy
 
 from vit_jax import checkpoint, cli, errors, models
 from tests.util import REPO
@@ -44,6 +45,12 @@ MISTAKES = {
     "init_from not an npz": (
         [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/text.txt"],
         "text.txt"),
+    "init_from a PyTorch pickle": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/model.bin"],
+        "model.bin is a PyTorch pickle"),
+    "predict from a timm file of an unknown width": (
+        ["vit_jax.predict", "--from={tmp}/narrow.safetensors",
+         "{tmp}/text.txt"], "--num_heads"),
     "workdir not writable": (
         [*DIGITS, "--workdir={tmp}/text.txt/run"], "text.txt/run"),
     "bad config argument": (
@@ -77,7 +84,7 @@ MISTAKES = {
     "inspect a missing workdir": (
         ["vit_jax.inspect", "--workdir={tmp}/nowhere"], "nowhere"),
     "inspect an npz without --out": (
-        ["vit_jax.inspect", "--npz={tmp}/cut.npz"], "--out"),
+        ["vit_jax.inspect", "--from={tmp}/cut.npz"], "--out"),
     "unknown VTAB task": (
         ["vit_jax.vtab", "--config=configs/vtab.py:L/16", "--workdir={tmp}/v",
          "--tasks=natural,imagenet"], "imagenet"),
@@ -90,10 +97,10 @@ MISTAKES = {
         [*DIGITS, "--workdir={tmp}/w", "--config.dataset=cifar10",
          "--config.data_dir={tmp}/empty"], "not prepared"),
     "predict a missing image": (
-        ["vit_jax.predict", "--npz={tmp}/small.npz", "{tmp}/none.png"],
+        ["vit_jax.predict", "--from={tmp}/small.npz", "{tmp}/none.png"],
         "none.png"),
     "predict a file that is no image": (
-        ["vit_jax.predict", "--npz={tmp}/small.npz", "{tmp}/text.txt"],
+        ["vit_jax.predict", "--from={tmp}/small.npz", "{tmp}/text.txt"],
         "text.txt"),
 }
 
@@ -106,6 +113,9 @@ def scratch(tmp_path_factory):
   np.savez(tmp / "whole.npz", a=np.zeros(1000))
   (tmp / "cut.npz").write_bytes((tmp / "whole.npz").read_bytes()[:300])
   np.save(tmp / "array.npy", np.zeros(3))
+  safetensors.numpy.save_file(
+      {"patch_embed.proj.weight": np.zeros((40, 3, 2, 2), np.float32)},
+      str(tmp / "narrow.safetensors"))
   model = models.create("Ti/2", 10, hidden_size=16, num_layers=1, mlp_dim=32,
                         num_heads=2)
   params = model.init(jax.random.key(0), np.zeros((1, 8, 8, 3), np.float32),

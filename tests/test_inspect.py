@@ -214,7 +214,7 @@ def test_figures_of_a_released_layout_npz(tmp_path):
     pixels = rng.integers(0, 256, (size, size, 3), np.uint8)
     (tmp_path / name).write_bytes(encode(pixels).numpy())
   out = tmp_path / "figures"
-  run_tool("inspect", f"--npz={tmp_path / 'model.npz'}", f"--out={out}",
+  run_tool("inspect", f"--from={tmp_path / 'model.npz'}", f"--out={out}",
            str(tmp_path / "a.png"), str(tmp_path / "b.jpg"))
   assert_pngs(out, FIGURES)
   assert sorted(os.listdir(out)) == sorted(FIGURES)
@@ -245,7 +245,7 @@ def test_predict_agrees_with_the_evaluator(digits_run, tmp_path):
 
 def test_a_scanned_run_loads_as_the_plain_model(digits_run):
   workdir, _, _, config = digits_run
-  inference = pretrained.for_inference(workdir=workdir)
+  inference = pretrained.for_inference(workdir)
   assert not inference.model.scan_layers and inference.image_size == 8
   assert inference.model.num_layers == config.model.num_layers
   run_params, _ = pretrained.load_run(workdir)  # Stacked blocks.

@@ -1,10 +1,23 @@
-"""python -m vit_jax.export --workdir=DIR [--step=N] --out=FILE.npz
-python -m vit_jax.export --from=FILE.npz --out=FILE.npz
+"""python -m vit_jax.export --workdir=DIR [--step=N] --out=PATH [--format=npz|hf|timm]
+python -m vit_jax.export --from=SOURCE --out=PATH [--format=...]
 
-Writes params in the layout of the released vit_jax files, which the
-released code and timm's .npz loader read: from a run's checkpoint (its
-Polyak average when it kept one), or from an .npz of any layout that
-`checkpoint.load_npz` reads (big_vision's, scanned, prefixed, bfloat16).
+Writes a model's params for other code to load: from a run's checkpoint
+(its Polyak average when it kept one), or from any other source that
+`config.init_from` takes (an .npz of any layout, an HF transformers
+directory, a timm .safetensors).
+
+  npz   the layout of the released vit_jax files, which the released code
+        and timm's .npz loader read (the default).
+  hf    a directory for transformers' ViTForImageClassification.from_pretrained:
+        config.json (sizes, hidden_act and layer_norm_eps of the model's
+        function, id2label from the class names) and model.safetensors.
+  timm  a .safetensors state dict for timm's VisionTransformer; the command
+        prints the lines that build the model and load it.
+
+--input_mean and --input_std fold a model's own input normalisation into
+its patch embedding, so that it takes vit_jax's images ([-1, 1]): for a
+model trained on (pixels / 255 - mean) / std, such as timm's ImageNet-
+normalised ones (exports.fold_input_normalization).
 """
 
 if __name__ == "__main__":
@@ -14,30 +27,43 @@ if __name__ == "__main__":
 
 import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from absl import flags
+from absl import flags, logging
 
-from vit_jax import checkpoint, cli, pretrained
+from vit_jax import cli, exports, pretrained, tool_flags
 
-flags.DEFINE_string("workdir", None, "A run's workdir.")
-flags.DEFINE_integer("step", None, "Its checkpoint to export (default: the "
-                     "newest).")
-flags.DEFINE_string("from", None, "An .npz to convert instead of a run.")
-flags.DEFINE_string("out", None, "The .npz to write.")
+tool_flags.define_model_source("export", verb_from="convert")
+flags.DEFINE_enum("format", "npz", list(exports.FORMATS), "What to write.")
+flags.DEFINE_string("out", None, "The file (npz, timm) or directory (hf) to "
+                    "write.")
+flags.DEFINE_string("labels", "", "A text file of class names, one per line, "
+                    "for hf's id2label (default: the source's, else the "
+                    "run's dataset's).")
+flags.DEFINE_list("input_mean", [], "The model's input mean per RGB "
+                  "channel, in [0, 1] (e.g. 0.485,0.456,0.406): folded into "
+                  "the patch embedding, with --input_std.")
+flags.DEFINE_list("input_std", [], "The model's input std per RGB channel "
+                  "(e.g. 0.229,0.224,0.225).")
 flags.mark_flag_as_required("out")
 flags.register_multi_flags_validator(
-    ["workdir", "from"], lambda f: bool(f["workdir"]) != bool(f["from"]),
-    "give exactly one of --workdir and --from")
+    ["input_mean", "input_std"],
+    lambda v: bool(v["input_mean"]) == bool(v["input_std"]),
+    "give both --input_mean and --input_std, or neither")
 
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
-  if f["from"].value:
-    params, what = checkpoint.load_npz(f["from"].value), f["from"].value
-  else:
-    params, what = pretrained.load_run(f.workdir, f.step)
-  checkpoint.save_npz(params, f.out)
-  print(f"wrote {os.path.abspath(f.out)} from {what}")
+  loaded = pretrained.load(tool_flags.source_from_flags(), f.num_heads)
+  if f.input_mean:
+    loaded = exports.fold_input_normalization(
+        loaded, tool_flags.floats(f.input_mean, "--input_mean"),
+        tool_flags.floats(f.input_std, "--input_std"))
+  for warning in exports.function_warnings(loaded, f.format):
+    logging.warning(warning)
+  how = exports.write(loaded, f.format, f.out, f.labels)
+  print(f"wrote {os.path.abspath(f.out)} ({f.format}) from {loaded.what}")
+  if how:
+    print(how)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""python -m vit_jax.inspect --workdir=DIR | --npz=FILE [--images=PATH,...] [--out=DIR]
+"""python -m vit_jax.inspect --workdir=DIR | --from=SOURCE [--images=PATH,...] [--out=DIR]
 
 What a ViT has learned, as in Section 4.5 of the paper (Figures 6 and 7),
 and a run's training curves. Writes PNGs into --out (default DIR/figures):
@@ -45,8 +45,8 @@ flags.DEFINE_integer("rollout_images", 8, "Images shown with their "
 flags.DEFINE_string("out", None, "Where to write the PNGs (default: "
                     "WORKDIR/figures).")
 flags.register_multi_flags_validator(
-    ["out", "npz"], lambda v: bool(v["out"]) or not v["npz"],
-    "--out is needed with --npz")
+    ["out", "from"], lambda v: bool(v["out"]) or not v["from"],
+    "--out is needed with --from")
 
 
 def main(argv):

@@ -1,11 +1,12 @@
-"""python -m vit_jax.predict --workdir=DIR | --npz=FILE --images=PATH,... [--labels=FILE]
+"""python -m vit_jax.predict --workdir=DIR | --from=SOURCE --images=PATH,... [--labels=FILE]
 
 The top classes of a trained model on your images, with probabilities.
 Images (PNG, JPEG, GIF, BMP files, folders of them, or glob patterns; also
 as positional arguments) are resized to the model's resolution as the run's
 evaluation resized them. Class names come from --labels (one per line), else
 from the TFDS label names of --dataset (default: the run's dataset), else
-they are class numbers. The model runs in float32 on one device.
+from the checkpoint (an HF model's id2label), else they are class numbers.
+The model runs in float32 on one device.
 """
 
 if __name__ == "__main__":
@@ -34,8 +35,9 @@ def main(argv):
   files = images.expand(paths)
   pixels = images.from_files(files, inference.image_size,
                              inference.crop_fraction)
-  names = images.name_classes(f.labels, *inference.data(f.dataset,
-                                                        f.data_dir))
+  names = (images.name_classes(f.labels, *inference.data(f.dataset,
+                                                         f.data_dir))
+           or inference.class_names)
   tops = predictions.top_classes(
       predictions.probabilities(inference, pixels, f.batch_size), f.top, names)
   show = predictions.as_json if f.json else predictions.as_text

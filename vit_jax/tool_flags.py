@@ -8,7 +8,7 @@ and never read flags.
 from absl import flags
 from ml_collections import config_flags
 
-from vit_jax import pretrained, runtime
+from vit_jax import errors, pretrained, runtime
 
 
 def define_training():
@@ -37,24 +37,43 @@ def prepare_to_train():
                            f.num_processes, f.process_id)
 
 
-def define_model_source(verb):
-  """--workdir, --step and --npz: where a tool's model comes from."""
+def define_model_source(verb, verb_from="use"):
+  """--workdir, --step, --from and --num_heads: where a tool's model comes
+  from (any source of pretrained.load)."""
   flags.DEFINE_string("workdir", None, f"A run's workdir, whose model to "
                       f"{verb}.")
   flags.DEFINE_integer("step", None, "The run's checkpoint (default: the "
                        "newest).")
-  flags.DEFINE_string("npz", None, "An .npz of any layout load_npz reads, "
-                      "instead of a run.")
+  flags.DEFINE_string("from", None, f"A checkpoint file to {verb_from} "
+                      "instead of a run: an .npz, an HF transformers ViT "
+                      "directory or a timm .safetensors.")
+  flags.DEFINE_integer("num_heads", None, "A timm file's attention heads, "
+                       "where its width is none of the paper's variants'.")
   flags.register_multi_flags_validator(
-      ["workdir", "npz"], lambda v: bool(v["workdir"]) != bool(v["npz"]),
-      "give exactly one of --workdir and --npz")
+      ["workdir", "from"], lambda v: bool(v["workdir"]) != bool(v["from"]),
+      "give exactly one of --workdir and --from")
+
+
+def source_from_flags():
+  """The source (pretrained.load's) that define_model_source's flags name."""
+  f = flags.FLAGS
+  if f.workdir:
+    return f.workdir if f.step is None else f"{f.workdir}:{f.step}"
+  return f["from"].value
 
 
 def model_from_flags():
   """pretrained.for_inference of the model define_model_source's flags
   name."""
-  f = flags.FLAGS
-  return pretrained.for_inference(f.workdir, f.npz, f.step)
+  return pretrained.for_inference(source_from_flags(), flags.FLAGS.num_heads)
+
+
+def floats(values, flag):
+  """A list flag's strings as floats; an InputError naming `flag` if not."""
+  try:
+    return [float(value) for value in values]
+  except ValueError as e:
+    raise errors.InputError(f"{flag} takes numbers: {e}") from e
 
 
 def define_images():

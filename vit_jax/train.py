@@ -197,7 +197,8 @@ def initial_state(program, config):
   adapted = None
   if config.init_from:  # Read and checked before anything is compiled.
     adapted = pretrained.initial_params(config.init_from,
-                                        program.state_shapes.params)
+                                        program.state_shapes.params,
+                                        program.model.num_heads)
   state = program.init(jax.random.key(config.seed))
   if adapted is None:
     return state
@@ -255,6 +256,8 @@ def train_and_evaluate(config, workdir):
   `core_days` among them), and `stopped_at_step` when a signal stopped the
   run early.
   """
+  # A fine-tune computes its source's function; config.json records it.
+  config = pretrained.with_function(config, workdir)
   mesh = sharding.make_mesh(config.mesh)
   check_config(config, mesh)
   num_classes = input_pipeline.num_classes(config.dataset, config.data_dir)

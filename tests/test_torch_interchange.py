@@ -1,0 +1,411 @@
+"""Checkpoints from and to PyTorch: HF transformers' ViT and timm's.
+
+The files are built here with numpy, in the key names and shapes that
+transformers and timm document, so torch stays out of the tests. Logits
+are checked against tests/reference_vit.py's float64 forward, which reads
+the PyTorch names itself.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from vit_jax import errors, exports, pretrained, workdir as workdir_lib
+from vit_jax import checkpoint, train
+from tests import reference_vit
+from tests.test_finetune import POSEMB, flat, start_of
+from tests.util import small_config
+
+# A model of SMALL's sizes (tests/util.py), trained at 16x16 with 5 classes.
+WIDTH, LAYERS, MLP, HEADS, PATCH, SIDE, CLASSES = 32, 2, 64, 4, 2, 16, 5
+TOKENS = (SIDE // PATCH) ** 2
+
+
+def hf_shapes(classifier=True, pooler=False, width=WIDTH):
+  """transformers' ViT state dict as the hub's files name it: `vit.`
+  before the ViTModel inside ViTForImageClassification."""
+  vit = "vit." if classifier else ""
+  shapes = {
+      f"{vit}embeddings.cls_token": (1, 1, width),
+      f"{vit}embeddings.position_embeddings": (1, 1 + TOKENS, width),
+      f"{vit}embeddings.patch_embeddings.projection.weight":
+          (width, 3, PATCH, PATCH),
+      f"{vit}embeddings.patch_embeddings.projection.bias": (width,),
+      f"{vit}layernorm.weight": (width,), f"{vit}layernorm.bias": (width,),
+  }
+  for i in range(LAYERS):
+    block = f"{vit}encoder.layer.{i}."
+    for name, (out, inp) in {
+        "attention.attention.query": (width, width),
+        "attention.attention.key": (width, width),
+        "attention.attention.value": (width, width),
+        "attention.output.dense": (width, width),
+        "intermediate.dense": (MLP, width),
+        "output.dense": (width, MLP)}.items():
+      shapes[f"{block}{name}.weight"] = (out, inp)
+      shapes[f"{block}{name}.bias"] = (out,)
+    for name in ("layernorm_before", "layernorm_after"):
+      shapes[f"{block}{name}.weight"] = shapes[f"{block}{name}.bias"] = (
+          width,)
+  if pooler:
+    shapes["pooler.dense.weight"], shapes["pooler.dense.bias"] = (
+        (width, width), (width,))
+  if classifier:
+    shapes["classifier.weight"], shapes["classifier.bias"] = (
+        (CLASSES, width), (CLASSES,))
+  return shapes
+
+
+# transformers 5.23 saves the blocks under these names (its own loader
+# renames the hub's to them).
+HF5_NAMES = {"encoder.layer.": "layers.", "attention.attention.query": "attention.q_proj",
+             "attention.attention.key": "attention.k_proj",
+             "attention.attention.value": "attention.v_proj",
+             "attention.output.dense": "attention.o_proj",
+             "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}
+
+
+def to_hf5(tensors):
+  renamed = {}
+  for key, value in tensors.items():
+    for old, new in HF5_NAMES.items():
+      key = key.replace(old, new)
+    renamed[key] = value
+  return renamed
+
+
+def timm_shapes(width=WIDTH, class_token=True, fc_norm=False,
+                no_embed_class=False, pre_logits=False):
+  """timm's VisionTransformer state dict."""
+  shapes = {
+      "pos_embed": (1, TOKENS + (class_token and not no_embed_class), width),
+      "patch_embed.proj.weight": (width, 3, PATCH, PATCH),
+      "patch_embed.proj.bias": (width,),
+      "head.weight": (CLASSES, width), "head.bias": (CLASSES,),
+  }
+  if class_token:
+    shapes["cls_token"] = (1, 1, width)
+  norm = "fc_norm" if fc_norm else "norm"
+  shapes[f"{norm}.weight"] = shapes[f"{norm}.bias"] = (width,)
+  for i in range(LAYERS):
+    block = f"blocks.{i}."
+    for name, (out, inp) in {"attn.qkv": (3 * width, width),
+                             "attn.proj": (width, width),
+                             "mlp.fc1": (MLP, width),
+                             "mlp.fc2": (width, MLP)}.items():
+      shapes[f"{block}{name}.weight"] = (out, inp)
+      shapes[f"{block}{name}.bias"] = (out,)
+    for name in ("norm1", "norm2"):
+      shapes[f"{block}{name}.weight"] = shapes[f"{block}{name}.bias"] = (
+          width,)
+  if pre_logits:  # timm before 0.6
+    shapes["pre_logits.fc.weight"], shapes["pre_logits.fc.bias"] = (
+        (width, width), (width,))
+    shapes["head.weight"] = (CLASSES, width)
+  return shapes
+
+
+def random_tensors(shapes, seed=0):
+  """float32 values of about the scale of a trained model's."""
+  rng = np.random.default_rng(seed)
+  tensors = {}
+  for key, shape in shapes.items():
+    if key.endswith(".weight") and len(shape) == 1:  # LayerNorm scales
+      value = 1 + 0.2 * rng.standard_normal(shape)
+    elif key.endswith(".weight"):
+      value = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
+      if key in ("head.weight", "classifier.weight"):
+        value *= 4  # Logits of a few units, as a trained model's.
+    else:
+      value = 0.2 * rng.standard_normal(shape)
+    tensors[key] = value.astype(np.float32)
+  return tensors
+
+
+def hf_config(hidden_act="gelu", layer_norm_eps=1e-12, width=WIDTH, **more):
+  return {"model_type": "vit", "architectures": ["ViTForImageClassification"],
+          "hidden_size": width, "num_hidden_layers": LAYERS,
+          "num_attention_heads": HEADS, "intermediate_size": MLP,
+          "hidden_act": hidden_act, "layer_norm_eps": layer_norm_eps,
+          "image_size": SIDE, "patch_size": PATCH, "num_channels": 3,
+          "qkv_bias": True,
+          "id2label": {str(i): f"class {i}" for i in range(CLASSES)}, **more}
+
+
+def write_hf_dir(directory, tensors, config):
+  os.makedirs(directory, exist_ok=True)
+  save_file(tensors, os.path.join(directory, "model.safetensors"),
+            metadata={"format": "pt"})
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(config, f)
+  return str(directory)
+
+
+def images(n=3):
+  return np.random.default_rng(7).uniform(-1, 1, (n, SIDE, SIDE, 3)).astype(
+      np.float32)
+
+
+def logits_of(inference, x):
+  model, params = inference
+  return np.asarray(jax.jit(lambda p, x: model.apply(
+      {"params": p}, x, train=False))(params, x))
+
+
+def assert_same_tensors(got, expected):
+  assert {k: v.shape for k, v in got.items()} == {
+      k: v.shape for k, v in expected.items()}
+  for key, value in expected.items():
+    assert got[key].dtype == value.dtype, key
+    np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("names,hidden_act,eps,gelu", [
+    ("hub", "gelu", 1e-12, "exact"),
+    ("hub", "gelu_pytorch_tanh", 1e-6, "tanh"),
+    ("transformers 5.23", "gelu_new", 1e-5, "tanh"),
+])
+def test_an_hf_classifier_computes_its_logits_and_writes_back_bitwise(
+    tmp_path, names, hidden_act, eps, gelu):
+  tensors = random_tensors(hf_shapes())
+  stored = to_hf5(tensors) if names != "hub" else tensors
+  source = write_hf_dir(tmp_path / "hf", stored,
+                        hf_config(hidden_act, eps))
+  inference = pretrained.for_inference(source)
+  model = inference.model
+  assert (model.layer_norm_epsilon, model.gelu, model.num_heads,
+          model.classifier, inference.image_size) == (eps, gelu, HEADS,
+                                                      "token", SIDE)
+  assert inference.class_names == [f"class {i}" for i in range(CLASSES)]
+
+  x = images()
+  expected = reference_vit.forward_torch(tensors, x, "hf", HEADS, eps, gelu)
+  assert np.abs(expected).max() > 1  # Logits that say something.
+  np.testing.assert_allclose(logits_of(inference, x), expected, rtol=1e-5,
+                             atol=1e-5)
+
+  out = str(tmp_path / "out")
+  exports.write(pretrained.load(source), "hf", out)
+  # Written in the hub's names, which transformers 4 and 5 both load.
+  assert_same_tensors(load_file(os.path.join(out, "model.safetensors")),
+                      tensors)
+  with open(os.path.join(out, "config.json")) as f:
+    written = json.load(f)
+  expected_act = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}[gelu]
+  assert {key: written[key] for key in hf_config()} == {
+      **hf_config(expected_act, eps), "architectures":
+      ["ViTForImageClassification"]}
+  assert written["label2id"]["class 3"] == 3
+
+
+def test_an_hf_config_without_qkv_bias_reads_as_zero_biases(tmp_path):
+  tensors = {key: value for key, value in random_tensors(hf_shapes()).items()
+             if not (key.endswith(".bias") and ".attention.attention." in key)}
+  source = write_hf_dir(tmp_path / "hf", tensors, hf_config(qkv_bias=False))
+  x = images()
+  expected = reference_vit.forward_torch(
+      {**tensors, **{key[:-6] + "bias": np.zeros(WIDTH, np.float32)
+                     for key in tensors if ".attention.attention." in key}},
+      x, "hf", HEADS, 1e-12, "exact")
+  np.testing.assert_allclose(logits_of(pretrained.for_inference(source), x),
+                             expected, rtol=1e-5, atol=1e-5)
+
+
+TIMM_CASES = {
+    "class token, a paper width": dict(width=192),
+    "average pool, fc_norm": dict(class_token=False, fc_norm=True),
+    "average pool, norm on tokens": dict(class_token=False),
+    "no_embed_class": dict(no_embed_class=True),
+    "pre-logits (timm < 0.6)": dict(pre_logits=True),
+}
+
+
+@pytest.mark.parametrize("case", list(TIMM_CASES))
+def test_a_timm_file_computes_its_logits_and_writes_back_bitwise(
+    tmp_path, case):
+  options = TIMM_CASES[case]
+  width = options.get("width", WIDTH)
+  heads = 3 if width == 192 else HEADS  # Ti's, read from the width.
+  tensors = random_tensors(timm_shapes(**options))
+  path = str(tmp_path / "timm.safetensors")
+  save_file(tensors, path)
+  inference = pretrained.for_inference(
+      path, num_heads=None if width == 192 else HEADS)
+  model = inference.model
+  assert (model.layer_norm_epsilon, model.gelu, model.num_heads) == (
+      1e-6, "exact", heads)
+  assert model.classifier == ("token" if options.get("class_token", True)
+                              else "gap")
+  assert model.final_norm == ("pooled" if options.get("fc_norm") else
+                              "tokens")
+
+  x = images()
+  expected = reference_vit.forward_torch(tensors, x, "timm", heads, 1e-6,
+                                         "exact")
+  assert np.abs(expected).max() > 1
+  np.testing.assert_allclose(logits_of(inference, x), expected, rtol=1e-5,
+                             atol=1e-5)
+
+  out = str(tmp_path / "out.safetensors")
+  if options.get("pre_logits"):  # timm's VisionTransformer has none now.
+    with pytest.raises(errors.InputError, match="pre-logits"):
+      exports.write(pretrained.load(path, HEADS), "timm", out)
+    return
+  how = exports.write(pretrained.load(path, heads), "timm", out)
+  written = load_file(out)
+  if options.get("no_embed_class"):  # Read as a zero class-token row.
+    tensors["pos_embed"] = np.concatenate(
+        [np.zeros((1, 1, width), np.float32), tensors["pos_embed"]], axis=1)
+  assert_same_tensors(written, tensors)
+  assert f"num_heads={heads}" in how and "load_state_dict" in how
+
+
+def test_a_timm_width_of_no_variant_needs_its_head_count(tmp_path):
+  path = str(tmp_path / "timm.safetensors")
+  save_file(random_tensors(timm_shapes()), path)
+  with pytest.raises(errors.InputError, match="--num_heads"):
+    pretrained.for_inference(path)
+
+
+def test_a_model_loaded_from_npz_exports_to_both_layouts_and_back(tmp_path):
+  """Our own function (tanh GELU) survives the trip through both layouts:
+  the HF config names it, and timm's lines pass it."""
+  tensors = random_tensors(hf_shapes())
+  source = write_hf_dir(tmp_path / "hf", tensors,
+                        hf_config("gelu_pytorch_tanh", 1e-6))
+  npz = str(tmp_path / "release.npz")
+  exports.write(pretrained.load(source), "npz", npz)
+  inference = pretrained.for_inference(npz)
+  assert (inference.model.gelu, inference.model.layer_norm_epsilon) == (
+      "tanh", 1e-6)  # The release's function, which the file computes.
+  x = images()
+  want = logits_of(inference, x)
+  exports.write(pretrained.load(npz), "hf", str(tmp_path / "hf2"))
+  exports.write(pretrained.load(npz), "timm", str(tmp_path / "t.safetensors"))
+  again = pretrained.for_inference(str(tmp_path / "hf2"))
+  np.testing.assert_array_equal(logits_of(again, x), want)
+  timm = load_file(str(tmp_path / "t.safetensors"))
+  np.testing.assert_allclose(reference_vit.forward_torch(
+      timm, x, "timm", HEADS, 1e-6, "tanh"), want, rtol=1e-5, atol=1e-5)
+
+
+def test_what_the_pytorch_layouts_cannot_hold_is_refused(tmp_path):
+  npz = str(tmp_path / "gap.npz")
+  source = write_hf_dir(tmp_path / "hf", random_tensors(hf_shapes()),
+                        hf_config())
+  inference = pretrained.for_inference(source)
+  flat_params = flat(inference.params)
+  del flat_params["cls"]
+  flat_params[POSEMB] = flat_params[POSEMB][:, 1:]
+  checkpoint.save_npz(checkpoint.flax.traverse_util.unflatten_dict(
+      flat_params, sep="/"), npz)
+  with pytest.raises(errors.InputError, match="no class token"):
+    exports.write(pretrained.load(npz), "hf", str(tmp_path / "o"))
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pth",
+                                  "weights.pt"])
+def test_pytorch_pickles_are_refused_with_the_conversion(tmp_path, name):
+  path = tmp_path / name
+  path.write_bytes(b"\x80\x02not to be unpickled")
+  for load in (pretrained.load, pretrained.for_inference):
+    with pytest.raises(errors.InputError, match="never loads") as raised:
+      load(str(path))
+    assert "safetensors.torch.save_file" in str(raised.value)
+  directory = tmp_path / "hf"
+  directory.mkdir()
+  (directory / "config.json").write_text(json.dumps(hf_config()))
+  (directory / "pytorch_model.bin").write_bytes(b"\x80\x02")
+  with pytest.raises(errors.InputError, match="save_pretrained"):
+    pretrained.load(str(directory))
+
+
+def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
+    digits_data_dir, tmp_path):
+  """A ViTModel (its pooler the pre-logits layer, no head) fine-tunes on
+  digits at 8x8 with 10 classes: position embeddings interpolated from
+  16x16, pre-logits dropped, a new head; the run computes and records the
+  HF function."""
+  tensors = random_tensors(hf_shapes(classifier=False, pooler=True))
+  source = write_hf_dir(tmp_path / "hf", tensors, hf_config())
+  with pytest.raises(errors.InputError, match="no classification head"):
+    pretrained.for_inference(source)
+  config = pretrained.with_function(
+      small_config(digits_data_dir, init_from=source), str(tmp_path / "new"))
+  assert (config.model.layer_norm_epsilon, config.model.gelu) == (1e-12,
+                                                                  "exact")
+  state, program = start_of(config)
+  assert (program.model.layer_norm_epsilon, program.model.gelu) == (
+      1e-12, "exact")
+  started, loaded = flat(state.params), flat(pretrained.load(source).params)
+  assert "pre_logits/kernel" in loaded and "pre_logits/kernel" not in started
+  assert started[POSEMB].shape == (1, 17, WIDTH)
+  np.testing.assert_array_equal(started[POSEMB], checkpoint.resize_posemb(
+      loaded[POSEMB], (1, 17, WIDTH), has_class_token=True))
+  assert started["head/kernel"].shape == (WIDTH, 10)
+  assert not started["head/kernel"].any()
+  query = "Transformer/encoderblock_1/MultiHeadDotProductAttention_1/query/"
+  np.testing.assert_array_equal(
+      started[query + "kernel"],
+      tensors["encoder.layer.1.attention.attention.query.weight"].T.reshape(
+          WIDTH, HEADS, WIDTH // HEADS))
+
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(small_config(
+      digits_data_dir, init_from=source, total_steps=2, log_every=1,
+      checkpoint_every=2, **{"evaluators.test.every": 0,
+                             "optimizer.warmup_steps": 1}), workdir)
+  recorded = workdir_lib.read_config(workdir).model
+  assert (recorded.layer_norm_epsilon, recorded.gelu,
+          recorded.final_norm) == (1e-12, "exact", "tokens")
+  inference = pretrained.for_inference(workdir)
+  assert (inference.model.layer_norm_epsilon, inference.model.gelu) == (
+      1e-12, "exact")
+
+
+def test_init_from_a_timm_file_at_a_new_resolution_and_class_count(
+    digits_data_dir, tmp_path):
+  """An average-pool timm model with fc_norm: the fine-tune keeps fc_norm
+  (final_norm "pooled") and the exact GELU."""
+  tensors = random_tensors(timm_shapes(class_token=False, fc_norm=True))
+  path = str(tmp_path / "timm.safetensors")
+  save_file(tensors, path)
+  config = pretrained.with_function(small_config(
+      digits_data_dir, init_from=path, **{"model.classifier": "gap"}),
+                                    str(tmp_path / "new"))
+  assert (config.model.gelu, config.model.final_norm) == ("exact", "pooled")
+  state, program = start_of(config)
+  assert program.model.final_norm == "pooled"
+  started = flat(state.params)
+  assert started[POSEMB].shape == (1, 16, WIDTH)
+  np.testing.assert_array_equal(started[POSEMB], checkpoint.resize_posemb(
+      flat(pretrained.load(path, HEADS).params)[POSEMB], (1, 16, WIDTH),
+      has_class_token=False))
+  np.testing.assert_array_equal(started["fc_norm/scale"],
+                                tensors["fc_norm.weight"])
+  assert "Transformer/encoder_norm/scale" not in started
+  assert started["head/kernel"].shape == (WIDTH, 10)
+  assert not started["head/kernel"].any()
+
+
+def test_an_imagenet_normalised_model_folded_takes_our_images(tmp_path):
+  """export --input_mean/--input_std: the folded model on images in
+  [-1, 1] computes what the source computes on its own normalisation."""
+  tensors = random_tensors(timm_shapes())
+  path = str(tmp_path / "timm.safetensors")
+  save_file(tensors, path)
+  mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+  folded = pretrained.inference_of(exports.fold_input_normalization(
+      pretrained.load(path, HEADS), mean, std))
+  x = images()
+  theirs = ((x + 1) / 2 - np.asarray(mean)) / np.asarray(std)
+  np.testing.assert_allclose(
+      logits_of(folded, x), reference_vit.forward_torch(
+          tensors, theirs, "timm", HEADS, 1e-6, "exact"), rtol=1e-5, atol=1e-5)
+  with pytest.raises(errors.InputError, match="3 values"):
+    exports.fold_input_normalization(pretrained.load(path, HEADS), (0.5,),
+                                     (0.5,))
