@@ -409,3 +409,33 @@ def test_an_imagenet_normalised_model_folded_takes_our_images(tmp_path):
   with pytest.raises(errors.InputError, match="3 values"):
     exports.fold_input_normalization(pretrained.load(path, HEADS), (0.5,),
                                      (0.5,))
+
+
+def test_sharded_hf_weights_are_read_through_their_index(tmp_path):
+  tensors = random_tensors(hf_shapes())
+  directory = tmp_path / "hf"
+  write_hf_dir(directory, {}, hf_config())
+  os.remove(directory / "model.safetensors")
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[:len(names) // 2],
+            "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+  for shard, keys in shards.items():
+    save_file({key: tensors[key] for key in keys}, str(directory / shard),
+              metadata={"format": "pt"})
+  (directory / "model.safetensors.index.json").write_text(json.dumps(
+      {"weight_map": {key: shard for shard, keys in shards.items()
+                      for key in keys}}))
+  x = images()
+  np.testing.assert_allclose(
+      logits_of(pretrained.for_inference(str(directory)), x),
+      reference_vit.forward_torch(tensors, x, "hf", HEADS, 1e-12, "exact"),
+      rtol=1e-5, atol=1e-5)
+
+
+def test_parts_a_plain_vit_lacks_are_refused_by_name(tmp_path):
+  tensors = random_tensors(timm_shapes())
+  tensors["blocks.0.ls1.gamma"] = np.ones(WIDTH, np.float32)  # layer scale
+  path = str(tmp_path / "timm.safetensors")
+  save_file(tensors, path)
+  with pytest.raises(errors.InputError, match="blocks.0.ls1.gamma"):
+    pretrained.load(path, HEADS)
