@@ -365,6 +365,12 @@ def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
   inference = pretrained.for_inference(workdir)
   assert (inference.model.layer_norm_epsilon, inference.model.gelu) == (
       1e-12, "exact")
+  # Exported, the fine-tune names the digits' classes and its function.
+  exports.write(pretrained.load(workdir), "hf", str(tmp_path / "out"))
+  with open(tmp_path / "out" / "config.json") as f:
+    written = json.load(f)
+  assert written["id2label"] == {str(i): str(i) for i in range(10)}
+  assert (written["hidden_act"], written["layer_norm_eps"]) == ("gelu", 1e-12)
 
 
 def test_init_from_a_timm_file_at_a_new_resolution_and_class_count(
