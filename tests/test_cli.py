@@ -10,7 +10,6 @@ import sys
 import jax
 import numpy as np
 import pytest
-import safetensors.numpy
 
 from vit_jax import checkpoint, cli, errors, models
 from tests.util import REPO
@@ -48,9 +47,6 @@ MISTAKES = {
     "init_from a PyTorch pickle": (
         [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/model.bin"],
         "model.bin is a PyTorch pickle"),
-    "predict from a timm file of an unknown width": (
-        ["vit_jax.predict", "--from={tmp}/narrow.safetensors",
-         "{tmp}/text.txt"], "--num_heads"),
     "workdir not writable": (
         [*DIGITS, "--workdir={tmp}/text.txt/run"], "text.txt/run"),
     "bad config argument": (
@@ -113,9 +109,6 @@ def scratch(tmp_path_factory):
   np.savez(tmp / "whole.npz", a=np.zeros(1000))
   (tmp / "cut.npz").write_bytes((tmp / "whole.npz").read_bytes()[:300])
   np.save(tmp / "array.npy", np.zeros(3))
-  safetensors.numpy.save_file(
-      {"patch_embed.proj.weight": np.zeros((40, 3, 2, 2), np.float32)},
-      str(tmp / "narrow.safetensors"))
   model = models.create("Ti/2", 10, hidden_size=16, num_layers=1, mlp_dim=32,
                         num_heads=2)
   params = model.init(jax.random.key(0), np.zeros((1, 8, 8, 3), np.float32),

@@ -60,8 +60,11 @@ def refuse_pickle(path):
 
 
 def is_hf_dir(path):
-  return os.path.isdir(path) and os.path.exists(os.path.join(path, HF_CONFIG)) \
-      and not os.path.isdir(os.path.join(path, "checkpoints"))
+  """Whether `path` is a directory of HF weights (a workdir of ours also
+  has a config.json, but never these)."""
+  return os.path.isdir(path) and any(
+      os.path.exists(os.path.join(path, name))
+      for name in (HF_WEIGHTS, HF_INDEX, "pytorch_model.bin"))
 
 
 def read_safetensors(path):
@@ -90,9 +93,18 @@ def heads_for_width(hidden_size):
       "head count is unknown: give it (--num_heads)")
 
 
+def _read_json(path):
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError as e:
+    raise errors.InputError(f"{path} does not exist") from e
+  except json.JSONDecodeError as e:
+    raise errors.InputError(f"{path} is not JSON: {e}") from e
+
+
 def _hf_config(directory):
-  with open(os.path.join(directory, HF_CONFIG)) as f:
-    config = json.load(f)
+  config = _read_json(os.path.join(directory, HF_CONFIG))
   if config.get("model_type") != "vit":
     raise errors.InputError(
         f"{directory}: model_type {config.get('model_type')!r}; vit_jax reads "
@@ -166,8 +178,7 @@ def read_hf(directory):
 def _hf_weight_files(directory):
   index = os.path.join(directory, HF_INDEX)
   if os.path.exists(index):
-    with open(index) as f:
-      shards = sorted(set(json.load(f)["weight_map"].values()))
+    shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
     return [os.path.join(directory, shard) for shard in shards]
   single = os.path.join(directory, HF_WEIGHTS)
   if os.path.exists(single):

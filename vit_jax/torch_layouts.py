@@ -98,6 +98,9 @@ def _to_release(kind, weight, bias, num_heads):
   if kind == "conv":
     return {"kernel": weight.transpose(2, 3, 1, 0), "bias": bias}
   width = weight.shape[1] if kind != "heads_out" else weight.shape[0]
+  if width % num_heads:
+    raise errors.InputError(f"{num_heads} heads do not divide the width "
+                            f"{width}")
   head_dim = width // num_heads
   if kind == "heads_in":
     return {"kernel": weight.T.reshape(-1, num_heads, head_dim),
@@ -106,8 +109,7 @@ def _to_release(kind, weight, bias, num_heads):
     return {"kernel": weight.T.reshape(num_heads, head_dim, -1), "bias": bias}
   assert kind == "qkv", kind
   out = {}
-  for name, w, b in zip(QKV, np.split(weight, 3),
-                        np.split(bias, 3)):
+  for name, w, b in zip(QKV, np.split(weight, 3), np.split(bias, 3)):
     for leaf, value in _to_release("heads_in", w, b, num_heads).items():
       out[f"{name}/{leaf}"] = value
   return out
