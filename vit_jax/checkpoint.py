@@ -12,6 +12,7 @@ layer axis), each also under the `opt/target/` or `params/` prefix that
 published files use; bfloat16 arrays load as float32.
 """
 
+import contextlib
 import functools
 import os
 import re
@@ -171,6 +172,21 @@ def load_npz(path):
   exactly: every bfloat16 is a float32. Any other void, structured or object
   array is refused with a ValueError naming its key.
   """
+  with _open_npz(path) as npz:
+    flat = {key: _read_array(npz, key, path) for key in npz.files}
+  return flax.traverse_util.unflatten_dict(to_release_layout(flat), sep="/")
+
+
+def npz_keys(path):
+  """The keys of an .npz, without reading its arrays."""
+  with _open_npz(path) as npz:
+    return npz.files
+
+
+@contextlib.contextmanager
+def _open_npz(path):
+  """The NpzFile at `path`, arrays read only when indexed; an InputError
+  for anything else."""
   # epath: gs:// paths (the released files) read like local ones.
   with epath.Path(path).open("rb") as f:
     try:
@@ -183,19 +199,7 @@ def load_npz(path):
       raise errors.InputError(f"{path} is a single .npy array, not an .npz "
                               "of named arrays")
     with npz:
-      flat = {key: _read_array(npz, key, path) for key in npz.files}
-  return flax.traverse_util.unflatten_dict(to_release_layout(flat), sep="/")
-
-
-def npz_keys(path):
-  """The keys of an .npz, without reading its arrays."""
-  with epath.Path(path).open("rb") as f:
-    try:
-      with np.load(f, allow_pickle=False) as npz:
-        keys = npz.files
-    except (ValueError, EOFError, zipfile.BadZipFile, AttributeError) as e:
-      raise errors.InputError(f"{path} is not an .npz file of arrays") from e
-  return keys
+      yield npz
 
 
 def _read_array(npz, key, path):

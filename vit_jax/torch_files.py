@@ -117,9 +117,12 @@ def _hf_config(directory):
 
 
 def hf_function(directory):
-  """The function an HF ViT directory's config.json says it computes
-  (transformers' defaults where it is silent)."""
-  config = _hf_config(directory)
+  """The function an HF ViT directory's config.json says it computes."""
+  return _hf_function(_hf_config(directory))
+
+
+def _hf_function(config):
+  # transformers' defaults where the config is silent.
   return {"layer_norm_epsilon": float(config.get("layer_norm_eps", 1e-12)),
           "gelu": HF_GELU[config.get("hidden_act", "gelu")],
           "final_norm": "tokens"}
@@ -172,7 +175,7 @@ def read_hf(directory):
     labels = config["id2label"]
     names = [labels.get(str(i), str(i)) for i in
              range(flat["head/kernel"].shape[1])]
-  return Read(flat, hf_function(directory), names)
+  return Read(flat, _hf_function(config), names)
 
 
 def _hf_weight_files(directory):

@@ -29,8 +29,8 @@ PATCH_SIZES = (8, 14, 16, 32)
 # release's values of them (vit.py says who uses which). They travel with a
 # model's params: a run started from another source's weights computes that
 # source's function (pretrained.function_of).
-FUNCTION_OPTIONS = {"layer_norm_epsilon": 1e-6, "gelu": "tanh",
-                    "final_norm": "tokens"}
+FUNCTION_OPTIONS = {key: VisionTransformer.__dataclass_fields__[key].default
+                    for key in ("layer_norm_epsilon", "gelu", "final_norm")}
 
 # The hybrids' BiT ResNet stems (units per stage), by ResNet and by the
 # pixels per token they give with patch size 1 on their feature map.
