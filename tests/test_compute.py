@@ -60,7 +60,40 @@ def test_peak_of_a_cpu_is_measured_and_shared_among_its_devices():
   assert 1e8 < peak < 1e13
 
 
+class FakeDevice:
+  """What peak_flops_per_device reads of a device, without the device."""
+
+  def __init__(self, device_kind, platform):
+    self.device_kind, self.platform = device_kind, platform
+
+
 def test_tpu_v3_peak_is_half_a_chip():
-  class FakeV3:
-    device_kind, platform = "TPU v3", "tpu"
-  assert compute.peak_flops_per_device(FakeV3())[0] == 123e12 / 2
+  assert (compute.peak_flops_per_device(FakeDevice("TPU v3", "tpu"))[0]
+          == 123e12 / 2)
+
+
+# device_kind as JAX names each device (for a GPU, CUDA's device name).
+@pytest.mark.parametrize("device_kind, platform, peak", [
+    ("TPU v5 lite", "tpu", 197e12),  # Not "TPU v5", also in the name.
+    ("TPU v5p", "tpu", 459e12),
+    ("NVIDIA A100-SXM4-80GB", "gpu", 312e12),
+    ("NVIDIA A100-PCIE-40GB", "gpu", 312e12),
+    ("NVIDIA H100 80GB HBM3", "gpu", 989e12),  # SXM.
+    ("NVIDIA H100 PCIe", "gpu", 756e12),
+    ("NVIDIA H100 NVL", "gpu", 835e12),
+    ("NVIDIA H200", "gpu", 989e12),
+    ("NVIDIA H200 NVL", "gpu", 835e12),
+    ("NVIDIA B200", "gpu", 2.25e15),
+])
+def test_peak_of_a_device_kind(device_kind, platform, peak):
+  got, source = compute.peak_flops_per_device(
+      FakeDevice(device_kind, platform))
+  assert got == peak
+  assert source.endswith("data sheet, bfloat16 dense")
+
+
+def test_an_unknown_gpu_has_no_peak():
+  peak, source = compute.peak_flops_per_device(
+      FakeDevice("NVIDIA GeForce RTX 4090", "gpu"))
+  assert peak is None
+  assert source == "unknown device kind 'NVIDIA GeForce RTX 4090'"

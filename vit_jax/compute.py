@@ -23,7 +23,10 @@ SECONDS_PER_DAY = 86_400  # Of a core-day: a device busy for 24 hours.
 
 # Dense bfloat16 peak per JAX device (a TPU v2/v3 core; a v4/v5p chip, whose
 # two cores JAX shows as one device; a v5e/v6e chip; a GPU), from the
-# vendors' data sheets.
+# vendors' data sheets. The NVIDIA figures quoted below are TFLOP/s with
+# sparsity, twice the dense rate that a ViT's matmuls can reach.
+# A device takes the longest name found in its device_kind ("NVIDIA H100
+# PCIe" is an "H100 PCIe", "NVIDIA H100 80GB HBM3" an "H100").
 PEAK_FLOPS_PER_DEVICE = {
     "TPU v2": 22.5e12,       # 45 TFLOP/s per chip, 2 cores.
     "TPU v3": 61.5e12,       # 123 TFLOP/s per chip, 2 cores.
@@ -32,8 +35,13 @@ PEAK_FLOPS_PER_DEVICE = {
     "TPU v5p": 459e12,
     "TPU v5": 459e12,        # v5p, as some runtimes name it.
     "TPU v6 lite": 918e12,   # v6e (Trillium).
-    "A100": 312e12,
-    "H100": 989e12,          # SXM; dense, without sparsity.
+    "A100": 312e12,          # A100 sheet: 624 sparse, SXM and PCIe alike.
+    "H100": 989e12,          # H100 sheet: SXM, 1,979 sparse.
+    "H100 PCIe": 756e12,     # H100 sheet: 1,513 sparse.
+    "H100 NVL": 835e12,      # H100 sheet: 1,671 sparse.
+    "H200": 989e12,          # H200 sheet: SXM, 1,979 sparse (H100's compute).
+    "H200 NVL": 835e12,      # H200 sheet: 1,671 sparse.
+    "B200": 2.25e15,         # HGX B200 sheet: 4.5 PFLOP/s sparse per GPU.
 }
 TRAIN_FORWARDS = 3  # Forward + backward (two forwards' worth).
 
@@ -82,9 +90,11 @@ def peak_flops_per_device(device=None):
   rate is shared among the devices the host emulates.
   """
   device = device or jax.devices()[0]
-  for kind, peak in PEAK_FLOPS_PER_DEVICE.items():
-    if kind in device.device_kind:
-      return peak, f"{kind} data sheet, bfloat16 dense"
+  kinds = [kind for kind in PEAK_FLOPS_PER_DEVICE
+           if kind in device.device_kind]
+  if kinds:
+    kind = max(kinds, key=len)  # "TPU v5 lite", not "TPU v5".
+    return PEAK_FLOPS_PER_DEVICE[kind], f"{kind} data sheet, bfloat16 dense"
   if device.platform == "cpu":
     return (measured_matmul_flops() / jax.local_device_count(),
             f"measured: a float32 matmul on this host's CPUs, shared by "
