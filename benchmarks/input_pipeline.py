@@ -39,8 +39,8 @@ flags.DEFINE_integer("batches", 40, "Batches timed, after the warm-up.")
 flags.DEFINE_integer("warmup_batches", 5, "Batches read before timing.")
 flags.DEFINE_integer("batch_size", 256, "Per-host batch (a v3-8 host: 8 "
                      "cores of 32).")
-flags.DEFINE_integer("num_shares", 8, "Shares of the batch: the data-parallel "
-                     "devices of the host, all read by this process.")
+flags.DEFINE_integer("num_shares", 8, "Input shares of the batch "
+                     "(config.input_shares), all read by this process.")
 flags.DEFINE_integer("image_size", 224, "Model resolution.")
 flags.DEFINE_string("augment", "inception_crop,flip", "Augmentations.")
 flags.DEFINE_float("noise", 16, "Standard deviation (of 255) of the noise on "

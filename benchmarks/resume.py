@@ -5,8 +5,9 @@
 A resumed run builds its data stream at `start_step`. The stream jumps to
 the epoch of that step and skips records only within it, so the wait for
 the first batch should not grow with the step. This times it for the
-`make train` run (configs/digits.py: batch 128 in 4 shares, one per
-data-parallel device) at each step given, as the median of --repeats.
+`make train` run (configs/digits.py: batch 128 in the 16 input shares it
+chooses, vit_jax/elastic.py) at each step given, as the median of
+--repeats.
 """
 
 import json
@@ -27,9 +28,8 @@ flags.DEFINE_string("data_dir", None, "TFDS data_dir (default: a temporary "
 flags.DEFINE_bool("json", False, "One JSON object per step instead of a table.")
 
 
-def seconds_to_first_batch(config, data_dir, step):
+def seconds_to_first_batch(config, data_dir, step, num_shares):
   from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
-  num_shares = config.mesh.data * config.mesh.fsdp
   start = time.perf_counter()
   batches = input_pipeline.train_dataset(
       config.dataset, config.train_split, batch_size=config.batch_size,
@@ -44,15 +44,16 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # TFDS narrates each share it opens.
   from configs import digits  # pylint: disable=g-import-not-at-top
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax import elastic, input_pipeline  # pylint: disable=g-import-not-at-top
   config = digits.get_config()
   data_dir = flags.FLAGS.data_dir or tempfile.mkdtemp()
   input_pipeline.get_builder(config.dataset, data_dir)  # Prepare once.
   epoch = input_pipeline.num_examples(config.dataset, config.train_split,
                                       data_dir)
+  num_shares = elastic.default(config.batch_size, epoch, 1)
   rows = []
   for step in map(int, flags.FLAGS.steps):
-    times = [seconds_to_first_batch(config, data_dir, step)
+    times = [seconds_to_first_batch(config, data_dir, step, num_shares)
              for _ in range(flags.FLAGS.repeats)]
     rows.append({"start_step": step,
                  "epochs_before": step * config.batch_size / epoch,

@@ -13,6 +13,11 @@ def get_config():
   config.dataset = ""
   config.data_dir = ""  # "": TFDS's default (or $TFDS_DATA_DIR).
   config.train_split = "train"
+  # The shares the split is read in: unset, chosen when the run starts (the
+  # most that the batch and the data allow, up to 2048) and recorded. The
+  # batches are the same on every mesh whose data x fsdp divides it, so the
+  # run can resume on a smaller or larger slice (vit_jax/elastic.py).
+  config.input_shares = ml_collections.config_dict.placeholder(int)
   config.image_size = 0
   # Comma-separated: flip, shift, inception_crop, random_crop (resize to 7/6
   # of image_size, crop back: the fine-tuning recipe).

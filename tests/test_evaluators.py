@@ -13,7 +13,7 @@ import tensorflow_datasets as tfds
 from vit_jax import preprocess, sharding, train
 from vit_jax.evaluators import fewshot, real
 from tests.test_train import compiles_during
-from tests.util import randomize, small_config
+from tests.util import mocked_tfds, randomize, small_config
 
 # --- ReaL ---------------------------------------------------------------------
 
@@ -67,7 +67,7 @@ def real_validation(tmp_path):
         "real_label": tf.ragged.constant(REAL_SETS[start:end],
                                          dtype=tf.int64, ragged_rank=1)})
 
-  with tfds.testing.mock_data(data_dir=str(tmp_path), as_dataset_fn=records):
+  with mocked_tfds(str(tmp_path), records):
     yield str(tmp_path), images
 
 

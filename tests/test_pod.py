@@ -1,6 +1,5 @@
 """A pod of processes on this machine (launch/local_pod.sh) runs like one."""
 
-import random
 import subprocess
 import time
 
@@ -8,8 +7,8 @@ import numpy as np
 import pytest
 
 from vit_jax import train
-from tests.util import (assert_trees_equal, finish, latest_checkpoint,
-                        main_flags, metric_rows, small_config, start_pod,
+from tests.util import (finish, latest_checkpoint, logged, main_flags,
+                        pid_of_process, small_config, start_pod,
                         wait_for_step)
 
 # The digits mesh, data 4 x model 2: each process holds two data rows and
@@ -22,24 +21,6 @@ POD = {"total_steps": 16, "log_every": 1, "evaluators.test.every": 8,
        "checkpoint_every": 8, "evaluators.test.split": "test[:357]",
        "optimizer.name": "sgd", "optimizer.learning_rate": 0.1,
        "optimizer.weight_decay": 0.0}
-
-
-def losses(workdir):
-  return {r["step"]: r["train_loss"] for r in metric_rows(workdir)
-          if "train_loss" in r}
-
-
-def accuracies(workdir):
-  return {r["step"]: r["test_accuracy"] for r in metric_rows(workdir)
-          if "test_accuracy" in r}
-
-
-def pid_of_process(workdir, index):
-  found = subprocess.run(
-      ["pgrep", "-f", "--", f"--workdir={workdir} .*--process_id={index}$"],
-      capture_output=True, text=True).stdout.split()
-  assert len(found) == 1, found
-  return int(found[0])
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +40,13 @@ def test_two_processes_of_4_devices_train_like_one_of_8(
   config = small_config(digits_data_dir, **POD)
   train.train_and_evaluate(config, str(tmp_path))
 
-  single, pod = losses(tmp_path), losses(pod_workdir)
+  single, pod = logged(tmp_path), logged(pod_workdir)
   assert sorted(pod) == list(range(1, 17))
   np.testing.assert_allclose([pod[s] for s in sorted(pod)],
                              [single[s] for s in sorted(pod)], rtol=1e-6)
   # Every test example is counted once however the shares fall on hosts.
-  assert accuracies(pod_workdir) == accuracies(tmp_path)
+  assert (logged(pod_workdir, "test_accuracy")
+          == logged(tmp_path, "test_accuracy"))
   _, pod_params, _ = latest_checkpoint(pod_workdir, config)
   _, single_params, _ = latest_checkpoint(str(tmp_path), config)
   # Gloo sums the gradients of the two processes in another order than the
@@ -76,34 +58,6 @@ def test_two_processes_of_4_devices_train_like_one_of_8(
       np.concatenate([x.ravel() for x in
                       train.jax.tree.leaves(single_params)]),
       rtol=1e-6, atol=5e-7)
-
-
-def test_sigterm_to_one_process_stops_the_pod_at_one_step_and_resumes(
-    digits_data_dir, tmp_path, pod_run):
-  pod_workdir, _ = pod_run
-  workdir = str(tmp_path)
-  args = main_flags(workdir, digits_data_dir, **POD)
-  pod = start_pod(2, 4, args)
-  wait_for_step(workdir, random.Random().randint(2, 10), pod)
-  # Only process 1 is told, as when one host of a pod is preempted.
-  subprocess.run(["kill", "-TERM", str(pid_of_process(workdir, 1))],
-                 check=True)
-  code, stdout, stderr = finish(pod)
-  assert code == 0, stderr[-3000:]
-  stops = [line for line in stdout.splitlines() if "stopped at step" in line]
-  assert len(stops) == 1 and stops[0].startswith("[0] ")  # Process 0 says.
-  config = small_config(digits_data_dir, **POD)
-  stopped, _, _ = latest_checkpoint(workdir, config)
-  assert f"stopped at step {stopped}:" in stops[0]
-  assert stopped < POD["total_steps"]
-
-  code, _, stderr = finish(start_pod(2, 4, args))
-  assert code == 0, stderr[-3000:]
-  step, params, _ = latest_checkpoint(workdir, config)
-  _, expected, _ = latest_checkpoint(pod_workdir, config)
-  assert step == POD["total_steps"]
-  assert_trees_equal(params, expected)
-  assert losses(workdir) == losses(pod_workdir)
 
 
 def test_a_process_that_dies_takes_the_pod_down_with_no_orphans(

@@ -26,6 +26,7 @@ from configs.table2 import finetune, pretrain
 from vit_jax import (compute, errors, input_pipeline, models, sharding,
                      train)
 from tests.test_train import compiles_during
+from tests.util import mocked_tfds
 
 # Table 3 (Section 4.1) and Table 1's widths, for Table 2's three columns.
 PRETRAIN = {
@@ -153,8 +154,7 @@ def fake_records(builder, split, decoders=None, **_):
 @pytest.fixture
 def mock_tfds(metadata_dir):
   """Random examples for every dataset, with the metadata's splits."""
-  with tfds.testing.mock_data(data_dir=metadata_dir,
-                              as_dataset_fn=fake_records):
+  with mocked_tfds(metadata_dir, fake_records):
     yield
 
 

@@ -18,7 +18,7 @@ from vit_jax import sharding, train, vtab_suite
 from vit_jax.datasets import vtab as registry
 from tests.test_table2 import TINY_MODEL, _split_dict
 from tests.test_vtab_registry import SPLIT_SIZES
-from tests.util import REPO
+from tests.util import REPO, mocked_tfds
 
 @pytest.fixture(scope="module")
 def vtab_data_dir(tmp_path_factory):
@@ -120,7 +120,7 @@ def test_runner_tabulates_two_shrunk_tasks(vtab_data_dir, tmp_path,
     tasks.append(dataclasses.replace(task, splits={**task.splits,
                                                    "test": test}))
     monkeypatch.setitem(registry.TASKS, task.name, tasks[-1])
-  with tfds.testing.mock_data(data_dir=vtab_data_dir, as_dataset_fn=records):
+  with mocked_tfds(vtab_data_dir, records):
     summary = vtab_suite.run(config, str(tmp_path), tasks)
   assert set(summary["tasks"]) == {"caltech101", "dsprites_location"}
   for name, result in summary["tasks"].items():

@@ -5,7 +5,10 @@ import io
 import json
 import os
 
-from vit_jax import train, writers
+import pytest
+
+from vit_jax import elastic, errors, sharding, train, writers
+from vit_jax import workdir as workdir_lib
 from tests.util import (finish, latest_checkpoint, main_flags, small_config,
                         start_main)
 
@@ -58,6 +61,59 @@ def test_extending_total_steps_is_allowed_and_recorded(digits_data_dir,
     changes = [json.loads(line)["changes"] for line in f]
   assert changes == [{"log_every": {"old": 3, "new": 2},
                       "total_steps": {"old": 3, "new": 6}}]
+
+
+def test_a_new_mesh_and_more_micro_batches_are_allowed_and_recorded(
+    digits_data_dir, tmp_path, caplog):
+  """What a run moved to a slice of another shape changes: the mesh, and
+  accum_steps where the new devices hold fewer examples at once."""
+  workdir = str(tmp_path)
+  train.train_and_evaluate(small_config(digits_data_dir, total_steps=3),
+                           workdir)
+  moved = small_config(digits_data_dir, **{
+      "total_steps": 6, "mesh.data": 2, "mesh.fsdp": 2, "accum_steps": 2})
+  train.train_and_evaluate(moved, workdir)
+
+  assert latest_checkpoint(workdir, moved)[0] == 6
+  with open(os.path.join(workdir, "config_changes.jsonl")) as f:
+    changes, = [json.loads(line)["changes"] for line in f]
+  assert changes == {
+      "accum_steps": {"old": 1, "new": 2},
+      "devices": {"old": "8 (data=4 x fsdp=1 x model=2)",
+                  "new": "8 (data=2 x fsdp=2 x model=2)"},
+      "mesh.data": {"old": 4, "new": 2}, "mesh.fsdp": {"old": 1, "new": 2},
+      "total_steps": {"old": 3, "new": 6}}
+  said = caplog.text
+  assert "accum_steps: 1 -> 2" in said and "mesh.fsdp: 1 -> 2" in said
+  # The batches are read as the run started: in the shares it chose.
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["input_shares"] == 16
+
+
+def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
+    digits_data_dir, tmp_path):
+  workdir = str(tmp_path)
+  config = small_config(digits_data_dir)
+  mesh = sharding.make_mesh(config.mesh)
+  resolved = elastic.with_input_shares(config, workdir, mesh)
+  assert resolved.input_shares == 16  # 1,437 examples: 16 shares of 89.
+  workdir_lib.record(resolved, workdir, {})
+
+  other = small_config(digits_data_dir, input_shares=8)
+  with pytest.raises(errors.ConfigError, match="input_shares: 16 -> 8"):
+    workdir_lib.check(elastic.with_input_shares(other, workdir, mesh),
+                      workdir)
+  # A run recorded before input_shares read one share per data-parallel
+  # device; it resumes so, with no change to refuse.
+  path = os.path.join(workdir, "config.json")
+  with open(path) as f:
+    older = json.load(f)
+  del older["input_shares"]
+  with open(path, "w") as f:
+    json.dump(older, f)
+  resumed = elastic.with_input_shares(config, workdir, mesh)
+  assert resumed.input_shares == 4  # data 4 x fsdp 1.
+  assert workdir_lib.check(resumed, workdir) == {}
 
 
 class _FillsUp(io.FileIO):

@@ -1,6 +1,7 @@
 """Small helpers shared by tests: random weights, small digits runs, and
 running `vit_jax.main` in processes of its own."""
 
+import contextlib
 import fcntl
 import json
 import os
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import unittest.mock
 
 import jax
 import numpy as np
@@ -110,6 +112,15 @@ def start_pod(num_processes, devices, args):
       stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+def pid_of_process(workdir, index):
+  """The pid of process `index` of the pod training in `workdir`."""
+  found = subprocess.run(
+      ["pgrep", "-f", "--", f"--workdir={workdir} .*--process_id={index}$"],
+      capture_output=True, text=True).stdout.split()
+  assert len(found) == 1, found
+  return int(found[0])
+
+
 def finish(process, timeout=300):
   """(returncode, stdout, stderr), killing the process if it hangs."""
   try:
@@ -127,6 +138,11 @@ def metric_rows(workdir):
     return []
   with open(path) as f:
     return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def logged(workdir, key="train_loss"):
+  """{step: value} of the metric `key` in the run's metrics.jsonl."""
+  return {r["step"]: r[key] for r in metric_rows(workdir) if key in r}
 
 
 def wait_for_step(workdir, step, process, timeout=300):
@@ -155,3 +171,42 @@ def latest_checkpoint(workdir, config):
 
 def assert_trees_equal(actual, expected):
   jax.tree.map(np.testing.assert_array_equal, actual, expected)
+
+
+def logging_batches(path, train_batches):
+  """`train_batches` (vit_jax.train's) that also appends, for each batch, a
+  JSON line {"step", "rows": a fingerprint of each row} to
+  `path`.<process index>."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+
+  def batches(config, mesh, start_step):
+    with open(f"{path}.{jax.process_index()}", "a") as log:
+      for step, batch in enumerate(train_batches(config, mesh, start_step),
+                                   start=start_step + 1):
+        rows = [hashlib.sha256(image.tobytes() + label.tobytes()).hexdigest()
+                for image, label in zip(batch["image"], batch["label"])]
+        log.write(json.dumps({"step": step, "rows": rows}) + "\n")
+        log.flush()
+        yield batch
+  return batches
+
+
+@contextlib.contextmanager
+def mocked_tfds(data_dir, records):
+  """tfds.testing.mock_data over the metadata in `data_dir`, with
+  `records(builder, split)` serving the examples of a split: also to the
+  input pipeline, which reads the record files of a share itself. Training
+  asks for a share by a tensor: `split` is then None."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+
+  def examples(table, share):
+    split = table.splits[share] if isinstance(share, int) else None
+    with tf.init_scope():  # `records` may compute its examples eagerly.
+      return records(table._source.builder, split)  # pylint: disable=protected-access
+
+  with tfds.testing.mock_data(data_dir=data_dir, as_dataset_fn=records), \
+      unittest.mock.patch.object(input_pipeline._ShareTable, "examples",  # pylint: disable=protected-access
+                                 examples):
+    yield

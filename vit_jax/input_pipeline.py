@@ -1,11 +1,13 @@
 """TFDS -> tf.data -> per-process batches -> global jax.Arrays.
 
-A split is read in `num_shares` shares (`tfds.even_splits`), one per
-data-parallel device: share s feeds block s of every global batch. A process
-reads only the shares of the devices it drives, so the shares of a pod's
-hosts are disjoint and cover the split, and the global batches do not depend
-on how many processes there are. `to_global` assembles each process's rows
-into arrays over all devices.
+A split is read in `num_shares` shares (`tfds.even_splits`): share s feeds
+block s of every global batch. Training reads a fixed number of them
+(config.input_shares, vit_jax/elastic.py), each data-parallel device a
+consecutive group; evaluation one per data-parallel device. A process reads
+only the shares of the devices it drives, so the shares of a pod's hosts
+are disjoint and cover the split, and the global batches depend neither on
+how many processes there are nor, in training, on how many devices.
+`to_global` assembles each process's rows into arrays over all devices.
 
 Training streams are deterministic functions of (seed, step): each epoch's
 shuffle has its own seed, augmentations are seeded per example, and
@@ -48,9 +50,15 @@ VTAB_PREFIX = "vtab:"
 # validation images carry the original ImageNet label beside the ReaL sets.
 LABEL_FEATURES = {"imagenet2012_real": "original_label"}
 PREFETCH_BATCHES = 2
-# Per share. Large enough to permute a digits or CIFAR share completely; on
-# ImageNet-sized records it holds about 1 GB of encoded JPEGs.
-SHUFFLE_BUFFER = 10_000
+# Records a process holds to shuffle, over all the shares it reads: a share
+# shuffles within SHUFFLE_RECORDS / input_shares of them. On ImageNet-sized
+# records, about 9 GB of encoded JPEGs on a host that reads every share.
+SHUFFLE_RECORDS = 80_000
+# Shares read at once: their records come from files of their own.
+PARALLEL_SHARES = 16
+# Each share reads its files through a buffer of its own; a host may read
+# thousands of shares.
+READ_BUFFER_BYTES = 1 << 20
 _FOREVER = 2**62  # Epochs in an "infinite" stream.
 
 
@@ -227,72 +235,82 @@ def _num_examples(builder, dataset, split):
 def train_dataset(dataset, split, *, batch_size, image_size, augment=(),
                   seed=0, start_step=0, shares=(0,), num_shares=1,
                   data_dir=None,
-                  shuffle_buffer=SHUFFLE_BUFFER) -> tf.data.Dataset:
+                  shuffle_records=SHUFFLE_RECORDS) -> tf.data.Dataset:
   """Infinite, reproducible stream of this process's rows of every batch.
 
   The global batch of `batch_size` examples is `num_shares` equal blocks:
   block s of every batch comes from share s of the split (`tfds.even_splits`),
   shuffled anew each epoch. A process reads only the shares in `shares` (the
-  blocks its devices hold, consecutive) and yields their blocks concatenated:
-  {"image": uint8 [rows, image_size, image_size, 3] (preprocess.py),
-  "label": int32 [rows], "mask": float32 [rows], "index": int32 [rows]},
-  rows = batch_size / num_shares * len(shares). "mask" is 0.0 for an example
-  whose image does not decode, a row of zeros, and "index" is each record's
-  position in the split (broken_images.py). The global batches are
-  therefore the same for any number of processes, and batch k of a stream
-  started at `start_step` equals batch start_step + k of one started at 0,
-  augmentations included.
+  consecutive shares of the devices it drives) and yields their blocks
+  concatenated: {"image": uint8 [rows, image_size, image_size, 3]
+  (preprocess.py), "label": int32 [rows], "mask": float32 [rows], "index":
+  int32 [rows]}, rows = batch_size / num_shares * len(shares). "mask" is 0.0
+  for an example whose image does not decode, a row of zeros, and "index" is
+  each record's position in the split (broken_images.py).
 
-  Resuming reads at most one epoch of each share, however late the step:
-  the epoch of `start_step` is computed rather than replayed, and only the
-  records of that epoch before the position are skipped (read, not decoded).
+  Nothing here depends on the devices: share s is the same stream whoever
+  reads it, so the global batches are the same for any number of processes
+  and devices that divides `num_shares` (vit_jax/elastic.py). Batch k of a
+  stream started at `start_step` equals batch start_step + k of one started
+  at 0, augmentations included. Resuming reads at most one epoch of each
+  share, however late the step: the epoch of `start_step` is computed rather
+  than replayed, and only the records of that epoch before the position are
+  skipped (read, not decoded).
+
+  Each share shuffles within a buffer of shuffle_records / num_shares
+  records (all of a share that is smaller), so that a process holds at most
+  `shuffle_records` however many shares it reads.
   """
   names = preprocess.parse_augmentations(augment)
   block = _block_size(batch_size, image_size, shares, num_shares)
   source = get_source(dataset, data_dir)
   _num_examples(source.builder, dataset, split)  # A missing split's error.
-  offsets = _offsets(source.builder, split, num_shares)
-  starts = tf.constant(offsets, tf.int64)
+  table = _ShareTable(source, split, num_shares)
+  if min(table.sizes) == 0:
+    raise errors.InputError(
+        f"split {split!r} of {source.builder.name} has fewer examples than "
+        f"the {num_shares} shares it is read in (config.input_shares)")
+  buffer = max(1, shuffle_records // num_shares)
 
-  def train_example(position, record):
-    # Seeded by the example's position in its share's stream: the same
-    # pixels wherever the run (re)started.
-    index, example = record
-    # One decode serves all the process's shares (decode_blocks); the
-    # example's share is the one whose positions hold its index.
-    share = tf.cast(tf.searchsorted(starts, [index], side="right")[0] - 1,
-                    tf.int64)
-    example_seed = tf.random.experimental.stateless_fold_in(
-        tf.stack([tf.constant(seed, tf.int64), share]), position)
-    image = preprocess.decode_and_augment(example[source.image_key], names,
-                                          example_seed, image_size)
-    return {"image": preprocess.resize(image, image_size),
-            "label": source.label(example)}
+  def share_stream(share):
+    size = table.size(share)
+    key = tf.stack([tf.constant(seed, tf.int64), share])
+    records = table.records(share)
 
-  streams = []
-  for share in shares:
-    share_split = tfds.even_splits(split, num_shares)[share]
-    size = _share_size(source.builder, split, share_split, num_shares)
-    share_key = tf.constant([seed, share], tf.int64)
-    # Records in file order; each epoch shuffles them with its own seed, a
-    # function of (seed, share, epoch), so any epoch can be built directly.
-    records = _records(source, share_split, offsets[share])
-
-    def epoch(number, records=records, share_key=share_key, size=size):
+    def epoch(number):
+      # Each epoch shuffles with its own seed, a function of (seed, share,
+      # epoch), so that any epoch can be built directly.
       epoch_seed = tf.random.stateless_uniform(
-          [], seed=tf.random.experimental.stateless_fold_in(share_key, number),
+          [], seed=tf.random.experimental.stateless_fold_in(key, number),
           minval=None, maxval=None, dtype=tf.int64)
-      return records.shuffle(min(shuffle_buffer, size), seed=epoch_seed,
+      return records.shuffle(tf.minimum(size, buffer), seed=epoch_seed,
                              reshuffle_each_iteration=False)
 
     first = start_step * block  # Records of this share consumed before.
     first_epoch = first // size
     examples = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
     examples = examples.enumerate(start=first_epoch * size)
-    streams.append(examples.skip(first - first_epoch * size))
+    examples = examples.skip(first - first_epoch * size)
+    return examples.map(lambda position, record: (key, position, record))
+
+  def train_example(key, position, record):
+    # Seeded by the example's position in its share's stream: the same
+    # pixels wherever the run (re)started, whoever reads the share.
+    example_seed = tf.random.experimental.stateless_fold_in(key, position)
+    image = preprocess.decode_and_augment(record[1][source.image_key], names,
+                                          example_seed, image_size)
+    return {"image": preprocess.resize(image, image_size),
+            "label": source.label(record[1])}
+
+  # Block b of share s, then of share s + 1, ...: the process's rows of a
+  # batch in the order of the global batch. The shares' reading overlaps.
+  rows = tf.data.Dataset.range(shares[0], shares[-1] + 1).interleave(
+      share_stream, cycle_length=len(shares), block_length=block,
+      num_parallel_calls=min(len(shares), PARALLEL_SHARES),
+      deterministic=True)
   return _prefetched(broken_images.decode_blocks(
-      streams, block, train_example,
-      index=lambda position, record: record[0]))
+      [rows], block * len(shares), train_example,
+      index=lambda key, position, record: record[0]))
 
 
 def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
@@ -319,12 +337,9 @@ def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
   block = _block_size(batch_size, image_size, shares, num_shares)
   preprocess.check_crop_fraction(eval_crop_fraction)
   source = get_source(dataset, data_dir)
-  builder = source.builder
-  _num_examples(builder, dataset, split)  # A clear error for a missing split.
-  share_splits = tfds.even_splits(split, num_shares)
-  largest = max(builder.info.splits[s].num_examples for s in share_splits)
-  num_blocks = -(-largest // block)  # Ceiling division.
-  offsets = _offsets(builder, split, num_shares)
+  _num_examples(source.builder, dataset, split)  # A missing split's error.
+  table = _ShareTable(source, split, num_shares)
+  num_blocks = -(-max(table.sizes) // block)  # Ceiling division.
 
   def slim(index, example):
     # What evaluation reads of a record, in shapes that padding can take.
@@ -340,7 +355,7 @@ def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
 
   streams = []
   for share in shares:
-    examples = _records(source, share_splits[share], offsets[share]).map(slim)
+    examples = table.records(share).map(slim)
     padding = tf.data.Dataset.from_tensors((
         tf.constant(-1, tf.int64),
         tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
@@ -350,24 +365,60 @@ def eval_dataset(dataset, split, *, batch_size, image_size, shares=(0,),
       streams, block, eval_example, index=lambda index, record: index))
 
 
-def _offsets(builder, split, num_shares):
-  """The position in `split` of each share's first record."""
-  sizes = [builder.info.splits[s].num_examples
-           for s in tfds.even_splits(split, num_shares)]
-  return [sum(sizes[:share]) for share in range(num_shares)]
+class _ShareTable:
+  """Where each share of a split lies in the record files, as tensors, so
+  that one traced function reads any share (`records`)."""
 
+  def __init__(self, source, split, num_shares):
+    builder = source.builder
+    if builder.info.file_format != tfds.core.FileFormat.TFRECORD:
+      raise errors.InputError(
+          f"{builder.name} is stored as {builder.info.file_format.value}; "
+          f"training reads TFRecord files, the format `tfds build` writes "
+          f"by default: prepare it again without --file_format")
+    self.splits = tfds.even_splits(split, num_shares)
+    instructions = [builder.info.splits[s].file_instructions
+                    for s in self.splits]
+    self.sizes = [sum(i.take for i in share) for share in instructions]
+    width = max(len(share) for share in instructions)
+    padded = [share + [None] * (width - len(share)) for share in instructions]
+    self._sizes = tf.constant(self.sizes, tf.int64)
+    self._offsets = tf.constant(np.cumsum([0] + self.sizes[:-1]), tf.int64)
+    self._files = tf.constant([[i.filename if i else "" for i in share]
+                              for share in padded])
+    self._skips = tf.constant([[i.skip if i else 0 for i in share]
+                              for share in padded], tf.int64)
+    self._takes = tf.constant([[i.take if i else 0 for i in share]
+                              for share in padded], tf.int64)
+    self._source = source
 
-def _records(source, split, offset):
-  """(position in the split, counted from `offset`; example) of a split's
-  examples in file order, the image left encoded (decoding is the
-  pipeline's, which can crop while decoding)."""
-  records = source.builder.as_dataset(
-      split=split, shuffle_files=False,
-      decoders={source.image_key: tfds.decode.SkipDecoding()})
-  if source.fix_image is not None:
-    key, fix = source.image_key, source.fix_image
-    records = records.map(lambda example: {**example, key: fix(example[key])})
-  return records.enumerate(start=offset)
+  def size(self, share):
+    return tf.gather(self._sizes, share)
+
+  def examples(self, share):
+    """The examples of share `share` (an int or a scalar tensor) in file
+    order, the image left encoded (decoding is the pipeline's, which can
+    crop while decoding)."""
+    features = self._source.builder.info.features
+    decoders = {self._source.image_key: tfds.decode.SkipDecoding()}
+
+    def read(filename, skip, take):
+      return tf.data.TFRecordDataset(
+          filename, buffer_size=READ_BUFFER_BYTES).skip(skip).take(take)
+
+    pieces = tf.data.Dataset.from_tensor_slices(
+        (self._files[share], self._skips[share], self._takes[share]))
+    records = pieces.filter(lambda f, skip, take: take > 0).flat_map(read)
+    return records.map(
+        lambda record: features.deserialize_example(record, decoders=decoders))
+
+  def records(self, share):
+    """(position in the split, example) of share `share`'s examples."""
+    examples = self.examples(share)
+    if self._source.fix_image is not None:
+      key, fix = self._source.image_key, self._source.fix_image
+      examples = examples.map(lambda e: {**e, key: fix(e[key])})
+    return examples.enumerate(start=tf.gather(self._offsets, share))
 
 
 def _block_size(batch_size, image_size, shares, num_shares):
@@ -384,15 +435,6 @@ def _block_size(batch_size, image_size, shares, num_shares):
     raise ValueError(f"shares must be consecutive indices in [0, "
                      f"{num_shares}), got {shares}")
   return batch_size // num_shares
-
-
-def _share_size(builder, split, share_split, num_shares):
-  size = builder.info.splits[share_split].num_examples
-  if size == 0:
-    raise errors.InputError(
-        f"split {split!r} of {builder.name} has fewer examples than the "
-        f"{num_shares} shares it is read in (one per data-parallel device)")
-  return size
 
 
 def _prefetched(batches):

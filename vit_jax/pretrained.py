@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from vit_jax import checkpoint, errors, models, torch_files
-from vit_jax.workdir import CONFIG_FILE, read_config
+from vit_jax.workdir import has_run, read_config
 
 
 def parse_source(source):
@@ -117,7 +117,7 @@ def with_function(config, workdir):
   init_from's, so that a fine-tune computes its source's function, else
   the release's. A value the config sets wins, with a warning where the
   source differs."""
-  if os.path.exists(os.path.join(workdir, CONFIG_FILE)):
+  if has_run(workdir):
     source = run_function(read_config(workdir))
   elif config.init_from:
     try:

@@ -120,22 +120,22 @@ def data_parallel_size(mesh):
   return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
-def process_shares(mesh):
-  """(shares, num_shares): which blocks of every global batch this process
-  feeds. The batch is cut into one block per data-parallel device, in mesh
-  order; a process feeds the blocks of its own devices, which must be
-  consecutive (they are with jax.make_mesh, which keeps each host's devices
-  together)."""
-  num_shares = data_parallel_size(mesh)
+def process_blocks(mesh):
+  """(blocks, data-parallel size): which blocks of every global batch this
+  process feeds. The batch is cut into one block per data-parallel device,
+  in mesh order; a process feeds the blocks of its own devices, which must
+  be consecutive (they are with jax.make_mesh, which keeps each host's
+  devices together)."""
+  num_blocks = data_parallel_size(mesh)
   rows = NamedSharding(mesh, P(BATCH_AXES)).addressable_devices_indices_map(
-      (num_shares,))
-  shares = sorted({index[0].start or 0 for index in rows.values()})
-  if shares != list(range(shares[0], shares[0] + len(shares))):
+      (num_blocks,))
+  blocks = sorted({index[0].start or 0 for index in rows.values()})
+  if blocks != list(range(blocks[0], blocks[0] + len(blocks))):
     raise errors.InputError(
-        f"process {jax.process_index()} holds batch blocks {shares}, which "
+        f"process {jax.process_index()} holds batch blocks {blocks}, which "
         "are not consecutive; build the mesh so that each host's devices are "
         "adjacent along the data axes")
-  return tuple(shares), num_shares
+  return tuple(blocks), num_blocks
 
 
 def partition_spec(names, shape, mesh, path="param"):

@@ -18,10 +18,10 @@ import optax
 from jax.sharding import NamedSharding
 from clu import parameter_overview
 
-from vit_jax import (broken_images, checkpoint, compute, errors, evaluators,
-                     input_pipeline, models, optim, polyak, preemption,
-                     preprocess, pretrained, progress as progress_lib,
-                     sharding, timing, writers)
+from vit_jax import (broken_images, checkpoint, compute, elastic, errors,
+                     evaluators, input_pipeline, models, optim, polyak,
+                     preemption, preprocess, pretrained,
+                     progress as progress_lib, sharding, timing, writers)
 from vit_jax import workdir as workdir_lib
 
 @flax.struct.dataclass
@@ -235,11 +235,12 @@ def resume_or_start(manager, program, config):
 def train_batches(config, mesh, start_step):
   """This process's share of each global batch, from `start_step` on; the
   log names the first broken images (broken_images.named)."""
-  shares, num_shares = sharding.process_shares(mesh)
   batches = input_pipeline.train_dataset(
       config.dataset, config.train_split, batch_size=config.batch_size,
       image_size=config.image_size, augment=config.augment, seed=config.seed,
-      start_step=start_step, shares=shares, num_shares=num_shares,
+      start_step=start_step,
+      shares=elastic.process_shares(mesh, config.input_shares),
+      num_shares=config.input_shares,
       data_dir=config.data_dir).as_numpy_iterator()
   return broken_images.named(batches, f"{config.dataset} "
                              f"{config.train_split}", config.broken_images)
@@ -260,12 +261,15 @@ def train_and_evaluate(config, workdir):
   config = pretrained.with_function(config, workdir)
   mesh = sharding.make_mesh(config.mesh)
   check_config(config, mesh)
+  # The same batches on any slice this run moves to: config.json records it.
+  config = elastic.with_input_shares(config, workdir, mesh)
   num_classes = input_pipeline.num_classes(config.dataset, config.data_dir)
   program = build(config, mesh, num_classes)
   changes = workdir_lib.check(config, workdir)  # Before anything is written.
   manager = checkpoint.manager(os.path.join(workdir, checkpoint.SUBDIR),
                                config.keep_checkpoints)
   state, progress, resumed = resume_or_start(manager, program, config)
+  changes.update(elastic.moved(progress, mesh))
   workdir_lib.record(config, workdir, changes)
   evaluate = evaluators.Evaluators(config, program)
   start_step, total = int(state.step), config.total_steps
@@ -319,7 +323,8 @@ def train_and_evaluate(config, workdir):
           if save_now:
             checkpoint.save(manager, step, state,
                             {"train_seconds": clock.seconds(),
-                             "skipped_examples": skipped.total()})
+                             "skipped_examples": skipped.total(),
+                             "mesh": dict(mesh.shape)})
         checkpoint.check_saves(manager)  # A failed save stops the run now.
         if stopping:
           last["stopped_at_step"] = step

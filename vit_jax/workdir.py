@@ -22,17 +22,24 @@ CHANGES_FILE = "config_changes.jsonl"
 
 # What may change between restarts of one run: how often it reports and
 # saves, how long it runs (extending a run), where its data is stored, what
-# it evaluates and what it recomputes (neither changes what it trains).
-# fnmatch patterns of dotted keys.
+# it evaluates and what it recomputes (neither changes what it trains), and
+# the hardware it runs on: the mesh, and the micro-batches that a smaller
+# slice needs to hold the same global batch (vit_jax/shares.py keeps the
+# batches). fnmatch patterns of dotted keys.
 CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
                    "total_steps", "data_dir", "evaluators.*",
-                   "model.remat_policy", "broken_images")
+                   "model.remat_policy", "broken_images", "mesh.*",
+                   "accum_steps")
+# A value of ADDED_KEYS: whatever the restart resolves the key to.
+RESOLVED = object()
 # Keys added since runs were first recorded, with the value that does what
-# a run recorded without them did.
+# a run recorded without them did. input_shares: such a run read one share
+# per data-parallel device, which shares.with_input_shares resolves.
 ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
               "model.posemb": "learn", "model.mpp": False,
               "broken_images": "skip", "model.layer_norm_epsilon": 1e-6,
-              "model.gelu": "tanh", "model.final_norm": "tokens"}
+              "model.gelu": "tanh", "model.final_norm": "tokens",
+              "input_shares": RESOLVED}
 
 
 def check(config, workdir):
@@ -47,6 +54,10 @@ def check(config, workdir):
   if refused:
     raise errors.ConfigError(refusal(workdir, refused))
   return changes
+
+
+def has_run(workdir):
+  return os.path.exists(os.path.join(workdir, CONFIG_FILE))
 
 
 def read_config(workdir):
@@ -86,7 +97,8 @@ def _as_json(config):
 def differences(old, new):
   """{dotted key: (old value, new value)} for every leaf that differs."""
   old, new = _flatten(old), _flatten(new)
-  old.update({key: value for key, value in ADDED_KEYS.items()
+  old.update({key: new[key] if value is RESOLVED else value
+              for key, value in ADDED_KEYS.items()
               if key in new and key not in old})
   return {key: (old.get(key, "<absent>"), new.get(key, "<absent>"))
           for key in sorted(old.keys() | new.keys())

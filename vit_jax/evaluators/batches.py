@@ -10,7 +10,9 @@ def global_batches(program, config, dataset, split, extras=None):
   """Every evaluation batch of `split` as global arrays, padded and masked
   (input_pipeline.eval_dataset), read by each process for its devices; the
   log names the first broken images (broken_images.named)."""
-  shares, num_shares = sharding.process_shares(program.batch_sharding.mesh)
+  # One share per data-parallel device: an evaluation counts every example
+  # once on any mesh, so its batches need not outlive one.
+  shares, num_shares = sharding.process_blocks(program.batch_sharding.mesh)
   dataset = dataset or config.dataset
   rows = input_pipeline.eval_dataset(
       dataset, split, batch_size=config.batch_size,
