@@ -1,15 +1,23 @@
-"""Plans every Table 2 config on a TPU v3 slice: the cost tables of docs/plan.md.
+"""Plans every Table 2 config on a TPU slice: the cost tables of docs/plan.md.
 
   python benchmarks/table2_plans.py [--only=pretrain] [--json=FILE]
+  python benchmarks/table2_plans.py --topologies=v4-512,v5p-128 [--json=FILE]
 
 Runs `vit_jax.plan` (an ahead-of-time compile for the slice, on this CPU)
 for the three pre-training configs and the fifteen fine-tuning configs of
-Table 2, as they are, on the slices of PRETRAIN and FINETUNE below
+Table 2, as they are, on the TPU v3 slices of PRETRAIN and FINETUNE below
 (mesh: data x fsdp x model), and prints a markdown
 table: slice, HBM per core, the compiler-estimated MFU, predicted
 TPUv3-core-days, and the paper's core-days (pre-training only: Table 2
-gives no fine-tuning cost). Takes tens of minutes on 2 cores; not run by
-the tests.
+gives no fine-tuning cost).
+
+--topologies plans the pre-training configs on their v3 slices and on each
+of these slices of later generations instead, and prints two tables: one
+row per config and slice (docs/plan.md), and the README's, one row per
+config: predicted chip-hours and MFU on each slice beside the paper's
+TPUv3-core-days.
+
+Takes tens of minutes on 2 cores; not run by the tests.
 """
 
 import dataclasses
@@ -28,6 +36,9 @@ from vit_jax import planning  # pylint: disable=g-import-not-at-top,wrong-import
 
 flags.DEFINE_enum("only", None, ["pretrain", "finetune"], "Plan one kind.")
 flags.DEFINE_string("json", None, "Also write each plan as a JSON line here.")
+flags.DEFINE_list("topologies", None, "Slices to plan the pre-training "
+                  "configs on besides their v3 slices, such as "
+                  "v4-512,v5p-128: the tables across TPU generations.")
 
 # Table 2's core-days (docs/paper.md, Table 2): pre-training only.
 PAPER_CORE_DAYS = {"H/14,jft": 2500, "L/16,jft": 680, "L/16,i21k": 230}
@@ -70,7 +81,7 @@ def rows(kind):
 
 
 def markdown_row(kind, arg, result, shared_with):
-  gib = result.hbm_bytes_per_core / planning.GiB
+  gib = result.hbm_bytes_per_device / planning.GiB
   paper = PAPER_CORE_DAYS.get(arg) if kind == "pretrain" else None
   days = result.predicted_core_days
   mesh = "x".join(str(size) for size in result.mesh.values())
@@ -87,8 +98,79 @@ def markdown_row(kind, arg, result, shared_with):
           f"{'-' if paper is None else f'{paper:,}'} | {compiled} |")
 
 
+def across_generations(topology_names):
+  """(config argument, plan) of each pre-training config on its v3 slice
+  and on each of `topology_names`, all of them checked before compiling."""
+  for name in topology_names:
+    planning.topology(name)
+  for arg, v3_slice in PRETRAIN.items():
+    config = pretrain.get_config(arg)
+    for name in [v3_slice, *topology_names]:
+      yield arg, planning.plan(config, name)
+
+
+def generations_row(arg, result):
+  """A row of the table with one row per config and slice."""
+  paper = PAPER_CORE_DAYS[arg] if result.generation == "v3" else None
+  mesh = "x".join(str(size) for size in result.mesh.values())
+  estimated = result.estimated_step_seconds is not None
+  core_days = result.predicted_core_days
+  return (f"| `pretrain.py:{arg}` | {result.topology} | {result.chips:,} | "
+          f"{mesh} | {hbm(result)} | "
+          f"{f'{result.mfu:.0%}' if estimated else '-'} | "
+          f"{f'{result.estimated_step_seconds:.3f} s' if estimated else '-'} | "
+          f"{f'{result.predicted_chip_hours:,.0f}' if estimated else '-'} | "
+          f"{'-' if core_days is None else f'{core_days:,.1f}'} | "
+          f"{'-' if paper is None else f'{paper:,}'} | "
+          f"{result.compile_seconds + result.cost_compile_seconds:.0f} s |")
+
+
+def hbm(result):
+  return (f"{result.hbm_bytes_per_device / planning.GiB:.1f} of "
+          f"{result.hbm_capacity_bytes / planning.GiB:.0f} GiB"
+          + ("" if result.fits else " (does not fit)"))
+
+
+def readme_table(plans, topology_names):
+  """One row per config: chip-hours (MFU) on each slice, the v3 slice
+  first, beside the paper's TPUv3-core-days."""
+  v3_slices = " / ".join(dict.fromkeys(PRETRAIN.values()))
+  lines = [
+      "| config | paper's TPUv3-core-days | predicted TPUv3-core-days | "
+      + " | ".join([v3_slices, *topology_names]) + " |",
+      "|---" * (3 + len(topology_names)) + "|---|"]
+  for arg in PRETRAIN:
+    results = [result for a, result in plans if a == arg]
+    cells = [f"{r.predicted_chip_hours:,.0f} ({r.mfu:.0%})" if r.fits
+             else f"does not fit ({hbm(r).split(' (')[0]})"
+             for r in results]
+    lines.append(f"| {arg} | {PAPER_CORE_DAYS[arg]:,} | "
+                 f"{results[0].predicted_core_days:,.0f} | "
+                 + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def write_json(config_name, result):
+  if flags.FLAGS.json:
+    with open(flags.FLAGS.json, "a") as f:
+      f.write(json.dumps({"config": config_name, **result.to_json()}) + "\n")
+
+
 def main(argv):
   del argv
+  if flags.FLAGS.topologies:
+    print("| config | slice | chips | mesh | HBM per device | MFU (compiler) "
+          "| step time | predicted chip-hours | predicted TPUv3-core-days | "
+          "paper's TPUv3-core-days | compile |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    plans = []
+    for arg, result in across_generations(flags.FLAGS.topologies):
+      print(generations_row(arg, result), flush=True)
+      write_json(f"pretrain.py:{arg}", result)
+      plans.append((arg, result))
+    print()
+    print(readme_table(plans, flags.FLAGS.topologies))
+    return
   kinds = [flags.FLAGS.only] if flags.FLAGS.only else ["pretrain", "finetune"]
   print("| config | slice | mesh | HBM per core | MFU (compiler) | "
         "predicted core-days | paper's core-days | compile |")
@@ -96,10 +178,7 @@ def main(argv):
   for kind in kinds:
     for kind_, arg, result, shared_with in rows(kind):
       print(markdown_row(kind_, arg, result, shared_with), flush=True)
-      if flags.FLAGS.json:
-        with open(flags.FLAGS.json, "a") as f:
-          f.write(json.dumps({"config": f"{kind_}.py:{arg}",
-                              **result.to_json()}) + "\n")
+      write_json(f"{kind_}.py:{arg}", result)
 
 
 if __name__ == "__main__":

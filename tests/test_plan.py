@@ -1,5 +1,5 @@
-"""vit_jax.plan: a config's own train step, compiled for a TPU v3 slice by
-libtpu on this CPU, and what it will cost."""
+"""vit_jax.plan: a config's own train step, compiled for a TPU slice of any
+generation by libtpu on this CPU, and what it will cost."""
 
 import json
 import subprocess
@@ -70,6 +70,11 @@ def test_a_small_pretraining_config_on_v3_8():
   assert got["total_steps"] == 517_823  # 7 epochs of 303M at 4,096.
   assert got["predicted_core_days"] == pytest.approx(
       517_823 * got["estimated_step_seconds"] * 8 / 86_400 * 1.05)
+  # The fields every generation has: a v3 device is a core, 2 per chip.
+  assert got["chips"] == 4 and got["devices"] == 8 and got["hosts"] == 1
+  assert got["hbm_bytes_per_device"] == got["hbm_bytes_per_core"]
+  assert got["predicted_chip_hours"] == pytest.approx(
+      got["predicted_core_days"] * 24 / 2)
   assert got["compile_seconds"] > 0 and got["suggestions"] == []
 
 
@@ -83,6 +88,94 @@ def tiny_pretraining(**overrides):
       "model.name": "Ti/16", "model.representation_size": None,
       "model.scan_layers": False, "mesh.fsdp": 1, **overrides})
   return config
+
+
+# One slice of each generation after v3, 4 chips each.
+LATER_SLICES = {"v4-8": ("v4", 32), "v5litepod-4": ("v5e", 16),
+                "v5p-8": ("v5p", 95), "v6e-4": ("v6e", 32)}
+
+
+@pytest.fixture(scope="module")
+def later_generations():
+  """A 1-block Ti/16 on one patch planned on LATER_SLICES: one compile
+  each."""
+  return planning.compare(tiny_pretraining(batch_size=64, image_size=16),
+                          list(LATER_SLICES), classes=10)
+
+
+def test_every_generation_is_planned(later_generations):
+  for result in later_generations:
+    got = result.to_json()
+    generation, hbm_gib = LATER_SLICES[got["topology"]]
+    assert got["generation"] == generation
+    # One device per chip: v4's and v5p's two cores are one device.
+    assert got["chips"] == got["devices"] == 4 and got["hosts"] == 1
+    assert got["mesh"] == {"data": 4, "fsdp": 1, "model": 1}
+    assert got["fits"] is True and got["suggestions"] == []
+    assert got["hbm_capacity_bytes"] == hbm_gib * GiB
+    assert 0 < got["hbm_bytes_per_device"] < hbm_gib * GiB
+    assert 0 < got["mfu"] <= 1
+    assert got["mfu"] == pytest.approx(
+        got["model_flops_per_device_per_step"]
+        / got["estimated_step_seconds"] / got["peak_flops_per_device"])
+    assert got["predicted_chip_hours"] == pytest.approx(
+        517_823 * got["estimated_step_seconds"] * 4 / 3600 * 1.05)
+    # TPUv3-core-days and the other per-core fields are v3's alone.
+    assert "predicted_core_days" not in got and "cores" not in got
+  assert [r.peak_flops_per_device for r in later_generations] == [
+      275e12, 197e12, 459e12, 918e12]
+
+
+def test_plans_are_compared_in_one_table(later_generations):
+  table = planning.describe_comparison("tiny", later_generations)
+  lines = table.splitlines()
+  assert lines[0].startswith("tiny: batch 64, 517,823 steps")
+  assert lines[1].split()[:4] == ["slice", "chips", "hosts", "mesh"]
+  assert [line.split()[0] for line in lines[2:]] == list(LATER_SLICES)
+  assert "of 95 GiB" in lines[4] and "DOES NOT FIT" not in table
+
+
+def test_a_mesh_that_needs_split_torus_sides_is_refused_before_compiling():
+  # fsdp=8 cannot span whole sides of 4x4x4 or 16x16 chips; 8x16 can.
+  with pytest.raises(errors.ConfigError) as refused:
+    planning.compare(pretrain.get_config("L/16,i21k"),
+                     ["v3-256", "v4-128", "v6e-256"])
+  assert str(refused.value).splitlines() == [
+      "config.mesh data=-1 x fsdp=8 x model=1 cannot be laid out on "
+      f"{name}'s {grid} chips: each mesh axis must span whole sides of "
+      f"them; --config.mesh.fsdp of {sizes} would be"
+      for name, grid, sizes in [("v4-128", "4x4x4", "1, 4, 16, 64"),
+                                ("v6e-256", "16x16", "1, 16, 256")]]
+
+
+class CompiledStub:
+  """What `planning.step_cost` reads of a compiled step."""
+
+  def __init__(self, seconds, text):
+    self.seconds, self.text = seconds, text
+
+  def cost_analysis(self):
+    return {"flops": 1e9, "optimal_seconds": self.seconds}
+
+  def as_text(self):
+    return self.text
+
+
+def test_the_compilers_estimates_are_read_right():
+  # libtpu counts -1 s for each ConcatBitcast, which moves no data.
+  concat = 'custom-call(%a, %b), custom_call_target="ConcatBitcast"\n'
+  assert planning.step_cost(CompiledStub(-2.75, 3 * concat)) == {
+      "flops": 1e9, "optimal_seconds": 0.25}
+  with pytest.raises(RuntimeError, match="estimate is -0.5 s"):
+    planning.step_cost(CompiledStub(-0.5, ""))
+  # XLA's out-of-HBM errors give sizes in G (GiB) or T (TiB).
+  assert planning.hbm_needed(
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
+      "required for HLO temporaries (1.95T) exceeds available HBM "
+      "(15.48G).") == int(1.95 * 2**40)
+  assert planning.hbm_needed("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G "
+                             "hbm") == int(20.5 * GiB)
+  assert planning.hbm_needed("INVALID_ARGUMENT: no") is None
 
 
 def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():
@@ -106,20 +199,40 @@ def test_micro_batches_are_all_costed():
                           "v3-8", classes=10)
   assert accumulated.fits and accumulated.suggestions == []
   assert accumulated.cost_compile_seconds > 0
-  assert accumulated.flops_per_core_per_step == pytest.approx(
-      accumulated.model_flops_per_core_per_step, rel=0.1)
+  assert accumulated.flops_per_device_per_step == pytest.approx(
+      accumulated.model_flops_per_device_per_step, rel=0.1)
   assert 0 < accumulated.mfu < 1
 
 
 def test_slices_and_class_counts():
-  devices, name = planning.topology("v3-32")
-  assert name == "v3-32" and len(devices) == 32
-  assert {d.device_kind for d in devices} == {"TPU v3"}
-  assert planning.topology("v3:2x2")[1] == "v3-8"
-  with pytest.raises(ValueError, match="no TPU v3-12 slice.*v3-8, v3-32"):
+  v3 = planning.topology("v3-32")
+  assert v3.name == "v3-32" and v3.chips == 16 and len(v3.devices) == 32
+  assert {d.device_kind for d in v3.devices} == {"TPU v3"}
+  assert planning.topology("v3:2x2").name == "v3-8"
+  # Cloud TPU names v4 and v5p slices by TensorCores, 2 per chip, which JAX
+  # drives as one device; v5e and v6e slices by chips, of one core each.
+  for name, chips, hosts, kind in [
+      ("v4-32", 16, 4, "TPU v4"), ("v5p-128", 64, 16, "TPU v5"),
+      ("v5litepod-8", 8, 1, "TPU v5 lite"), ("v5e-16", 16, 4, "TPU v5 lite"),
+      ("v6e-64", 64, 16, "TPU v6 lite"), ("v4:4x4x8", 128, 32, "TPU v4")]:
+    tpu = planning.topology(name)
+    assert (tpu.chips, len(tpu.devices), tpu.hosts) == (chips, chips, hosts)
+    assert {d.device_kind for d in tpu.devices} == {kind}
+  assert planning.topology("v5e-16").name == "v5litepod-16"
+  assert planning.topology("v4:4x4x8").name == "v4-256"
+  for generation in planning.GENERATIONS.values():
+    assert generation.peak_flops > 0  # compute.PEAK_FLOPS_PER_DEVICE has it.
+  with pytest.raises(errors.InputError,
+                     match="no TPU v3-12 slice.*v3-8, v3-32"):
     planning.topology("v3-12")
-  with pytest.raises(ValueError, match="such as v3-512"):
-    planning.topology("v4-8")
+  with pytest.raises(errors.InputError,
+                     match="no TPU v4-12 slice.*v4-8, v4-16, v4-32"):
+    planning.topology("v4-12")
+  with pytest.raises(errors.InputError,
+                     match="v3-N, v4-N, v5p-N, v5litepod-N, v6e-N"):
+    planning.topology("v9-8")
+  with pytest.raises(errors.InputError, match="v4 chip grid has 3 sides"):
+    planning.topology("v4:4x4")
 
   config = pretrain.get_config("L/16,i21k")
   assert planning.num_classes(config) == 21_843  # Not on this machine.

@@ -1,9 +1,11 @@
-"""python -m vit_jax.plan --config=CONFIG --topology=v3-512 [--json] [--config.KEY=VALUE ...]
+"""python -m vit_jax.plan --config=CONFIG --topology=v4-128 [--json] [--config.KEY=VALUE ...]
+python -m vit_jax.plan --config=CONFIG --compare=v3-256,v4-128,v5p-128,v6e-64 [--json]
 
-What a config will cost on a TPU v3 slice: HBM per core, step time, MFU
-and TPUv3-core-days, from the config's train step compiled ahead of time
-for the slice on this host's CPU (vit_jax/planning.py), and what would make
-a config that does not fit fit.
+What a config will cost on a TPU slice of any generation from v3 to v6e:
+HBM per device, step time, MFU and chip-hours (on v3 also TPUv3-core-days),
+from the config's train step compiled ahead of time for the slice on this
+host's CPU (vit_jax/planning.py), and what would make a config that does
+not fit fit. --compare plans it on several slices and prints one table.
 """
 
 if __name__ == "__main__":
@@ -17,26 +19,40 @@ import json  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 from ml_collections import config_flags
 
-from vit_jax import cli, planning
+from vit_jax import cli, errors, planning
 
 config_flags.DEFINE_config_file(
     "config", None, "An ml-collections config file.", lock_config=True)
-flags.DEFINE_string("topology", "v3-8", "A Cloud TPU v3 slice (v3-8, v3-32, "
-                    "..., v3-2048) or chip grid (v3:16x16).")
+flags.DEFINE_string("topology", "v3-8", "A Cloud TPU slice: v3-N, v4-N, "
+                    "v5p-N, v5litepod-N (or v5e-N), v6e-N, such as v4-128; "
+                    "or a chip grid such as v3:16x16 or v4:4x4x4.")
+flags.DEFINE_list("compare", None, "Slices to plan the config on instead of "
+                  "--topology, as one table (--json: a list of objects).")
 flags.DEFINE_integer("num_classes", 0, "The head's classes; default: the "
                      "dataset's.")
 flags.DEFINE_float("overhead", planning.DEFAULT_OVERHEAD, "Allowance on top "
                    "of the training steps for evaluation, checkpoints and "
                    "restarts.")
-flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
+flags.DEFINE_bool("json", False, "Print JSON instead of text.")
 flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
-  result = planning.plan(f.config, f.topology, f.num_classes, f.overhead)
   config_name = config_flags.get_config_filename(f["config"])
+  if f.compare:
+    if f["topology"].present:
+      raise errors.InputError("give --topology or --compare, not both")
+    results = planning.compare(f.config, f.compare, f.num_classes,
+                               f.overhead)
+    if f.json:
+      print(json.dumps([{"config": config_name, **result.to_json()}
+                        for result in results]))
+    else:
+      print(planning.describe_comparison(config_name, results))
+    return
+  result = planning.plan(f.config, f.topology, f.num_classes, f.overhead)
   if f.json:
     print(json.dumps({"config": config_name, **result.to_json()}))
   else:
