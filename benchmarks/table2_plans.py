@@ -100,13 +100,16 @@ def markdown_row(kind, arg, result, shared_with):
 
 def across_generations(topology_names):
   """(config argument, plan) of each pre-training config on its v3 slice
-  and on each of `topology_names`, all of them checked before compiling."""
-  for name in topology_names:
-    planning.topology(name)
-  for arg, v3_slice in PRETRAIN.items():
-    config = pretrain.get_config(arg)
-    for name in [v3_slice, *topology_names]:
-      yield arg, planning.plan(config, name)
+  and on each of `topology_names`, every slice checked (name, mesh layout)
+  before the first compile."""
+  slices = {arg: [v3_slice, *topology_names]
+            for arg, v3_slice in PRETRAIN.items()}
+  for arg, names in slices.items():
+    for name in names:
+      planning.check_layout(pretrain.get_config(arg), planning.topology(name))
+  for arg, names in slices.items():
+    for name in names:
+      yield arg, planning.plan(pretrain.get_config(arg), name)
 
 
 def generations_row(arg, result):
@@ -116,7 +119,8 @@ def generations_row(arg, result):
   estimated = result.estimated_step_seconds is not None
   core_days = result.predicted_core_days
   return (f"| `pretrain.py:{arg}` | {result.topology} | {result.chips:,} | "
-          f"{mesh} | {hbm(result)} | "
+          f"{mesh} | {hbm(result)}"
+          f"{'' if result.fits else ' (does not fit)'} | "
           f"{f'{result.mfu:.0%}' if estimated else '-'} | "
           f"{f'{result.estimated_step_seconds:.3f} s' if estimated else '-'} | "
           f"{f'{result.predicted_chip_hours:,.0f}' if estimated else '-'} | "
@@ -127,8 +131,7 @@ def generations_row(arg, result):
 
 def hbm(result):
   return (f"{result.hbm_bytes_per_device / planning.GiB:.1f} of "
-          f"{result.hbm_capacity_bytes / planning.GiB:.0f} GiB"
-          + ("" if result.fits else " (does not fit)"))
+          f"{result.hbm_capacity_bytes / planning.GiB:.0f} GiB")
 
 
 def readme_table(plans, topology_names):
@@ -142,7 +145,7 @@ def readme_table(plans, topology_names):
   for arg in PRETRAIN:
     results = [result for a, result in plans if a == arg]
     cells = [f"{r.predicted_chip_hours:,.0f} ({r.mfu:.0%})" if r.fits
-             else f"does not fit ({hbm(r).split(' (')[0]})"
+             else f"does not fit ({hbm(r)})"
              for r in results]
     lines.append(f"| {arg} | {PAPER_CORE_DAYS[arg]:,} | "
                  f"{results[0].predicted_core_days:,.0f} | "
