@@ -204,7 +204,7 @@ def mocked_tfds(data_dir, records):
   def examples(table, share):
     split = table.splits[share] if isinstance(share, int) else None
     with tf.init_scope():  # `records` may compute its examples eagerly.
-      return records(table._source.builder, split)  # pylint: disable=protected-access
+      return records(table.source.builder, split)
 
   with tfds.testing.mock_data(data_dir=data_dir, as_dataset_fn=records), \
       unittest.mock.patch.object(input_pipeline._ShareTable, "examples",  # pylint: disable=protected-access

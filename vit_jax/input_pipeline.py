@@ -390,7 +390,7 @@ class _ShareTable:
                               for share in padded], tf.int64)
     self._takes = tf.constant([[i.take if i else 0 for i in share]
                               for share in padded], tf.int64)
-    self._source = source
+    self.source = source
 
   def size(self, share):
     return tf.gather(self._sizes, share)
@@ -399,8 +399,8 @@ class _ShareTable:
     """The examples of share `share` (an int or a scalar tensor) in file
     order, the image left encoded (decoding is the pipeline's, which can
     crop while decoding)."""
-    features = self._source.builder.info.features
-    decoders = {self._source.image_key: tfds.decode.SkipDecoding()}
+    features = self.source.builder.info.features
+    decoders = {self.source.image_key: tfds.decode.SkipDecoding()}
 
     def read(filename, skip, take):
       return tf.data.TFRecordDataset(
@@ -415,8 +415,8 @@ class _ShareTable:
   def records(self, share):
     """(position in the split, example) of share `share`'s examples."""
     examples = self.examples(share)
-    if self._source.fix_image is not None:
-      key, fix = self._source.image_key, self._source.fix_image
+    if self.source.fix_image is not None:
+      key, fix = self.source.image_key, self.source.fix_image
       examples = examples.map(lambda e: {**e, key: fix(e[key])})
     return examples.enumerate(start=tf.gather(self._offsets, share))
 

@@ -424,15 +424,14 @@ def compare(config, topology_names, classes=0, overhead=DEFAULT_OVERHEAD):
 def check_layout(config, tpu_slice):
   """A ConfigError unless config.mesh can be laid out on the slice's chips.
 
-  jax.make_mesh (sharding.make_mesh) gives each mesh axis whole sides of
-  the chips' torus (it splits sides on v5e alone): fsdp=8 has no place on
-  v4-128's 4x4x4 chips, nor on v6e-256's 16x16. The message names the
-  fsdp sizes that can be, with the other axes as they are.
+  (sharding.MeshLayoutError: fsdp=8 has no place on v4-128's 4x4x4
+  chips, nor on v6e-256's 16x16.) The message names the fsdp sizes that
+  can be, with the other axes as they are.
   """
   def lays_out(mesh):
     try:
       sharding.make_mesh(mesh, tpu_slice.devices)
-    except NotImplementedError:  # jax's, for a side it would have to split
+    except sharding.MeshLayoutError:
       return False
     return True
 

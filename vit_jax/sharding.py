@@ -75,8 +75,20 @@ def make_mesh(axis_sizes, devices=None):
   shape = tuple(sizes[axis] for axis in MESH_AXES)
   # Auto axes: we fix the shardings of params and batches, XLA propagates
   # them through the step (jax.make_mesh would otherwise default to Explicit).
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                       devices=devices)
+  try:
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                         devices=devices)
+  except NotImplementedError:  # A TPU torus side it would have to split.
+    raise MeshLayoutError(
+        f"config.mesh {describe_mesh(sizes)} cannot be laid out on these "
+        f"TPU chips: each mesh axis must span whole sides of their torus "
+        f"(vit_jax.plan names the fsdp sizes that can)") from None
+
+
+class MeshLayoutError(errors.InputError):
+  """A mesh whose axes do not fall on whole sides of the chips' torus:
+  jax.make_mesh splits a side on v5e alone (fsdp 8 has no place on
+  v4-128's 4x4x4 chips)."""
 
 
 def describe_mesh(sizes):
