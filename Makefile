@@ -26,7 +26,7 @@ $(VENV)/installed: pyproject.toml
 # reports) the run.
 train: $(VENV)/installed
 	$(PYTHON) -m vit_jax.main --config=configs/digits.py --workdir=workdir/digits
-	$(PYTHON) -m vit_jax.inspect --workdir=workdir/digits
+	$(PYTHON) -m vit_jax.figures --workdir=workdir/digits
 
 # Pre-train on digits 0-4 at 8x8, fine-tune on 5-9 at 16x16, and train the
 # same model on 5-9 from scratch with the same budget (configs/digits_transfer.py).

@@ -5,7 +5,7 @@
 Generates --num_images distinct JPEGs shaped like ImageNet's (500x375, one in
 four 375x500; quality 90, 4:2:0; smooth random colours plus --noise, about
 90 KB each) into a folder dataset (`folder:PATH`), then times the training
-stream of one v3-8 host: `input_pipeline.train_dataset` with augment
+stream of one v3-8 host: `pipeline_lib.train_dataset` with augment
 "inception_crop,flip" at 224 px and a per-host batch of 256 in 8 shares, one
 per TPU core. Reading the TFDS records, decoding (only the crop: see
 `preprocess.decode_and_inception_crop`), flipping, resizing and batching run
@@ -119,7 +119,7 @@ def baseline_batches(builder, batch_size, image_size):
   """A plain pipeline: decode, inception crop, resize, flip, batch."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from vit_jax import preprocess  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import preprocess
 
   def example(record):
     image = tf.io.decode_jpeg(record["image"], channels=3)
@@ -137,7 +137,7 @@ def baseline_batches(builder, batch_size, image_size):
       split="train", shuffle_files=False,
       decoders={"image": tfds.decode.SkipDecoding()})
   options = tf.data.Options()
-  # Its thread stalls a deleted iterator (see input_pipeline._options).
+  # Its thread stalls a deleted iterator (see pipeline_lib._options).
   options.autotune.enabled = False
   return (records.repeat()
           .map(example, num_parallel_calls=cores())
@@ -146,19 +146,21 @@ def baseline_batches(builder, batch_size, image_size):
 
 
 def measure(data_dir):
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline as pipeline_lib, sources
   root = write_images(data_dir, FLAGS.num_images, FLAGS.noise)
-  dataset = input_pipeline.FOLDER_PREFIX + root
+  dataset = sources.FOLDER_PREFIX + root
   with contextlib.redirect_stdout(sys.stderr):  # TFDS prints as it prepares.
-    builder = input_pipeline.get_builder(dataset, data_dir)  # Prepare once.
+    builder = sources.get_builder(dataset, data_dir)  # Prepare once.
   sizes = [os.path.getsize(os.path.join(folder, name))
            for folder, _, names in os.walk(os.path.join(root, "train"))
            for name in names]
-  batches = input_pipeline.train_dataset(
-      dataset, "train", batch_size=FLAGS.batch_size,
-      image_size=FLAGS.image_size, augment=FLAGS.augment,
-      shares=tuple(range(FLAGS.num_shares)), num_shares=FLAGS.num_shares,
-      data_dir=data_dir)
+  batches = pipeline_lib.train_dataset(sources.lookup(dataset, data_dir),
+                                       "train",
+                                       batch_size=FLAGS.batch_size,
+                                       image_size=FLAGS.image_size,
+                                       augment=FLAGS.augment,
+                                       shares=tuple(range(FLAGS.num_shares)),
+                                       num_shares=FLAGS.num_shares)
   rate, per_cpu_second = img_per_sec(batches, FLAGS.batches,
                                      FLAGS.warmup_batches)
   result = {
@@ -201,6 +203,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+  from vit_jax import runtime
   runtime.keep_freed_memory()  # As vit_jax.main does before it trains.
   app.run(main)

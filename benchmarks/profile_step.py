@@ -165,7 +165,9 @@ def profile(step, state, batch, top):
   for kind, (us, flops) in sorted(kinds.items(), key=lambda kv: -kv[1][0]):
     rate = f"{flops / us / 1e3:.0f}" if flops else ""
     print(f"| {kind} | {us / 1e3:.0f} | {100 * us / total:.0f}% | {rate} |")
-  print("\n| ms | calls | GFLOP/s | kind | op | shape |\n|---|---|---|---|---|---|")
+  print(
+      "\n| ms | calls | GFLOP/s | kind | op | shape |\n|---|---|---|---|---|---|"
+  )
   rows = sorted(ops.items(), key=lambda kv: -kv[1]["us"])[:top]
   for (kind, op_name, shape), row in rows:
     rate = f"{row['flops'] / row['us'] / 1e3:.0f}" if row["flops"] else ""
@@ -181,6 +183,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+  from vit_jax import runtime
   runtime.apply()
   app.run(main)

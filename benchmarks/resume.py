@@ -6,7 +6,7 @@ A resumed run builds its data stream at `start_step`. The stream jumps to
 the epoch of that step and skips records only within it, so the wait for
 the first batch should not grow with the step. This times it for the
 `make train` run (configs/digits.py: batch 128 in the 16 input shares it
-chooses, vit_jax/elastic.py) at each step given, as the median of
+chooses, vit_jax/data/shares.py) at each step given, as the median of
 --repeats.
 """
 
@@ -29,13 +29,18 @@ flags.DEFINE_bool("json", False, "One JSON object per step instead of a table.")
 
 
 def seconds_to_first_batch(config, data_dir, step, num_shares):
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import sources
+  from vit_jax.data import pipeline
   start = time.perf_counter()
-  batches = input_pipeline.train_dataset(
-      config.dataset, config.train_split, batch_size=config.batch_size,
-      image_size=config.image_size, augment=config.augment, seed=config.seed,
-      start_step=step, shares=tuple(range(num_shares)),
-      num_shares=num_shares, data_dir=data_dir)
+  batches = pipeline.train_dataset(sources.lookup(config.dataset, data_dir),
+                                   config.train_split,
+                                   batch_size=config.batch_size,
+                                   image_size=config.image_size,
+                                   augment=config.augment,
+                                   seed=config.seed,
+                                   start_step=step,
+                                   shares=tuple(range(num_shares)),
+                                   num_shares=num_shares)
   next(iter(batches))
   return time.perf_counter() - start
 
@@ -44,13 +49,13 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # TFDS narrates each share it opens.
   from configs import digits  # pylint: disable=g-import-not-at-top
-  from vit_jax import elastic, input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import shares as shares_lib, sources
   config = digits.get_config()
   data_dir = flags.FLAGS.data_dir or tempfile.mkdtemp()
-  input_pipeline.get_builder(config.dataset, data_dir)  # Prepare once.
-  epoch = input_pipeline.num_examples(config.dataset, config.train_split,
-                                      data_dir)
-  num_shares = elastic.default(config.batch_size, epoch, 1)
+  sources.get_builder(config.dataset, data_dir)  # Prepare once.
+  epoch = sources.lookup(config.dataset,
+                         data_dir).num_examples(config.train_split)
+  num_shares = shares_lib.default(config.batch_size, epoch, 1)
   rows = []
   for step in map(int, flags.FLAGS.steps):
     times = [seconds_to_first_batch(config, data_dir, step, num_shares)

@@ -29,10 +29,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+from vit_jax import runtime
 runtime.compile_ahead_of_time()  # Before JAX is imported.
-from configs.table2 import finetune, pretrain  # pylint: disable=g-import-not-at-top,wrong-import-position
-from vit_jax import planning  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs.table2 import finetune, pretrain
+from vit_jax.planning import catalogue, cost as cost_lib
 
 flags.DEFINE_enum("only", None, ["pretrain", "finetune"], "Plan one kind.")
 flags.DEFINE_string("json", None, "Also write each plan as a JSON line here.")
@@ -75,13 +75,13 @@ def rows(kind):
       yield kind, arg, dataclasses.replace(
           result, total_steps=config.total_steps), first
       continue
-    result = planning.plan(config, slice_name)
+    result = cost_lib.plan(config, slice_name)
     planned[key] = (arg, result)
     yield kind, arg, result, None
 
 
 def markdown_row(kind, arg, result, shared_with):
-  gib = result.hbm_bytes_per_device / planning.GiB
+  gib = result.hbm_bytes_per_device / catalogue.GiB
   paper = PAPER_CORE_DAYS.get(arg) if kind == "pretrain" else None
   days = result.predicted_core_days
   mesh = "x".join(str(size) for size in result.mesh.values())
@@ -106,10 +106,10 @@ def across_generations(topology_names):
             for arg, v3_slice in PRETRAIN.items()}
   for arg, names in slices.items():
     for name in names:
-      planning.check_layout(pretrain.get_config(arg), planning.topology(name))
+      catalogue.check_layout(pretrain.get_config(arg), catalogue.topology(name))
   for arg, names in slices.items():
     for name in names:
-      yield arg, planning.plan(pretrain.get_config(arg), name)
+      yield arg, cost_lib.plan(pretrain.get_config(arg), name)
 
 
 def generations_row(arg, result):
@@ -130,8 +130,8 @@ def generations_row(arg, result):
 
 
 def hbm(result):
-  return (f"{result.hbm_bytes_per_device / planning.GiB:.1f} of "
-          f"{result.hbm_capacity_bytes / planning.GiB:.0f} GiB")
+  return (f"{result.hbm_bytes_per_device / catalogue.GiB:.1f} of "
+          f"{result.hbm_capacity_bytes / catalogue.GiB:.0f} GiB")
 
 
 def readme_table(plans, topology_names):

@@ -4,7 +4,7 @@
       [--dtypes=float32,bfloat16] [--steps=7]
 
 In one process, for each MODEL:BATCH at 224 px and each compute dtype: the
-project's own train step (`train.build`: the jitted step with its
+project's own train step (`step_lib.build`: the jitted step with its
 shardings, Adam, on all the devices JAX sees), timed after two warm-up
 steps as the median of --steps, and the machine's dense float32 matmul
 rate (a large `jnp.dot` on one device, the best of three runs with each
@@ -55,13 +55,15 @@ def prepared_step(config, num_classes=1000):
   """The run's jitted train step, a fresh state and a fixed random batch."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from vit_jax import input_pipeline, sharding, train  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline
+  from vit_jax import sharding
+  from vit_jax.training import step as step_lib
   mesh = sharding.make_mesh(config.mesh)
-  program = train.build(config, mesh, num_classes)
+  program = step_lib.build(config, mesh, num_classes)
   state = program.init(jax.random.key(0))
   rng = np.random.default_rng(0)
   size = config.image_size
-  batch = input_pipeline.to_global({
+  batch = pipeline.to_global({
       "image": rng.integers(0, 256, (config.batch_size, size, size, 3),
                             np.uint8),
       "label": rng.integers(0, num_classes, config.batch_size, np.int32),
@@ -89,16 +91,16 @@ def time_train_step(config, steps, matmul, warmup=2):
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import compute  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import flops as flops_lib
   f = flags.FLAGS
-  matmul = compute.MatmulRate(f.matmul_size)
+  matmul = flops_lib.MatmulRate(f.matmul_size)
   rows = []
   for entry in f.models:
     name, batch = entry.split(":")
     for dtype in f.dtypes:
       config = config_for(name, int(batch), dtype, f.image_size)
       seconds, matmul_rate = time_train_step(config, f.steps, matmul)
-      flops = compute.flops_per_image(config.model, f.image_size, train=True)
+      flops = flops_lib.flops_per_image(config.model, f.image_size, train=True)
       achieved = flops * config.batch_size / seconds
       rows.append({
           "model": name, "image_size": f.image_size,
@@ -125,6 +127,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+  from vit_jax import runtime
   runtime.apply()
   app.run(main)

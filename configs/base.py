@@ -16,7 +16,7 @@ def get_config():
   # The shares the split is read in: unset, chosen when the run starts (the
   # most that the batch and the data allow, up to 2048) and recorded. The
   # batches are the same on every mesh whose data x fsdp divides it, so the
-  # run can resume on a smaller or larger slice (vit_jax/elastic.py).
+  # run can resume on a smaller or larger slice (vit_jax/data/shares.py).
   config.input_shares = ml_collections.config_dict.placeholder(int)
   config.image_size = 0
   # Comma-separated: flip, shift, inception_crop, random_crop (resize to 7/6
@@ -27,7 +27,7 @@ def get_config():
   config.eval_crop_fraction = 1.0
   # Images that do not decode: "skip" leaves them out, counts and names
   # them (a folder's when it is prepared, a TFDS record's when it is read);
-  # "refuse" stops the run at the first (vit_jax/broken_images.py).
+  # "refuse" stops the run at the first (vit_jax/data/broken_records.py).
   config.broken_images = "skip"
   # `name` ("B/16") gives the sizes (Table 1); any other field overrides
   # models.create's. posemb: "learn" (1-D, as released), "learn2d",
@@ -38,7 +38,8 @@ def get_config():
   # "pooled"): unset, they are init_from's (an HF or timm model's own),
   # else the release's (1e-6, "tanh", "tokens"); the run records them.
   config.model = ml_collections.ConfigDict(dict(
-      name="", classifier="token", representation_size=None,
+      name="", classifier="token",
+      representation_size=ml_collections.config_dict.placeholder(int),
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32",
       remat_policy="", scan_layers=False, posemb="learn", mpp=False,
       layer_norm_epsilon=ml_collections.config_dict.placeholder(float),
@@ -60,7 +61,7 @@ def get_config():
   config.seed = 0
   config.log_every = 100
   # What the run measures, each every N steps and at the end (0: never):
-  # name -> kind and settings, see vit_jax/evaluators/__init__.py. The
+  # name -> kind and settings, see vit_jax/training/evaluators/__init__.py. The
   # name prefixes the metrics: "test" logs test_accuracy.
   config.evaluators = ml_collections.ConfigDict(dict(
       test=dict(kind="accuracy", every=1000, split="test")))

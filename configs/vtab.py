@@ -8,13 +8,13 @@ runs all 19 tasks and tabulates them (vit_jax/vtab_suite.py). One task alone:
   python -m vit_jax.main --config=configs/vtab.py:MODEL,TASK[,val] ...
 
 MODEL names the checkpoint's model (L/16, H/14, ...); TASK is a name of
-vit_jax/datasets/vtab.py (e.g. clevr_count); `val` trains on train800 and
+vit_jax/data/vtab_tasks.py (e.g. clevr_count); `val` trains on train800 and
 scores val200 rather than train800val200 and test. The task datasets must
 be prepared in DATA_DIR under their TFDS names.
 """
 
 from configs.table2 import common, finetune
-from vit_jax.datasets import vtab as registry
+from vit_jax.data import vtab_tasks as registry
 
 # Table 4: 2,500 steps at learning rate 0.01 for every task; otherwise the
 # fine-tuning of Table 2 (SGD momentum 0.9, batch 512, cosine decay, clip at

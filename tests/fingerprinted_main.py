@@ -13,7 +13,8 @@ if __name__ == "__main__":
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
       __file__))))
   from tests import util  # pylint: disable=g-import-not-at-top
-  from vit_jax import main, train  # pylint: disable=g-import-not-at-top
-  train.train_batches = util.logging_batches(os.environ["BATCH_LOG"],
-                                             train.train_batches)
+  from vit_jax import main
+  from vit_jax.training import loop
+  loop.train_batches = util.logging_batches(os.environ["BATCH_LOG"],
+                                             loop.train_batches)
   cli.run(main.main)

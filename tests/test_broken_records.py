@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from vit_jax import errors
+from vit_jax.data import pipeline, sources
+from vit_jax.training import step as step_lib
 from tests.util import (assert_trees_equal, latest_checkpoint, made_once,
-                        metric_rows, small_config)
-from vit_jax import errors, input_pipeline, train
+                        metric_rows, run_training, small_config)
 
 # Positions in each split of the prepared digits whose image bytes are
 # replaced: by bytes that are no image, or by the first half of a PNG.
@@ -52,9 +54,13 @@ def broken_digits(digits_data_dir, tmp_path_factory):
 
 def one_epoch(data_dir):
   """The rows of the first epoch of digits train[:256], 4 shares."""
-  batches = input_pipeline.train_dataset(
-      "digits", "train[:256]", batch_size=32, image_size=8,
-      augment="flip", shares=range(4), num_shares=4, data_dir=data_dir)
+  batches = pipeline.train_dataset(sources.lookup("digits", data_dir),
+                                   "train[:256]",
+                                   batch_size=32,
+                                   image_size=8,
+                                   augment="flip",
+                                   shares=range(4),
+                                   num_shares=4)
   rows = list(batches.take(8).as_numpy_iterator())
   return {key: np.concatenate([r[key] for r in rows]) for key in rows[0]}
 
@@ -78,9 +84,13 @@ def test_training_rows_of_broken_records_are_masked_and_the_rest_kept(
 
 def test_evaluation_rows_of_broken_records_are_masked_like_padding(
     broken_digits):
-  rows = list(input_pipeline.eval_dataset(
-      "digits", "test", batch_size=64, image_size=8, shares=range(4),
-      num_shares=4, data_dir=broken_digits).as_numpy_iterator())
+  rows = list(
+      pipeline.eval_dataset(sources.lookup("digits", broken_digits),
+                            "test",
+                            batch_size=64,
+                            image_size=8,
+                            shares=range(4),
+                            num_shares=4).as_numpy_iterator())
   index = np.concatenate([r["index"] for r in rows])
   mask = np.concatenate([r["mask"] for r in rows])
   assert set(index[(mask == 0) & (index >= 0)]) == set(BROKEN["test"])
@@ -102,7 +112,7 @@ def test_a_run_trains_to_the_end_and_resumed_drops_the_same_records(
                       checkpoint_every=16, **{"evaluators.test.every": 16})
   whole = str(tmp_path / "whole")
   caplog.set_level(logging.WARNING)
-  expected = train.train_and_evaluate(config, whole)
+  expected = run_training(config, whole)
   assert expected["train_skipped_examples"] == 2 * len(BROKEN["train"])
   assert expected["test_skipped_examples"] == len(BROKEN["test"])
   assert expected["test_examples"] == 360 - len(BROKEN["test"])
@@ -112,7 +122,7 @@ def test_a_run_trains_to_the_end_and_resumed_drops_the_same_records(
   for position in BROKEN["test"]:
     assert f"Skipped example {position} of digits test" in named
 
-  real_build = train.build
+  real_build = step_lib.build
   steps = []
 
   def sigterm_at_step_5(*args, **kwargs):
@@ -126,10 +136,10 @@ def test_a_run_trains_to_the_end_and_resumed_drops_the_same_records(
     return program._replace(train_step=step)
 
   parted = str(tmp_path / "parted")
-  monkeypatch.setattr(train, "build", sigterm_at_step_5)
-  assert train.train_and_evaluate(config, parted)["stopped_at_step"] == 5
-  monkeypatch.setattr(train, "build", real_build)
-  result = train.train_and_evaluate(config, parted)
+  monkeypatch.setattr(step_lib, "build", sigterm_at_step_5)
+  assert run_training(config, parted)["stopped_at_step"] == 5
+  monkeypatch.setattr(step_lib, "build", real_build)
+  result = run_training(config, parted)
   assert result["train_skipped_examples"] == 2 * len(BROKEN["train"])
   assert_trees_equal(latest_checkpoint(parted, config)[1],
                      latest_checkpoint(whole, config)[1])
@@ -144,4 +154,4 @@ def test_refuse_stops_the_run_at_the_first_broken_image(broken_digits,
   config = config_for(broken_digits, broken_images="refuse")
   with pytest.raises(errors.InputError, match="does not decode as an image, "
                      "and config.broken_images is 'refuse'"):
-    train.train_and_evaluate(config, str(tmp_path))
+    run_training(config, str(tmp_path))

@@ -11,9 +11,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from vit_jax import errors, models
+from vit_jax.runs import storage
+from vit_jax.weights import adaptation, npz as npz_lib
 from tests import reference_vit
 from tests.util import randomize
-from vit_jax import checkpoint, models, storage
 
 TINY = dict(num_layers=3, hidden_size=32, mlp_dim=64, num_heads=4)
 
@@ -42,9 +44,12 @@ def assert_trees_equal(a, b):
 
 # The successor layouts, written from docs/paper.md's description of them.
 def big_vision_layout(release_flat):
-  per_type = {"LayerNorm_0": "LayerNorm_0",
-              "MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
-              "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+  per_type = {
+      "LayerNorm_0": "LayerNorm_0",
+      "MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+      "LayerNorm_2": "LayerNorm_1",
+      "MlpBlock_3": "MlpBlock_0"
+  }
   out = {}
   for key, value in release_flat.items():
     parts = key.split("/")
@@ -79,11 +84,11 @@ def test_save_then_load_gives_identical_params_and_logits(tmp_path,
                                                           trained_tiny):
   model, params = trained_tiny
   path = tmp_path / "vit.npz"
-  checkpoint.save_npz(params, path)
+  npz_lib.save_npz(params, path)
   with np.load(path) as npz:  # The release layout is the flattened tree.
     assert "Transformer/encoderblock_2/MlpBlock_3/Dense_1/kernel" in npz.files
     assert "Transformer/posembed_input/pos_embedding" in npz.files
-  loaded = checkpoint.load_npz(path)
+  loaded = npz_lib.load_npz(path)
   assert_trees_equal(loaded, params)
   x = images(3, 16)
   np.testing.assert_array_equal(
@@ -97,13 +102,15 @@ def test_each_released_layout_loads(tmp_path, trained_tiny, layout):
   files = {"release": flat(params)}
   files["big_vision"] = big_vision_layout(files["release"])
   files["scanned"] = scanned_layout(files["big_vision"])
-  marker = {"release": "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel",
-            "big_vision": "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel",
-            "scanned": "Transformer/encoderblock/MlpBlock_0/Dense_0/kernel"}
+  marker = {
+      "release": "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel",
+      "big_vision": "Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel",
+      "scanned": "Transformer/encoderblock/MlpBlock_0/Dense_0/kernel"
+  }
   assert marker[layout] in files[layout]
   path = tmp_path / f"{layout}.npz"
   np.savez(path, **files[layout])
-  assert_trees_equal(checkpoint.load_npz(path), params)
+  assert_trees_equal(npz_lib.load_npz(path), params)
 
 
 def test_a_scanned_model_saves_and_loads_the_release_layout(tmp_path,
@@ -112,7 +119,7 @@ def test_a_scanned_model_saves_and_loads_the_release_layout(tmp_path,
   scanned = models.create("Ti/4", num_classes=7, representation_size=24,
                           scan_layers=True, **TINY)
   shapes = jax.eval_shape(lambda: init_params(scanned, 16))
-  stacked = checkpoint.adapt(params, shapes)  # Released -> scanned.
+  stacked = adaptation.adapt(params, shapes)  # Released -> scanned.
   assert stacked["Transformer"]["encoderblock"]["MlpBlock_3"]["Dense_0"][
       "kernel"].shape == (3, 32, 64)
   assert "encoderblock_0" not in stacked["Transformer"]
@@ -122,12 +129,12 @@ def test_a_scanned_model_saves_and_loads_the_release_layout(tmp_path,
   np.testing.assert_array_equal(logits(scanned, stacked), logits(model, params))
 
   path = tmp_path / "scanned.npz"
-  checkpoint.save_npz(stacked, path)
+  npz_lib.save_npz(stacked, path)
   with np.load(path) as npz:
     assert sorted(npz.files) == sorted(flat(params))
-  assert_trees_equal(checkpoint.load_npz(path), params)
+  assert_trees_equal(npz_lib.load_npz(path), params)
   # And back to an unscanned model from the scanned tree itself.
-  assert_trees_equal(checkpoint.adapt(stacked, params), params)
+  assert_trees_equal(adaptation.adapt(stacked, params), params)
 
 
 # As published: the original release partly under `opt/target/` next to its
@@ -150,7 +157,7 @@ def test_each_published_prefix_loads(tmp_path, trained_tiny, prefix, layout):
     stored["opt/mu/head/kernel"] = kernel
   path = tmp_path / "published.npz"
   np.savez(path, **stored)
-  assert_trees_equal(checkpoint.load_npz(path), params)
+  assert_trees_equal(npz_lib.load_npz(path), params)
 
 
 def test_params_under_two_prefixes_are_refused(tmp_path, trained_tiny):
@@ -159,11 +166,11 @@ def test_params_under_two_prefixes_are_refused(tmp_path, trained_tiny):
   path = tmp_path / "both.npz"
   np.savez(path, **{f"params/{k}": v for k, v in release.items()},
            **{f"opt/target/{k}": v for k, v in release.items()})
-  with pytest.raises(ValueError, match="cannot tell which tree"):
-    checkpoint.load_npz(path)
+  with pytest.raises(errors.InputError, match="cannot tell which tree"):
+    npz_lib.load_npz(path)
   np.savez(path, **{f"params/{k}": v for k, v in release.items()}, cls=0)
-  with pytest.raises(ValueError, match="cannot tell which tree"):
-    checkpoint.load_npz(path)
+  with pytest.raises(errors.InputError, match="cannot tell which tree"):
+    npz_lib.load_npz(path)
 
 
 def bits(array):
@@ -179,7 +186,7 @@ def test_bfloat16_arrays_load_as_float32_exactly(tmp_path, trained_tiny):
   np.savez(path, **stored)
   with np.load(path) as npz:  # What numpy makes of bfloat16.
     assert npz["params/head/kernel"].dtype.str == "|V2"
-  loaded = flat(checkpoint.load_npz(path))
+  loaded = flat(npz_lib.load_npz(path))
   expected = jax.tree.map(
       lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), flat(params))
   assert sorted(loaded) == sorted(expected)
@@ -196,8 +203,8 @@ def test_other_void_dtypes_fail_naming_the_key(tmp_path, trained_tiny, dtype):
   files["head/bias"] = np.zeros(7, dtype)
   path = tmp_path / "void.npz"
   np.savez(path, **files)
-  with pytest.raises(ValueError, match="'head/bias'"):
-    checkpoint.load_npz(path)
+  with pytest.raises(errors.InputError, match="'head/bias'"):
+    npz_lib.load_npz(path)
 
 
 def test_save_npz_takes_what_model_init_returns(tmp_path):
@@ -210,10 +217,10 @@ def test_save_npz_takes_what_model_init_returns(tmp_path):
   assert any(map(is_box, jax.tree.leaves(boxed, is_leaf=is_box)))
   unboxed = nn.meta.unbox(boxed)
   path = tmp_path / "init.npz"
-  checkpoint.save_npz(boxed, path)
+  npz_lib.save_npz(boxed, path)
   with np.load(path, allow_pickle=False) as npz:
     assert all(npz[k].dtype == np.float32 for k in npz.files)
-  loaded = checkpoint.load_npz(path)
+  loaded = npz_lib.load_npz(path)
   assert_trees_equal(loaded, unboxed)
   np.testing.assert_array_equal(
       model.apply({"params": loaded}, x, train=False),
@@ -227,20 +234,20 @@ def test_save_npz_takes_what_model_init_returns(tmp_path):
         mesh, jax.sharding.PartitionSpec(*spec)))
   sharded = flax.core.freeze(jax.tree.map(shard, unboxed))
   assert any(len(v.sharding.device_set) > 1 for v in jax.tree.leaves(sharded))
-  checkpoint.save_npz(sharded, tmp_path / "sharded.npz")
-  assert_trees_equal(checkpoint.load_npz(tmp_path / "sharded.npz"), unboxed)
+  npz_lib.save_npz(sharded, tmp_path / "sharded.npz")
+  assert_trees_equal(npz_lib.load_npz(tmp_path / "sharded.npz"), unboxed)
 
 
 def test_unknown_layout_fails_listing_the_keys(tmp_path):
   path = tmp_path / "other.npz"
   np.savez(path, foo=np.zeros(2), **{"bar/baz": np.zeros(3)})
-  with pytest.raises(ValueError, match="not a ViT checkpoint of a known layout"
-                     ) as error:
-    checkpoint.load_npz(path)
+  with pytest.raises(errors.InputError,
+                     match="not a ViT checkpoint of a known layout") as error:
+    npz_lib.load_npz(path)
   assert "['bar/baz', 'foo']" in str(error.value)
   np.savez(path, **{f"k{i:02d}": np.zeros(1) for i in range(12)})
-  with pytest.raises(ValueError, match="not a ViT checkpoint") as error:
-    checkpoint.load_npz(path)
+  with pytest.raises(errors.InputError, match="not a ViT checkpoint") as error:
+    npz_lib.load_npz(path)
   assert f"{[f'k{i:02d}' for i in range(10)]} ..." in str(error.value)
   assert "k10" not in str(error.value)
 
@@ -253,11 +260,11 @@ def test_logits_match_an_independent_float64_forward(tmp_path, classifier,
                         representation_size=representation_size, **TINY)
   params = randomize(init_params(model, 16), seed=3)
   path = tmp_path / "vit.npz"
-  checkpoint.save_npz(params, path)
+  npz_lib.save_npz(params, path)
   x = images(4, 16)
   with np.load(path) as npz:
     expected = reference_vit.forward(dict(npz), x, classifier)
-  got = model.apply({"params": checkpoint.load_npz(path)}, x, train=False)
+  got = model.apply({"params": npz_lib.load_npz(path)}, x, train=False)
   assert np.abs(expected).max() > 1  # Logits that say something.
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
@@ -273,19 +280,19 @@ def test_full_size_b16_logits_match_the_float64_forward(tmp_path):
   params = jax.tree_util.tree_map_with_path(
       lambda path, x: x + 1 if path[-1].key == "scale" else x, params)
   path = tmp_path / "b16.npz"
-  checkpoint.save_npz(params, path)
+  npz_lib.save_npz(params, path)
   x = images(2, 224)
   with np.load(path) as npz:
     expected = reference_vit.forward(dict(npz), x)
-  got = model.apply({"params": checkpoint.load_npz(path)}, x, train=False)
+  got = model.apply({"params": npz_lib.load_npz(path)}, x, train=False)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_pickled_files_are_refused(tmp_path):
   path = tmp_path / "evil.npz"
   np.savez(path, **{"head/kernel": np.array([{"a": 1}], dtype=object)})
-  with pytest.raises(ValueError, match="pickle"):
-    checkpoint.load_npz(path)
+  with pytest.raises(errors.InputError, match="pickle"):
+    npz_lib.load_npz(path)
 
 
 def test_posemb_224_to_384_keeps_class_token_and_interpolates_grid():
@@ -297,7 +304,7 @@ def test_posemb_224_to_384_keeps_class_token_and_interpolates_grid():
   posemb[0, 1:, 0] = rows.ravel()  # A linear ramp survives bilinear zoom.
   posemb[0, 1:, 1] = cols.ravel()
   at_224["Transformer"]["posembed_input"]["pos_embedding"] = posemb
-  adapted = checkpoint.adapt(at_224, at_384)
+  adapted = adaptation.adapt(at_224, at_384)
   resized = adapted["Transformer"]["posembed_input"]["pos_embedding"]
   assert resized.shape == (1, 577, 768)
   np.testing.assert_array_equal(resized[0, 0], np.arange(768))
@@ -310,24 +317,25 @@ def test_posemb_224_to_384_keeps_class_token_and_interpolates_grid():
 def test_posemb_at_equal_size_is_reproduced_exactly():
   posemb = np.random.default_rng(0).standard_normal((1, 197, 8))
   np.testing.assert_array_equal(
-      checkpoint.resize_posemb(posemb, (1, 197, 8), has_class_token=True),
+      adaptation.resize_posemb(posemb, (1, 197, 8), has_class_token=True),
       posemb)
   gap = posemb[:, 1:]
   np.testing.assert_array_equal(
-      checkpoint.resize_posemb(gap, (1, 196, 8), has_class_token=False), gap)
+      adaptation.resize_posemb(gap, (1, 196, 8), has_class_token=False), gap)
 
 
 def test_adapt_replaces_head_and_drops_pre_logits(trained_tiny):
   _, pretrained = trained_tiny  # 7 classes, representation 24.
   finetune = models.create("Ti/4", num_classes=3, **TINY)
   target = init_params(finetune, 24, seed=5)
-  adapted = checkpoint.adapt(pretrained, target)
+  adapted = adaptation.adapt(pretrained, target)
   assert "pre_logits" not in adapted
   np.testing.assert_array_equal(adapted["head"]["kernel"], 0.0)
   assert adapted["head"]["kernel"].shape == (32, 3)
   np.testing.assert_array_equal(
-      adapted["Transformer"]["encoderblock_1"]["MlpBlock_3"]["Dense_0"]["kernel"],
-      pretrained["Transformer"]["encoderblock_1"]["MlpBlock_3"]["Dense_0"]["kernel"])
+      adapted["Transformer"]["encoderblock_1"]["MlpBlock_3"]["Dense_0"]
+      ["kernel"], pretrained["Transformer"]["encoderblock_1"]["MlpBlock_3"]
+      ["Dense_0"]["kernel"])
   assert adapted["Transformer"]["posembed_input"]["pos_embedding"].shape == (
       1, 37, 32)
   logits = finetune.apply({"params": adapted}, images(2, 24), train=False)
@@ -336,7 +344,7 @@ def test_adapt_replaces_head_and_drops_pre_logits(trained_tiny):
 
 def test_adapt_keeps_a_matching_head(trained_tiny):
   model, params = trained_tiny
-  adapted = checkpoint.adapt(params, init_params(model, 16, seed=9))
+  adapted = adaptation.adapt(params, init_params(model, 16, seed=9))
   assert_trees_equal(adapted, params)
 
 
@@ -348,8 +356,8 @@ def test_wrong_shaped_file_fails_naming_the_key(tmp_path, trained_tiny):
   path = tmp_path / "wrong.npz"
   np.savez(path, **files)
   model = models.create("Ti/4", num_classes=7, representation_size=24, **TINY)
-  with pytest.raises(ValueError, match=re.escape(key)) as error:
-    checkpoint.adapt(checkpoint.load_npz(path), init_params(model, 16))
+  with pytest.raises(errors.InputError, match=re.escape(key)) as error:
+    adaptation.adapt(npz_lib.load_npz(path), init_params(model, 16))
   assert "(32, 48)" in str(error.value) and "(32, 64)" in str(error.value)
 
 
@@ -357,12 +365,12 @@ def test_missing_and_unexpected_keys_are_named(trained_tiny):
   model, params = trained_tiny
   fewer_layers = models.create("Ti/4", num_classes=7, representation_size=24,
                                **dict(TINY, num_layers=2))
-  with pytest.raises(ValueError, match="encoderblock_2"):
-    checkpoint.adapt(params, init_params(fewer_layers, 16))
+  with pytest.raises(errors.InputError, match="encoderblock_2"):
+    adaptation.adapt(params, init_params(fewer_layers, 16))
   more_layers = models.create("Ti/4", num_classes=7, representation_size=24,
                               **dict(TINY, num_layers=4))
-  with pytest.raises(ValueError, match="encoderblock_3"):
-    checkpoint.adapt(params, init_params(more_layers, 16))
+  with pytest.raises(errors.InputError, match="encoderblock_3"):
+    adaptation.adapt(params, init_params(more_layers, 16))
 
 
 def test_storage_failures_are_told_apart_from_bugs():

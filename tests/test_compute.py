@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import compute, models
+from vit_jax import models
+from vit_jax.models import flops as flops_lib
 
 
 def xla_forward_flops(name, image_size):
@@ -23,7 +24,7 @@ def xla_forward_flops(name, image_size):
 @pytest.mark.parametrize("name", ["Ti/16", "B/16"])
 @pytest.mark.parametrize("image_size", [224, 384])
 def test_analytic_flops_agree_with_xla(name, image_size):
-  analytic = compute.flops_per_image(name, image_size)
+  analytic = flops_lib.flops_per_image(name, image_size)
   assert analytic == pytest.approx(xla_forward_flops(name, image_size),
                                    rel=0.05)
 
@@ -33,30 +34,30 @@ def test_flops_by_hand_and_the_papers_ratio():
   tokens, d = 5, 192
   layer = 2 * tokens * (4 * d * d + 2 * d * 768) + 4 * tokens**2 * d
   expected = 2 * 4 * 16 * 16 * 3 * d + 12 * layer + 2 * d * 1000
-  assert compute.flops_per_image("Ti/16", 32) == expected
-  assert compute.flops_per_image("Ti/16", 32, train=True) == 3 * expected
+  assert flops_lib.flops_per_image("Ti/16", 32) == expected
+  assert flops_lib.flops_per_image("Ti/16", 32, train=True) == 3 * expected
   # H/14 costs 2.72x L/16 at 224 (257 vs 197 tokens): what the Table 2
   # configs' epoch choices rest on (tests/test_table2.py).
-  assert (compute.flops_per_image("H/14", 224)
-          / compute.flops_per_image("L/16", 224)) == pytest.approx(2.72,
+  assert (flops_lib.flops_per_image("H/14", 224)
+          / flops_lib.flops_per_image("L/16", 224)) == pytest.approx(2.72,
                                                                    abs=0.01)
 
 
 def test_a_config_model_with_overrides_is_counted_as_built():
   config_model = dict(name="Ti/2", hidden_size=64, num_layers=4, mlp_dim=256,
                       num_heads=4, representation_size=32)
-  vit = compute.model_sizes(config_model, num_classes=10)
+  vit = flops_lib.model_sizes(config_model, num_classes=10)
   assert (vit.hidden_size, vit.num_layers, vit.patch_size) == (64, 4, 2)
-  with_pre_logits = compute.flops_per_image(config_model, 8, num_classes=10)
+  with_pre_logits = flops_lib.flops_per_image(config_model, 8, num_classes=10)
   config_model["representation_size"] = None
-  without = compute.flops_per_image(config_model, 8, num_classes=10)
+  without = flops_lib.flops_per_image(config_model, 8, num_classes=10)
   assert with_pre_logits - without == 2 * 64 * 32 + 2 * 32 * 10 - 2 * 64 * 10
 
 
 def test_peak_of_a_cpu_is_measured_and_shared_among_its_devices():
-  peak, source = compute.peak_flops_per_device(jax.devices("cpu")[0])
+  peak, source = flops_lib.peak_flops_per_device(jax.devices("cpu")[0])
   assert "measured" in source and "8 devices" in source
-  assert peak == pytest.approx(compute.measured_matmul_flops() / 8)
+  assert peak == pytest.approx(flops_lib.measured_matmul_flops() / 8)
   assert 1e8 < peak < 1e13
 
 
@@ -68,7 +69,7 @@ class FakeDevice:
 
 
 def test_tpu_v3_peak_is_half_a_chip():
-  assert (compute.peak_flops_per_device(FakeDevice("TPU v3", "tpu"))[0]
+  assert (flops_lib.peak_flops_per_device(FakeDevice("TPU v3", "tpu"))[0]
           == 123e12 / 2)
 
 
@@ -86,14 +87,14 @@ def test_tpu_v3_peak_is_half_a_chip():
     ("NVIDIA B200", "gpu", 2.25e15),
 ])
 def test_peak_of_a_device_kind(device_kind, platform, peak):
-  got, source = compute.peak_flops_per_device(
+  got, source = flops_lib.peak_flops_per_device(
       FakeDevice(device_kind, platform))
   assert got == peak
   assert source.endswith("data sheet, bfloat16 dense")
 
 
 def test_an_unknown_gpu_has_no_peak():
-  peak, source = compute.peak_flops_per_device(
+  peak, source = flops_lib.peak_flops_per_device(
       FakeDevice("NVIDIA GeForce RTX 4090", "gpu"))
   assert peak is None
   assert source == "unknown device kind 'NVIDIA GeForce RTX 4090'"

@@ -9,9 +9,12 @@ import sys
 import numpy as np
 import pytest
 
+from vit_jax import errors, run as run_lib
+from vit_jax.data import shares as shares_lib
+from vit_jax.training import loop
 from tests.util import (REPO, finish, logged, logging_batches, main_flags,
-                        pid_of_process, small_config, wait_for_step)
-from vit_jax import elastic, errors, sharding, train
+                        pid_of_process, run_training, small_config,
+                        wait_for_step)
 
 # Pure data parallelism, so that 8, 4 and 2 x 2 devices all run it; the
 # test split evaluated once, at the end.
@@ -68,12 +71,12 @@ def uninterrupted(digits_data_dir, tmp_path_factory):
   tmp = str(tmp_path_factory.mktemp("uninterrupted"))
   config = small_config(digits_data_dir, **ELASTIC)
   log = os.path.join(tmp, "batches")
-  real = train.train_batches
-  train.train_batches = logging_batches(log, real)
+  real = loop.train_batches
+  loop.train_batches = logging_batches(log, real)
   try:
-    train.train_and_evaluate(config, os.path.join(tmp, "run"))
+    run_training(config, os.path.join(tmp, "run"))
   finally:
-    train.train_batches = real
+    loop.train_batches = real
   return logged(os.path.join(tmp, "run")), global_batches(log)
 
 
@@ -159,20 +162,19 @@ def test_a_run_stopped_on_8_devices_resumes_on_2_hosts_of_2(
 def test_the_default_shares_suit_slices_and_small_datasets():
   # Table 2's pre-training: batch 4096 on ImageNet-21k, one share per core
   # of a v3-2048.
-  assert elastic.default(4096, 14_197_122, 8) == 2048
+  assert shares_lib.default(4096, 14_197_122, 8) == 2048
   # A fine-tune at batch 512 on CIFAR-10: any slice up to v3-512.
-  assert elastic.default(512, 50_000, 8) == 512
+  assert shares_lib.default(512, 50_000, 8) == 512
   # Digits: 16 shares of about 90 examples.
-  assert elastic.default(128, 1437, 8) == 16
+  assert shares_lib.default(128, 1437, 8) == 16
   # A VTAB-1k task: 800 training examples; at least one per device.
-  assert elastic.default(512, 800, 8) == 8
-  assert elastic.default(512, 800, 32) == 32
+  assert shares_lib.default(512, 800, 8) == 8
+  assert shares_lib.default(512, 800, 32) == 32
 
 
 def test_a_mesh_that_cannot_read_the_shares_is_refused(digits_data_dir,
                                                        tmp_path):
-  config = small_config(digits_data_dir, input_shares=2)
-  mesh = sharding.make_mesh(config.mesh)  # data 4 x model 2.
+  config = small_config(digits_data_dir, input_shares=2)  # data 4 x model 2.
   with pytest.raises(errors.ConfigError, match="input_shares=2 cannot be "
                      "read by 4 data-parallel devices"):
-    elastic.with_input_shares(config, str(tmp_path), mesh)
+    run_lib.resolve(config, str(tmp_path))

@@ -10,10 +10,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import preprocess, sharding, train
-from vit_jax.evaluators import fewshot, real
+from vit_jax import run, sharding
+from vit_jax.data import preprocess, sources
+from vit_jax.training import evaluators, step as step_lib
+from vit_jax.training.evaluators import fewshot, real
 from tests.test_train import compiles_during
-from tests.util import mocked_tfds, randomize, small_config
+from tests.util import mocked_tfds, randomize, run_training, small_config
 
 # --- ReaL ---------------------------------------------------------------------
 
@@ -78,11 +80,13 @@ def test_real_evaluator_scores_the_sets_of_every_image(real_validation):
       "evaluators.test.every": 0, "mesh.data": 8, "mesh.model": 1})
   config.evaluators.real = dict(kind="real", every=5)
   mesh = sharding.make_mesh(config.mesh)
-  program = train.build(config, mesh, num_classes=1000)
+  program = step_lib.build(config, mesh, num_classes=1000)
   params = randomize(program.init(jax.random.key(0)).params, scale=1.0)
   # Predictions among classes 0-7, where the sets are: some right, some not.
   params["head"]["bias"][8:] = -100.0
-  got = train.evaluators.Evaluators(config, program).run_all(
+  resolved = run.Run(config, None, mesh, sources.Sources(config.dataset,
+                                                        config.data_dir), {})
+  got = evaluators.Evaluators(resolved, program).run_all(
       jax.device_put(params, program.state_shardings.params))
   pixels = np.stack([preprocess.eval_resize(preprocess.decode(image), 8)
                      for image in images])
@@ -148,12 +152,14 @@ def test_fewshot_separates_separable_classes():
 def run_evaluators(config, params=None):
   """The config's evaluators at the last step, on a random small model."""
   mesh = sharding.make_mesh(config.mesh)
-  train.check_config(config, mesh)
-  program = train.build(config, mesh, num_classes=10)
+  data = sources.Sources(config.dataset, config.data_dir)
+  run.check_data(config, data)
+  program = step_lib.build(config, mesh, num_classes=10)
   state = program.init(jax.random.key(0))
   params = randomize(state.params) if params is None else params
   params = jax.device_put(params, program.state_shardings.params)
-  return program, params, train.evaluators.Evaluators(config, program).run_all(
+  resolved = run.Run(config, None, mesh, data, {})
+  return program, params, evaluators.Evaluators(resolved, program).run_all(
       params)
 
 
@@ -191,7 +197,7 @@ def test_bad_evaluators_fail_clearly_before_compiling(
   config = small_config(digits_data_dir)
   config.evaluators.extra = entry
   compiles, error = compiles_during(
-      lambda: train.train_and_evaluate(config, str(tmp_path)))
+      lambda: run_training(config, str(tmp_path)))
   assert "config.evaluators.extra" in error and message in error
   assert not compiles
 
@@ -202,11 +208,10 @@ def test_each_evaluator_runs_at_its_own_cadence(digits_data_dir, tmp_path):
                         **{"evaluators.test.every": 2})
   config.evaluators.held = dict(kind="accuracy", every=4, split="train[:64]")
   config.evaluators.never = dict(kind="accuracy", every=0, split="x")
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = run_training(config, str(tmp_path))
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   at = lambda key: [r["step"] for r in rows if key in r]
   assert at("test_accuracy") == [2, 4, 6]
   assert at("held_accuracy") == [4, 6]  # And at the last step.
   assert not any(key.startswith("never") for r in rows for key in r)
   assert {"test_accuracy", "held_accuracy"} <= set(result)
-

@@ -4,20 +4,25 @@ import os
 import subprocess
 import sys
 
+import flax
 import jax
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax import checkpoint, input_pipeline, pretrained, sharding, train
+from vit_jax import sharding
+from vit_jax.data import pipeline, sources
+from vit_jax.runs import checkpoints as checkpoints_lib
+from vit_jax.training import step as step_lib
+from vit_jax.weights import adaptation, npz as npz_lib, pretrained
 from tests.util import (REPO, SMALL, assert_trees_equal, latest_checkpoint,
-                        small_config)
+                        run_training, small_config)
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
 
 
 def flat(tree):
-  return checkpoint.flax.traverse_util.flatten_dict(
+  return flax.traverse_util.flatten_dict(
       jax.device_get(tree), sep="/")
 
 
@@ -26,7 +31,7 @@ def pretrained_run(digits_data_dir, tmp_path_factory):
   """A digits run at 8x8 with a pre-logits layer, and its export."""
   workdir = str(tmp_path_factory.mktemp("pretrained"))
   config = small_config(digits_data_dir, **{"model.representation_size": 32})
-  train.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   npz = os.path.join(workdir, "export.npz")
   done = subprocess.run(
       [sys.executable, "-m", "vit_jax.export", f"--workdir={workdir}",
@@ -37,8 +42,8 @@ def pretrained_run(digits_data_dir, tmp_path_factory):
 
 def start_of(config):
   """The state a run of `config` starts from, before any update."""
-  program = train.build(config, sharding.make_mesh(config.mesh), 10)
-  return train.initial_state(program, config), program
+  program = step_lib.build(config, sharding.make_mesh(config.mesh), 10)
+  return step_lib.initial_state(program, config), program
 
 
 @pytest.mark.parametrize("source", ["npz", "workdir", "workdir:6"])
@@ -50,7 +55,7 @@ def test_init_from_loads_the_checkpoint_and_adapts_only_what_it_must(
   # 16x16 images: 64 patches instead of 16; no pre-logits layer.
   config = small_config(digits_data_dir, init_from=init_from, image_size=16)
   state, _ = start_of(config)
-  loaded = flat(checkpoint.load_npz(npz))
+  loaded = flat(npz_lib.load_npz(npz))
   started = flat(state.params)
 
   assert set(loaded) - set(started) == {"pre_logits/kernel",
@@ -58,7 +63,7 @@ def test_init_from_loads_the_checkpoint_and_adapts_only_what_it_must(
   for key, value in started.items():
     if key == POSEMB:
       assert value.shape == (1, 65, 32)
-      np.testing.assert_array_equal(value, checkpoint.resize_posemb(
+      np.testing.assert_array_equal(value, adaptation.resize_posemb(
           loaded[key], (1, 65, 32), has_class_token=True))
     elif key.startswith("head/"):  # It sat on the dropped pre-logits.
       assert not value.any()
@@ -77,17 +82,17 @@ def test_scanned_and_rematerialised_runs_exchange_params_with_plain_ones(
   stacked = flat(state.params)
   assert stacked["Transformer/encoderblock/MlpBlock_3/Dense_0/kernel"].shape \
       == (2, 32, 64)
-  loaded = flat(checkpoint.load_npz(npz))
-  for key, value in checkpoint.unscan_blocks(stacked).items():
+  loaded = flat(npz_lib.load_npz(npz))
+  for key, value in npz_lib.unscan_blocks(stacked).items():
     if not key.startswith(("head/", "pre_logits/")):
       np.testing.assert_array_equal(value, loaded[key], err_msg=key)
 
   workdir = str(tmp_path / "scanned")
-  train.train_and_evaluate(small_config(digits_data_dir, **scan), workdir)
+  run_training(small_config(digits_data_dir, **scan), workdir)
   _, trained, _ = latest_checkpoint(workdir, small_config(digits_data_dir,
                                                           **scan))
   plain, _ = start_of(small_config(digits_data_dir, init_from=workdir))
-  expected = checkpoint.unscan_blocks(flat(trained))
+  expected = npz_lib.unscan_blocks(flat(trained))
   for key, value in flat(plain.params).items():
     np.testing.assert_array_equal(value, expected[key], err_msg=key)
 
@@ -99,7 +104,7 @@ def test_a_checkpoint_that_does_not_fit_is_named_before_compiling(
                         **{"model.hidden_size": 48})
   from tests.test_train import compiles_during  # pylint: disable=g-import-not-at-top
   compiles, error = compiles_during(
-      lambda: train.train_and_evaluate(config, str(tmp_path)))
+      lambda: run_training(config, str(tmp_path)))
   assert "has shape (32,) in the checkpoint but the model wants (48,)" in error
   assert npz in error
   assert not compiles
@@ -110,12 +115,12 @@ def test_a_resumed_fine_tune_reads_its_own_checkpoint_not_init_from(
     digits_data_dir, pretrained_run, tmp_path):
   _, npz, _ = pretrained_run
   source = str(tmp_path / "source.npz")
-  checkpoint.save_npz(checkpoint.load_npz(npz), source)
+  npz_lib.save_npz(npz_lib.load_npz(npz), source)
   config = small_config(digits_data_dir, init_from=source, total_steps=3)
-  train.train_and_evaluate(config, str(tmp_path / "run"))
+  run_training(config, str(tmp_path / "run"))
   os.remove(source)  # Reading it again would fail.
   longer = small_config(digits_data_dir, init_from=source, total_steps=6)
-  train.train_and_evaluate(longer, str(tmp_path / "run"))
+  run_training(longer, str(tmp_path / "run"))
   step, _, _ = latest_checkpoint(str(tmp_path / "run"), longer)
   assert step == 6
 
@@ -124,16 +129,17 @@ def test_polyak_average_follows_the_recurrence(digits_data_dir):
   decay = 0.8
   config = small_config(digits_data_dir, polyak_decay=decay)
   state, program = start_of(config)
-  batches = input_pipeline.train_dataset(
-      "digits", "train", batch_size=config.batch_size, image_size=8,
-      data_dir=digits_data_dir).as_numpy_iterator()
+  batches = pipeline.train_dataset(sources.lookup("digits", digits_data_dir),
+                                   "train",
+                                   batch_size=config.batch_size,
+                                   image_size=8).as_numpy_iterator()
   expected = jax.tree.map(lambda p: np.asarray(p, np.float64),
                           jax.device_get(state.params))
   np.testing.assert_array_equal(flat(state.polyak)[POSEMB],
                                 flat(state.params)[POSEMB])
   for _ in range(4):
     state, _ = program.train_step(
-        state, input_pipeline.to_global(next(batches), program.batch_sharding))
+        state, pipeline.to_global(next(batches), program.batch_sharding))
     expected = jax.tree.map(lambda a, p: decay * a + (1 - decay) * p,
                             expected, jax.device_get(state.params))
   average = jax.device_get(state.polyak)
@@ -148,7 +154,7 @@ def test_export_writes_the_polyak_average_and_gives_the_same_logits(
     digits_data_dir, tmp_path):
   config = small_config(digits_data_dir, polyak_decay=0.5)
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   npz = str(tmp_path / "exported.npz")
   done = subprocess.run(
       [sys.executable, "-m", "vit_jax.export", f"--workdir={workdir}",
@@ -158,10 +164,10 @@ def test_export_writes_the_polyak_average_and_gives_the_same_logits(
   assert "Polyak average" in done.stdout
 
   mesh = sharding.make_mesh(config.mesh)
-  program = train.build(config, mesh, 10)
-  manager = checkpoint.manager(os.path.join(workdir, "checkpoints"), 3)
-  state, _ = checkpoint.restore_latest(manager, program.state_shapes)
-  exported = checkpoint.load_npz(npz)
+  program = step_lib.build(config, mesh, 10)
+  manager = checkpoints_lib.manager(os.path.join(workdir, "checkpoints"), 3)
+  state, _ = checkpoints_lib.restore_latest(manager, program.state_shapes)
+  exported = npz_lib.load_npz(npz)
   assert_trees_equal(exported, jax.device_get(state.polyak))
   images = np.random.default_rng(0).uniform(-1, 1, (4, 8, 8, 3))
   logits = program.model.apply({"params": exported}, images, train=False)
@@ -215,16 +221,23 @@ def test_a_folder_of_png_and_jpeg_images_fine_tunes(digits_data_dir,
         file_name, encoded = f"{i}.JPG", tf.io.encode_jpeg(pixels, quality=90)
       with open(tmp_path / "images" / name / file_name, "wb") as f:
         f.write(encoded.numpy())
-  config = small_config(
-      digits_data_dir, init_from=npz, dataset=f"folder:{tmp_path / 'images'}",
-      train_split="train[:80%]", image_size=16,
-      augment="random_crop,flip", total_steps=30,
-      checkpoint_every=30, **{"evaluators.test.split": "train[80%:]",
-                              "evaluators.test.every": 30,"optimizer.name": "sgd",
-                              "optimizer.learning_rate": 0.03,
-                              "optimizer.weight_decay": 0.0,
-                              "batch_size": 24})
-  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  config = small_config(digits_data_dir,
+                        init_from=npz,
+                        dataset=f"folder:{tmp_path / 'images'}",
+                        train_split="train[:80%]",
+                        image_size=16,
+                        augment="random_crop,flip",
+                        total_steps=30,
+                        checkpoint_every=30,
+                        **{
+                            "evaluators.test.split": "train[80%:]",
+                            "evaluators.test.every": 30,
+                            "optimizer.name": "sgd",
+                            "optimizer.learning_rate": 0.03,
+                            "optimizer.weight_decay": 0.0,
+                            "batch_size": 24
+                        })
+  result = run_training(config, str(tmp_path / "run"))
   assert result["test_accuracy"] >= 0.9
 
 
@@ -239,11 +252,11 @@ def test_the_transfer_configs_chain(digits_data_dir, tmp_path):
            "optimizer.warmup_steps": 2, **model}
   pretrain = digits_transfer.get_config("pretrain")
   pretrain.update_from_flattened_dict(short)
-  train.train_and_evaluate(pretrain, str(tmp_path / "pretrain"))
+  run_training(pretrain, str(tmp_path / "pretrain"))
   finetune = digits_transfer.get_config("finetune")
   finetune.update_from_flattened_dict(
       {**short, "init_from": str(tmp_path / "pretrain")})
-  result = train.train_and_evaluate(finetune, str(tmp_path / "finetune"))
+  result = run_training(finetune, str(tmp_path / "finetune"))
   assert result["test_accuracy"] > 0.2  # Chance.
   # "scratch" trains the fine-tune's model and budget from random weights
   # (its training is what every other digits test does).
@@ -264,7 +277,7 @@ def test_init_from_with_polyak_trains(digits_data_dir, pretrained_run,
   _, npz, _ = pretrained_run
   config = small_config(digits_data_dir, init_from=npz, polyak_decay=0.5,
                         total_steps=3)
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = run_training(config, str(tmp_path))
   assert result["test_accuracy"] >= 0
   step, _, _ = latest_checkpoint(str(tmp_path), config)
   assert step == 3

@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from tests.util import metric_rows, small_config
-from vit_jax import errors, input_pipeline, train
-from vit_jax.datasets import folder
+from vit_jax import errors
+from vit_jax.data import folder, pipeline as pipeline_lib, sources
+from tests.util import metric_rows, run_training, small_config
 
 CLASSES = ["apple", "banana", "cherry"]
 # (split, class, file name, (height, width), mode): every image a solid
@@ -87,15 +87,19 @@ def split_layout(tmp_path_factory):
     by_split[relative.split("/")[0]].append(value)
   data_dir = str(tmp_path_factory.mktemp("tensorflow_datasets"))
   dataset = folder.PREFIX + root
-  input_pipeline.get_builder(dataset, data_dir)
+  sources.get_builder(dataset, data_dir)
   return dataset, data_dir, dict(by_split)
 
 
 def eval_examples(dataset, split, data_dir, shares=(0,), num_shares=1):
   """[(RGB colour 0..255, label)] of the real examples of an evaluation."""
-  batches = list(input_pipeline.eval_dataset(
-      dataset, split, batch_size=4 * num_shares, image_size=6, shares=shares,
-      num_shares=num_shares, data_dir=data_dir).as_numpy_iterator())
+  batches = list(
+      pipeline_lib.eval_dataset(sources.lookup(dataset, data_dir),
+                                split,
+                                batch_size=4 * num_shares,
+                                image_size=6,
+                                shares=shares,
+                                num_shares=num_shares).as_numpy_iterator())
   examples = []
   for batch in batches:
     assert batch["image"].shape[1:] == (6, 6, 3)
@@ -123,13 +127,13 @@ def identify(examples, expected):
 
 def test_classes_are_the_sorted_folder_names_of_all_splits(split_layout):
   dataset, data_dir, _ = split_layout
-  assert input_pipeline.num_classes(dataset, data_dir) == 3
-  builder = input_pipeline.get_builder(dataset, data_dir)
+  assert sources.lookup(dataset, data_dir).num_classes == 3
+  builder = sources.get_builder(dataset, data_dir)
   assert builder.info.features["label"].names == CLASSES
   assert set(builder.info.splits) == {"train", "test"}
-  assert input_pipeline.num_examples(dataset, "train", data_dir) == 7
-  assert input_pipeline.num_examples(dataset, "test", data_dir) == 3
-  assert input_pipeline.num_examples(dataset, "train[:4]", data_dir) == 4
+  assert sources.lookup(dataset, data_dir).num_examples("train") == 7
+  assert sources.lookup(dataset, data_dir).num_examples("test") == 3
+  assert sources.lookup(dataset, data_dir).num_examples("train[:4]") == 4
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
@@ -144,7 +148,7 @@ def test_every_image_comes_back_once_with_its_label(split_layout, split):
 def test_images_are_stored_byte_for_byte(split_layout):
   dataset, data_dir, _ = split_layout
   root = dataset[len(folder.PREFIX):]
-  builder = input_pipeline.get_builder(dataset, data_dir)
+  builder = sources.get_builder(dataset, data_dir)
   stored = builder.as_dataset(split="train",
                               decoders={"image": tfds.decode.SkipDecoding()})
   stored = sorted(example["image"] for example in tfds.as_numpy(stored))
@@ -169,10 +173,13 @@ def test_shares_are_disjoint_and_cover_the_split(split_layout, num_shares):
 
 def test_train_batches_are_rgb_in_range_with_random_crop(split_layout):
   dataset, data_dir, expected = split_layout
-  batches = list(input_pipeline.train_dataset(
-      dataset, "train", batch_size=7, image_size=6,
-      augment="random_crop,flip", seed=1, data_dir=data_dir).take(2)
-                 .as_numpy_iterator())
+  batches = list(
+      pipeline_lib.train_dataset(sources.lookup(dataset, data_dir),
+                                 "train",
+                                 batch_size=7,
+                                 image_size=6,
+                                 augment="random_crop,flip",
+                                 seed=1).take(2).as_numpy_iterator())
   for batch in batches:
     assert batch["image"].shape == (7, 6, 6, 3)
     assert batch["image"].dtype == np.uint8
@@ -185,36 +192,39 @@ def test_single_split_layout_is_train_and_can_be_sliced(tmp_path):
   root = str(tmp_path / "fruit")
   expected = list(make_folder(root, single_split=True).values())
   dataset, data_dir = folder.PREFIX + root, str(tmp_path / "data")
-  builder = input_pipeline.get_builder(dataset, data_dir)
+  builder = sources.get_builder(dataset, data_dir)
   assert list(builder.info.splits) == ["train"]
   assert builder.info.features["label"].names == CLASSES
-  assert input_pipeline.num_examples(dataset, "train", data_dir) == 7
+  assert sources.lookup(dataset, data_dir).num_examples("train") == 7
   head = identify(eval_examples(dataset, "train[:5]", data_dir), expected)
   tail = identify(eval_examples(dataset, "train[5:]", data_dir), expected)
   assert len(head) == 5 and len(tail) == 2
   assert sorted(head + tail) == list(range(7))
-  with pytest.raises(ValueError, match=r"Unknown split 'test'.*'train\[:90%\]'"):
-    input_pipeline.eval_dataset(dataset, "test", batch_size=4, image_size=6,
-                                data_dir=data_dir)
-  with pytest.raises(ValueError, match=r"train\[90%:\]"):
-    input_pipeline.num_examples(dataset, "validation", data_dir)
+  with pytest.raises(errors.InputError,
+                     match=r"Unknown split 'test'.*'train\[:90%\]'"):
+    pipeline_lib.eval_dataset(sources.lookup(dataset, data_dir),
+                              "test",
+                              batch_size=4,
+                              image_size=6)
+  with pytest.raises(errors.InputError, match=r"train\[90%:\]"):
+    sources.lookup(dataset, data_dir).num_examples("validation")
 
 
 def test_a_changed_folder_is_prepared_afresh(tmp_path):
   root = tmp_path / "fruit"
   make_folder(str(root), single_split=True)
   dataset, data_dir = folder.PREFIX + str(root), str(tmp_path / "data")
-  first = input_pipeline.get_builder(dataset, data_dir)
-  assert input_pipeline.num_examples(dataset, "train", data_dir) == 7
+  first = sources.get_builder(dataset, data_dir)
+  assert sources.lookup(dataset, data_dir).num_examples("train") == 7
 
   write_image(str(root / "banana" / "new.png"), 11, (4, 4), "rgb")
-  second = input_pipeline.get_builder(dataset, data_dir)
+  second = sources.get_builder(dataset, data_dir)
   assert second.data_dir != first.data_dir
-  assert input_pipeline.num_examples(dataset, "train", data_dir) == 8
+  assert sources.lookup(dataset, data_dir).num_examples("train") == 8
   assert os.path.isdir(first.data_dir)  # The old copy is left alone.
 
   # Unchanged: the same copy, not prepared again.
-  assert input_pipeline.get_builder(dataset, data_dir).data_dir == (
+  assert sources.get_builder(dataset, data_dir).data_dir == (
       second.data_dir)
   # Replaced (new mtime) or removed: another config.
   names = {folder.make_config(str(root)).name}
@@ -251,7 +261,7 @@ def test_processes_preparing_a_folder_at_once_all_succeed(tmp_path,
 
   monkeypatch.setattr(folder.Folder, "_split_generators",
                       another_process_finishes_first)
-  assert input_pipeline.num_examples(dataset, "train", data_dir) == 7
+  assert sources.lookup(dataset, data_dir).num_examples("train") == 7
 
 
 def write_png(path):
@@ -259,8 +269,8 @@ def write_png(path):
 
 
 def folder_error(root, data_dir):
-  with pytest.raises(ValueError) as error:
-    input_pipeline.get_builder(folder.PREFIX + str(root), str(data_dir))
+  with pytest.raises(errors.InputError) as error:
+    sources.get_builder(folder.PREFIX + str(root), str(data_dir))
   return str(error.value)
 
 
@@ -320,10 +330,10 @@ def test_malformed_folders_are_clear_errors(tmp_path):
   write_png(bad_split / "all" / "cat" / "1.png")
   assert "'all'" in folder_error(bad_split, data_dir)
 
-  with pytest.raises(ValueError, match="names no folder"):
-    input_pipeline.get_builder(folder.PREFIX, str(data_dir))
-  with pytest.raises(ValueError, match="must be a local directory"):
-    input_pipeline.get_builder(folder.PREFIX + "gs://bucket/images",
+  with pytest.raises(errors.InputError, match="names no folder"):
+    sources.get_builder(folder.PREFIX, str(data_dir))
+  with pytest.raises(errors.InputError, match="must be a local directory"):
+    sources.get_builder(folder.PREFIX + "gs://bucket/images",
                                str(data_dir))
 
 
@@ -368,7 +378,7 @@ def test_files_that_do_not_decode_are_left_out_and_named(tmp_path, capsys):
   root = str(tmp_path / "fruit")
   expected, broken = odd_and_broken_folder(root)
   dataset, data_dir = folder.PREFIX + root, str(tmp_path / "data")
-  builder = input_pipeline.get_builder(dataset, data_dir)
+  builder = sources.get_builder(dataset, data_dir)
   listed = folder.broken_files(builder)
   assert [relative for relative, _ in listed] == broken
   assert all(reason for _, reason in listed)
@@ -377,12 +387,12 @@ def test_files_that_do_not_decode_are_left_out_and_named(tmp_path, capsys):
   assert f"Left out 4 of 15 files of {root}" in printed
   assert folder.BROKEN_FILES in printed and broken[0] in printed
   # Every usable image, the odd ones too, and only those.
-  assert input_pipeline.num_examples(dataset, "train", data_dir) == 11
+  assert sources.lookup(dataset, data_dir).num_examples("train") == 11
   found = identify(eval_examples(dataset, "train", data_dir),
                    list(expected.values()))
   assert sorted(found) == list(range(11))
   # Opened again, the prepared copy is used and says nothing.
-  input_pipeline.get_builder(dataset, data_dir)
+  sources.get_builder(dataset, data_dir)
   assert capsys.readouterr().out == ""
 
 
@@ -393,16 +403,34 @@ def test_a_run_trains_past_broken_files_or_refuses_them(tmp_path):
   folder_run = {"dataset": folder.PREFIX + root, "train_split": "train[:7]",
                 "evaluators.test.split": "train[7:]", "image_size": 8}
   config = small_config(data_dir, **folder_run)
-  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  result = run_training(config, str(tmp_path / "run"))
   assert 0 <= result["test_accuracy"] <= 1
   steps = [row["step"] for row in metric_rows(str(tmp_path / "run"))]
   assert steps[-1] == config.total_steps
   refusing = small_config(data_dir, broken_images="refuse", **folder_run)
   with pytest.raises(errors.ConfigError, match="4 files of .* do not decode"
                      ) as refused:
-    train.train_and_evaluate(refusing, str(tmp_path / "refused"))
+    run_training(refusing, str(tmp_path / "refused"))
   assert broken[0] in str(refused.value)
   with pytest.raises(errors.ConfigError, match="broken_images must be one"):
-    train.train_and_evaluate(small_config(data_dir, broken_images="maybe",
-                                          **folder_run),
-                             str(tmp_path / "typo"))
+    run_training(small_config(data_dir, broken_images="maybe", **folder_run),
+                 str(tmp_path / "typo"))
+
+
+def test_a_folder_is_scanned_once_per_run(tmp_path, monkeypatch):
+  root = str(tmp_path / "fruit")
+  make_folder(root, single_split=True)
+  scans = []
+  real_scan = folder.scan
+  monkeypatch.setattr(folder, "scan",
+                      lambda path: scans.append(path) or real_scan(path))
+  config = small_config(str(tmp_path / "data"), **{
+      "dataset": folder.PREFIX + root, "train_split": "train[:75%]",
+      "evaluators.test.split": "train[75%:]", "evaluators.test.every": 2,
+      "image_size": 8, "total_steps": 6})
+  config.evaluators.held = dict(kind="accuracy", every=2, split="train[:4]")
+  result = run_training(config, str(tmp_path / "run"))
+  # Three evaluations by each of two evaluators, a training stream, the
+  # preparation: one walk of the folder.
+  assert {"test_accuracy", "held_accuracy"} <= set(result)
+  assert scans == [root]

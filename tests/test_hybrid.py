@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint, compute, models
+from vit_jax import errors, models
+from vit_jax.models import flops
+from vit_jax.weights import npz as npz_lib
 from tests import reference_vit
 from tests.test_compute import xla_forward_flops
 from tests.test_train import MESHES, first_losses
@@ -66,7 +68,7 @@ def test_the_r50_stem_has_resnet50s_parameters():
 def test_hybrid_names(name, stages):
   model = models.create(name, num_classes=10)
   assert model.resnet_stages == stages and model.token_stride == 32
-  with pytest.raises(ValueError, match="unknown hybrid 'R26\\+B/16'"):
+  with pytest.raises(errors.InputError, match="unknown hybrid 'R26\\+B/16'"):
     models.create("R26+B/16", num_classes=10)
 
 
@@ -74,18 +76,18 @@ def test_hybrid_logits_match_the_float64_forward_through_the_release_layout(
     tmp_path):
   model = models.create("Ti/1", num_classes=7, representation_size=24,
                         **TINY_HYBRID)
-  variables = jax.jit(lambda x: model.init(jax.random.key(0), x,
-                                           train=False))(jnp.zeros((1, 32, 32, 3)))
+  variables = jax.jit(lambda x: model.init(jax.random.key(0), x, train=False))(
+      jnp.zeros((1, 32, 32, 3)))
   params = randomize(flax.linen.meta.unbox(variables["params"]), seed=3)
   path = tmp_path / "hybrid.npz"
-  checkpoint.save_npz(params, path)
+  npz_lib.save_npz(params, path)
   with np.load(path) as npz:
     stored = dict(npz)
   for key in ("conv_root/kernel", "gn_root/scale", "gn_root/bias",
               "block1/unit1/conv_proj/kernel", "block1/unit1/gn_proj/scale",
               "block2/unit1/conv2/kernel", "block2/unit1/gn3/bias"):
     assert key in stored, key
-  loaded = checkpoint.load_npz(path)
+  loaded = npz_lib.load_npz(path)
   jax.tree.map(np.testing.assert_array_equal, loaded, params)
   read, image_size = models.from_params(loaded)
   assert read == model and image_size == 32
@@ -100,7 +102,7 @@ def test_hybrid_logits_match_the_float64_forward_through_the_release_layout(
 
 
 def test_hybrid_flops_agree_with_xla():
-  assert compute.flops_per_image("R50+B/16", 224) == pytest.approx(
+  assert flops.flops_per_image("R50+B/16", 224) == pytest.approx(
       xla_forward_flops("R50+B/16", 224), rel=0.05)
 
 

@@ -10,9 +10,9 @@ from sklearn import model_selection
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import elastic, input_pipeline
-from vit_jax import preprocess
-from vit_jax.datasets import digits
+from vit_jax import errors
+from vit_jax.data import (digits, pipeline as pipeline_lib, preprocess,
+                          shares as shares_lib, sources)
 
 
 def take(dataset, num_batches):
@@ -20,10 +20,10 @@ def take(dataset, num_batches):
 
 
 def train_batches(data_dir, num_batches, **overrides):
-  kwargs = dict(batch_size=32, image_size=8, data_dir=data_dir)
+  kwargs = dict(batch_size=32, image_size=8)
   kwargs.update(overrides)
-  return take(input_pipeline.train_dataset("digits", "train", **kwargs),
-              num_batches)
+  return take(pipeline_lib.train_dataset(sources.lookup("digits", data_dir),
+                                         "train", **kwargs), num_batches)
 
 
 def assert_same_batches(batches, expected):
@@ -48,7 +48,7 @@ def sklearn_keys(indices=None):
 
 def stored_keys(data_dir, split):
   """Keys of a split as TFDS stores it: uint8 pixels mapped back to 0..16."""
-  builder = input_pipeline.get_builder("digits", data_dir)
+  builder = sources.get_builder("digits", data_dir)
   stored = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
   assert stored["image"].dtype == np.uint8
   pixels = stored["image"][..., 0].astype(np.float64)  # uint8 * 16 overflows.
@@ -67,9 +67,9 @@ def pipeline_keys(batches):
 
 
 def test_digits_has_a_fixed_stratified_split(digits_data_dir):
-  assert input_pipeline.num_examples("digits", "train", digits_data_dir) == 1437
-  assert input_pipeline.num_examples("digits", "test", digits_data_dir) == 360
-  assert input_pipeline.num_classes("digits", digits_data_dir) == 10
+  assert sources.lookup("digits", digits_data_dir).num_examples("train") == 1437
+  assert sources.lookup("digits", digits_data_dir).num_examples("test") == 360
+  assert sources.lookup("digits", digits_data_dir).num_classes == 10
   labels = sklearn_datasets.load_digits().target
   train, test = model_selection.train_test_split(
       np.arange(len(labels)), test_size=360, stratify=labels, random_state=0)
@@ -153,7 +153,7 @@ def test_global_batches_do_not_depend_on_processes_or_devices(
     parts = []
     for process in range(num_processes):
       blocks = tuple(range(process * devices, (process + 1) * devices))
-      shares = elastic.shares_of(blocks, num_processes * devices, 16)
+      shares = shares_lib.shares_of(blocks, num_processes * devices, 16)
       parts.append(train_batches(digits_data_dir, 3, shares=shares,
                                  **settings))
     return [{key: np.concatenate([part[step][key] for part in parts])
@@ -169,7 +169,7 @@ def test_global_batches_do_not_depend_on_processes_or_devices(
 
 def records_read_before_first_batch(data_dir, start_step, monkeypatch):
   read = []
-  real_records = input_pipeline._ShareTable.records
+  real_records = pipeline_lib._ShareTable.records
 
   def counting_records(self, share):
     def count(*record):
@@ -178,7 +178,7 @@ def records_read_before_first_batch(data_dir, start_step, monkeypatch):
         return jax.tree.map(tf.identity, record)
     return real_records(self, share).map(count)
 
-  monkeypatch.setattr(input_pipeline._ShareTable, "records", counting_records)
+  monkeypatch.setattr(pipeline_lib._ShareTable, "records", counting_records)
   batch, = train_batches(data_dir, 1, batch_size=64, start_step=start_step,
                          shares=tuple(range(4)), num_shares=4)
   assert batch["image"].shape == (64, 8, 8, 3)
@@ -199,18 +199,25 @@ def test_resuming_late_costs_no_more_reading_than_resuming_early(
 def test_shares_must_be_consecutive_and_in_range(digits_data_dir):
   for shares in ((0, 2), (4,), ()):
     with pytest.raises(ValueError, match="consecutive indices in"):
-      input_pipeline.train_dataset(
-          "digits", "train", batch_size=8, image_size=8, shares=shares,
-          num_shares=4, data_dir=digits_data_dir)
+      pipeline_lib.train_dataset(sources.lookup("digits", digits_data_dir),
+                                 "train",
+                                 batch_size=8,
+                                 image_size=8,
+                                 shares=shares,
+                                 num_shares=4)
 
 
 def eval_batches(data_dir, split, num_processes, batch_size):
   """Each process's batches when every process holds one share."""
   return [
-      list(input_pipeline.eval_dataset(
-          "digits", split, batch_size=batch_size * num_processes,
-          image_size=8, shares=(index,), num_shares=num_processes,
-          data_dir=data_dir).as_numpy_iterator())
+      list(
+          pipeline_lib.eval_dataset(
+              sources.lookup("digits", data_dir),
+              split,
+              batch_size=batch_size * num_processes,
+              image_size=8,
+              shares=(index,),
+              num_shares=num_processes).as_numpy_iterator())
       for index in range(num_processes)
   ]
 
@@ -297,9 +304,11 @@ def test_inception_crop_batches_have_the_image_size(digits_data_dir):
 
 def test_resize_to_16_is_bilinear_and_aligned(digits_data_dir):
   [[small]] = eval_batches(digits_data_dir, "test[:10]", 1, batch_size=10)
-  [large] = list(input_pipeline.eval_dataset(
-      "digits", "test[:10]", batch_size=10, image_size=16,
-      data_dir=digits_data_dir).as_numpy_iterator())
+  [large] = list(
+      pipeline_lib.eval_dataset(sources.lookup("digits", digits_data_dir),
+                                "test[:10]",
+                                batch_size=10,
+                                image_size=16).as_numpy_iterator())
   assert large["image"].shape == (10, 16, 16, 3)
   # Each 2x2 block of a 2x bilinear upsampling averages to the source pixel
   # blurred by [1/8, 3/4, 1/8] along each axis (away from the border); a
@@ -315,15 +324,18 @@ def test_resize_to_16_is_bilinear_and_aligned(digits_data_dir):
 
 
 def test_unknown_augmentation_is_named(digits_data_dir):
-  with pytest.raises(ValueError, match="'rotate'"):
-    input_pipeline.train_dataset(
-        "digits", "train", batch_size=8, image_size=8, augment="flip,rotate",
-        data_dir=digits_data_dir)
+  with pytest.raises(errors.InputError, match="'rotate'"):
+    pipeline_lib.train_dataset(sources.lookup("digits", digits_data_dir),
+                               "train",
+                               batch_size=8,
+                               image_size=8,
+                               augment="flip,rotate")
 
 
 def test_unknown_dataset_is_named(tmp_path):
-  with pytest.raises(ValueError, match="unknown dataset 'no_such_digits'"):
-    input_pipeline.get_builder("no_such_digits", str(tmp_path))
+  with pytest.raises(errors.InputError,
+                     match="unknown dataset 'no_such_digits'"):
+    sources.get_builder("no_such_digits", str(tmp_path))
 
 
 def test_unprepared_tfds_dataset_is_an_error_not_a_download(tmp_path,
@@ -333,9 +345,12 @@ def test_unprepared_tfds_dataset_is_an_error_not_a_download(tmp_path,
 
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare",
                       download_and_prepare)
-  with pytest.raises(ValueError, match="'cifar10' is not prepared in") as error:
-    input_pipeline.train_dataset("cifar10", "train", batch_size=8,
-                                 image_size=32, data_dir=str(tmp_path))
+  with pytest.raises(errors.InputError,
+                     match="'cifar10' is not prepared in") as error:
+    pipeline_lib.train_dataset(sources.lookup("cifar10", str(tmp_path)),
+                               "train",
+                               batch_size=8,
+                               image_size=32)
   assert str(tmp_path) in str(error.value)
   assert not list(tmp_path.iterdir())
 
@@ -346,13 +361,13 @@ def test_processes_preparing_digits_at_once_all_succeed(tmp_path, monkeypatch):
 
   def another_process_finishes_first(self, dl_manager):
     monkeypatch.setattr(digits.Digits, "_split_generators", split_generators)
-    tfds.builder("digits", data_dir=str(tmp_path)).download_and_prepare(
+    digits.Digits(data_dir=str(tmp_path)).download_and_prepare(
         download_config=tfds.download.DownloadConfig(try_download_gcs=False))
     return split_generators(self, dl_manager)
 
   monkeypatch.setattr(digits.Digits, "_split_generators",
                       another_process_finishes_first)
-  assert input_pipeline.num_examples("digits", "test", str(tmp_path)) == 360
+  assert sources.lookup("digits", str(tmp_path)).num_examples("test") == 360
 
 
 def test_to_global_builds_arrays_sharded_over_all_devices():
@@ -362,7 +377,7 @@ def test_to_global_builds_arrays_sharded_over_all_devices():
   batch = {"image": np.arange(16 * 2 * 2 * 3, dtype=np.float32).reshape(
                16, 2, 2, 3),
            "label": tf.range(16, dtype=tf.int32)}
-  arrays = input_pipeline.to_global(batch, sharding)
+  arrays = pipeline_lib.to_global(batch, sharding)
   assert arrays["image"].sharding == sharding
   assert len(arrays["label"].addressable_shards) == 8
   np.testing.assert_array_equal(arrays["image"], batch["image"])
@@ -436,7 +451,7 @@ def test_random_crop_batches_are_the_image_size_and_in_range(
 
 def stored_test_images(data_dir, split):
   """The split's images decoded as the pipeline does, in file order."""
-  builder = input_pipeline.get_builder("digits", data_dir)
+  builder = sources.get_builder("digits", data_dir)
   records = builder.as_dataset(split=split, shuffle_files=False,
                                decoders={"image": tfds.decode.SkipDecoding()})
   return [preprocess.decode(record["image"]) for record in records]
@@ -447,9 +462,12 @@ def stored_test_images(data_dir, split):
 @pytest.mark.parametrize("image_size", [14, 10])
 def test_eval_crop_fraction_resizes_larger_then_crops_the_centre(
     digits_data_dir, image_size):
-  [batch] = list(input_pipeline.eval_dataset(
-      "digits", "test[:10]", batch_size=10, image_size=image_size,
-      data_dir=digits_data_dir, eval_crop_fraction=0.875).as_numpy_iterator())
+  [batch] = list(
+      pipeline_lib.eval_dataset(sources.lookup("digits", digits_data_dir),
+                                "test[:10]",
+                                batch_size=10,
+                                image_size=image_size,
+                                eval_crop_fraction=0.875).as_numpy_iterator())
   larger = round(image_size / 0.875)
   margin = (larger - image_size) // 2
   expected = np.stack([
@@ -462,9 +480,12 @@ def test_eval_crop_fraction_resizes_larger_then_crops_the_centre(
 
 def test_eval_crop_fraction_one_is_the_plain_resize(digits_data_dir):
   def batch(**kwargs):
-    return next(input_pipeline.eval_dataset(
-        "digits", "test[:10]", batch_size=10, image_size=16,
-        data_dir=digits_data_dir, **kwargs).as_numpy_iterator())
+    return next(
+        pipeline_lib.eval_dataset(sources.lookup("digits", digits_data_dir),
+                                  "test[:10]",
+                                  batch_size=10,
+                                  image_size=16,
+                                  **kwargs).as_numpy_iterator())
   np.testing.assert_array_equal(batch(eval_crop_fraction=1.0)["image"],
                                 batch()["image"])
   assert not np.array_equal(batch(eval_crop_fraction=0.5)["image"],
@@ -473,16 +494,20 @@ def test_eval_crop_fraction_one_is_the_plain_resize(digits_data_dir):
 
 @pytest.mark.parametrize("fraction", [0, -0.5, 1.5, float("nan")])
 def test_eval_crop_fraction_outside_0_1_is_refused(digits_data_dir, fraction):
-  with pytest.raises(ValueError, match="eval_crop_fraction must be in"):
-    input_pipeline.eval_dataset(
-        "digits", "test", batch_size=8, image_size=8, data_dir=digits_data_dir,
-        eval_crop_fraction=fraction)
+  with pytest.raises(errors.InputError, match="eval_crop_fraction must be in"):
+    pipeline_lib.eval_dataset(sources.lookup("digits", digits_data_dir),
+                              "test",
+                              batch_size=8,
+                              image_size=8,
+                              eval_crop_fraction=fraction)
 
 
 def test_missing_split_is_named_with_the_splits_there(digits_data_dir):
-  with pytest.raises(ValueError, match="'validation'.*'train', 'test'"):
-    input_pipeline.train_dataset("digits", "validation", batch_size=8,
-                                 image_size=8, data_dir=digits_data_dir)
+  with pytest.raises(errors.InputError, match="'validation'.*'train', 'test'"):
+    pipeline_lib.train_dataset(sources.lookup("digits", digits_data_dir),
+                               "validation",
+                               batch_size=8,
+                               image_size=8)
 
 
 def noisy_image(height, width, channels=3):
@@ -585,10 +610,16 @@ def test_train_batches_of_jpegs_are_those_of_a_full_decode(tmp_path,
     path.write_bytes(tf.io.encode_jpeg(noisy_image(height, width)).numpy())
 
   def batches():
-    return take(input_pipeline.train_dataset(
-        f"folder:{tmp_path / 'images'}", "train", batch_size=8,
-        image_size=32, augment="inception_crop,flip", seed=4, shares=(0, 1),
-        num_shares=2, data_dir=str(tmp_path / "data")), 3)
+    return take(
+        pipeline_lib.train_dataset(sources.lookup(
+            f"folder:{tmp_path / 'images'}", str(tmp_path / "data")),
+                                   "train",
+                                   batch_size=8,
+                                   image_size=32,
+                                   augment="inception_crop,flip",
+                                   seed=4,
+                                   shares=(0, 1),
+                                   num_shares=2), 3)
 
   fused = batches()
   monkeypatch.setattr(

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax import errors, models
+from vit_jax.weights import npz
 from tests.util import randomize
-from vit_jax import checkpoint, models
 
 
 def abstract_params(model, image_size):
@@ -79,7 +80,7 @@ def test_fresh_head_predicts_uniformly_and_any_divisible_resolution_works():
 
 
 def test_patch_size_must_divide_image():
-  with pytest.raises(ValueError, match="patch size 4 does not divide"):
+  with pytest.raises(errors.InputError, match="patch size 4 does not divide"):
     tiny().init(jax.random.key(0), jnp.zeros((1, 18, 18, 3)), train=False)
 
 
@@ -122,13 +123,13 @@ def test_bfloat16_compute_keeps_float32_params_and_close_logits():
 
 
 def test_unknown_names_are_refused_clearly():
-  with pytest.raises(ValueError, match="unknown model 'X/16'"):
+  with pytest.raises(errors.InputError, match="unknown model 'X/16'"):
     models.create("X/16", num_classes=10)
-  with pytest.raises(ValueError, match="unknown model 'B'"):
+  with pytest.raises(errors.InputError, match="unknown model 'B'"):
     models.create("B", num_classes=10)
-  with pytest.raises(ValueError, match="classifer"):
+  with pytest.raises(errors.InputError, match="classifer"):
     models.create("B/16", num_classes=10, classifer="gap")
-  with pytest.raises(ValueError, match="classifier must be"):
+  with pytest.raises(errors.InputError, match="classifier must be"):
     tiny(classifier="map").init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
                                 train=False)
 
@@ -149,7 +150,7 @@ def test_remat_and_scan_leave_logits_and_gradients_equal(remat_policy,
                remat_policy=remat_policy, scan_layers=scan_layers)
   flat = flax.traverse_util.flatten_dict(params, sep="/")
   if scan_layers:
-    flat = checkpoint.scan_blocks(flat)
+    flat = npz.scan_blocks(flat)
   theirs = flax.traverse_util.unflatten_dict(flat, sep="/")
   own = nn.meta.unbox(jax.eval_shape(
       lambda: model.init(jax.random.key(0), images, train=False)["params"]))
@@ -171,7 +172,7 @@ def test_remat_and_scan_leave_logits_and_gradients_equal(remat_policy,
   np.testing.assert_array_equal(logits, expected_logits)
   grads = flax.traverse_util.flatten_dict(grads, sep="/")
   if scan_layers:
-    grads = checkpoint.unscan_blocks(grads)
+    grads = npz.unscan_blocks(grads)
   for key, expected in flax.traverse_util.flatten_dict(
       expected_grads, sep="/").items():
     np.testing.assert_allclose(grads[key], expected, rtol=1e-5, atol=1e-7,
@@ -191,7 +192,7 @@ def test_remat_and_scan_leave_logits_and_gradients_equal(remat_policy,
 
 
 def test_unknown_remat_policy_is_refused():
-  with pytest.raises(ValueError, match="unknown remat_policy 'dots'.*"
+  with pytest.raises(errors.InputError, match="unknown remat_policy 'dots'.*"
                      "nothing_saveable"):
     models.create("B/16", num_classes=10, remat_policy="dots")
 

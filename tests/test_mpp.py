@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 
 from configs import mpp as mpp_config
-from vit_jax import errors, mpp, sharding, train, writers
-from tests.util import SMALL, latest_checkpoint, small_config
+from vit_jax import errors, run, sharding
+from vit_jax.models import masked_patches
+from vit_jax.runs import writers
+from vit_jax.training import step
+from tests.util import SMALL, latest_checkpoint, run_training, small_config
 
 
 def test_a_patch_of_one_colour_gives_its_3_bit_class():
@@ -19,21 +22,23 @@ def test_a_patch_of_one_colour_gives_its_3_bit_class():
   for i, colour in enumerate(colours):  # 2x2 patches, row-major.
     image[0, 2 * (i // 2):2 * (i // 2) + 2, 2 * (i % 2):2 * (i % 2) + 2] = (
         colour)
-  np.testing.assert_array_equal(mpp.targets(jnp.asarray(image), 2), [expected])
+  np.testing.assert_array_equal(masked_patches.targets(jnp.asarray(image), 2),
+                                [expected])
   # The same image in [-1, 1], as the model also takes it.
   scaled = image.astype(np.float32) / 127.5 - 1
-  np.testing.assert_array_equal(mpp.targets(jnp.asarray(scaled), 2),
+  np.testing.assert_array_equal(masked_patches.targets(jnp.asarray(scaled), 2),
                                 [expected])
   # A patch half black, half white has the mean 0.5: level 4 of 8.
   halves = np.zeros((1, 2, 2, 3), np.uint8)
   halves[0, 0] = 255
-  np.testing.assert_array_equal(mpp.targets(jnp.asarray(halves), 2),
+  np.testing.assert_array_equal(masked_patches.targets(jnp.asarray(halves), 2),
                                 [[4 * 64 + 4 * 8 + 4]])
 
 
 def test_corruption_fractions_hold_within_sampling_error():
   images, patches = 4000, 196
-  corruption = jax.device_get(mpp.corrupt(jax.random.key(0), images, patches))
+  corruption = jax.device_get(
+      masked_patches.corrupt(jax.random.key(0), images, patches))
   corrupted, masked = corruption.corrupted, corruption.masked
   own = np.arange(patches)
   replaced = corruption.source != own
@@ -54,11 +59,11 @@ def test_corruption_fractions_hold_within_sampling_error():
 
 def test_the_corruption_puts_the_mask_in_and_moves_embeddings():
   embeddings = jnp.arange(2 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 3)
-  corruption = mpp.Corruption(
+  corruption = masked_patches.Corruption(
       source=jnp.array([[0, 3, 2, 3], [1, 1, 2, 3]]),
       masked=jnp.array([[False, False, True, False], [True] + [False] * 3]),
       corrupted=jnp.ones((2, 4), bool))
-  out = mpp.apply(corruption, embeddings, jnp.full((1, 1, 3), -1.0))
+  out = masked_patches.apply(corruption, embeddings, jnp.full((1, 1, 3), -1.0))
   np.testing.assert_array_equal(out[0], [embeddings[0, 0], embeddings[0, 3],
                                          [-1, -1, -1], embeddings[0, 3]])
   np.testing.assert_array_equal(out[1], [[-1, -1, -1], embeddings[1, 1],
@@ -77,26 +82,26 @@ def mpp_digits(data_dir, **overrides):
 def test_a_classifying_evaluator_is_refused_for_mpp(digits_data_dir, tmp_path):
   config = mpp_digits(digits_data_dir, **{"evaluators.test.every": 10})
   with pytest.raises(errors.ConfigError, match="set their `every` to 0"):
-    train.train_and_evaluate(config, str(tmp_path))
+    run_training(config, str(tmp_path))
 
 
 def test_mpp_pretraining_on_digits_lowers_its_loss_and_then_fine_tunes(
     digits_data_dir, tmp_path):
   pretrain = str(tmp_path / "mpp")
   config = mpp_digits(digits_data_dir)
-  train.train_and_evaluate(config, pretrain)
+  run_training(config, pretrain)
   losses = [r["train_loss"] for r in writers.read_rows(pretrain)
             if "train_loss" in r]
-  assert losses[0] < np.log(mpp.NUM_CLASSES) + 0.1
+  assert losses[0] < np.log(masked_patches.NUM_CLASSES) + 0.1
   assert losses[-1] < 0.5 * losses[0]
   _, trained, _ = latest_checkpoint(pretrain, config)
   assert trained["mpp_head"]["kernel"].shape == (32, 512)
 
   finetune = small_config(digits_data_dir, init_from=pretrain, total_steps=3,
                           **{"evaluators.test.every": 0})
-  program = train.build(finetune, sharding.make_mesh(finetune.mesh), 10)
+  program = step.build(finetune, sharding.make_mesh(finetune.mesh), 10)
   started = flax.traverse_util.flatten_dict(jax.device_get(
-      train.initial_state(program, finetune).params), sep="/")
+      step.initial_state(program, finetune).params), sep="/")
   pretrained = flax.traverse_util.flatten_dict(trained, sep="/")
   assert "mask_embedding" not in started
   for key, value in started.items():
@@ -104,7 +109,7 @@ def test_mpp_pretraining_on_digits_lowers_its_loss_and_then_fine_tunes(
       assert not value.any()  # A fresh classifier.
     else:
       np.testing.assert_array_equal(value, pretrained[key], err_msg=key)
-  result = train.train_and_evaluate(finetune, str(tmp_path / "finetune"))
+  result = run_training(finetune, str(tmp_path / "finetune"))
   assert np.isfinite(result["train_loss"])
 
 
@@ -116,4 +121,4 @@ def test_the_papers_mpp_config_is_b16_on_jft_and_passes_the_checks():
   assert (config.optimizer.name, config.optimizer.learning_rate,
           config.optimizer.warmup_steps, config.optimizer.decay) == (
               "adam", 2e-4, 10_000, "cosine")
-  train.check_program(config, sharding.make_mesh(config.mesh))
+  run.check_program(config, sharding.make_mesh(config.mesh))

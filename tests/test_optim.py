@@ -6,12 +6,13 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax import optim
+from vit_jax import errors
+from vit_jax.training import optimizer as optimizer_lib
 
 
 @pytest.mark.parametrize("decay", ["linear", "cosine"])
 def test_warmup_then_decay_to_zero(decay):
-  schedule = optim.learning_rate_schedule(1e-3, total_steps=100,
+  schedule = optimizer_lib.learning_rate_schedule(1e-3, total_steps=100,
                                           warmup_steps=10, decay=decay)
   np.testing.assert_allclose(schedule(0), 0.0)
   np.testing.assert_allclose(schedule(5), 5e-4, rtol=1e-6)
@@ -32,7 +33,7 @@ def config(**overrides):
 
 
 def one_update(opt, grads, params):
-  tx, _ = optim.create(opt, total_steps=10)
+  tx, _ = optimizer_lib.create(opt, total_steps=10)
   updates, _ = tx.update(grads, tx.init(params), params)
   return updates
 
@@ -54,11 +55,12 @@ def test_clipping_bounds_the_global_norm():
 
 
 def test_bad_optimizer_settings_are_named():
-  with pytest.raises(ValueError, match="optimizer.name"):
-    optim.create(config(name="lamb"), 10)
-  with pytest.raises(ValueError, match="weight_decay must be 0 with sgd"):
-    optim.create(config(name="sgd", weight_decay=0.1), 10)
-  with pytest.raises(ValueError, match="optimizer.decay"):
-    optim.create(config(decay="step"), 10)
-  with pytest.raises(ValueError, match="warmup_steps"):
-    optim.create(config(warmup_steps=10), 10)
+  with pytest.raises(errors.InputError, match="optimizer.name"):
+    optimizer_lib.create(config(name="lamb"), 10)
+  with pytest.raises(errors.InputError,
+                     match="weight_decay must be 0 with sgd"):
+    optimizer_lib.create(config(name="sgd", weight_decay=0.1), 10)
+  with pytest.raises(errors.InputError, match="optimizer.decay"):
+    optimizer_lib.create(config(decay="step"), 10)
+  with pytest.raises(errors.InputError, match="warmup_steps"):
+    optimizer_lib.create(config(warmup_steps=10), 10)

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from configs.table2 import pretrain
+from vit_jax import errors, models
+from vit_jax.models import flops as flops_lib
+from vit_jax.planning import catalogue, cost as cost_lib, report
 from tests.util import REPO
-from vit_jax import compute, errors, models, planning
 
 GiB = 2**30
 
@@ -43,7 +45,7 @@ def test_a_small_pretraining_config_on_v3_8():
   # Plain data parallelism: every core holds all of the state.
   config.update_from_flattened_dict({"batch_size": 256, "mesh.fsdp": 1,
                                      "model.scan_layers": False})
-  got = planning.plan(config, "v3-8").to_json()
+  got = cost_lib.plan(config, "v3-8").to_json()
 
   assert got["topology"] == "v3-8" and got["cores"] == 8
   assert got["mesh"] == {"data": 8, "fsdp": 1, "model": 1}
@@ -57,7 +59,7 @@ def test_a_small_pretraining_config_on_v3_8():
   assert 12 * params < got["hbm_argument_bytes"] < 12 * params + 2**23
   assert got["hbm_argument_bytes"] + got["hbm_temp_bytes"] <= got[
       "hbm_bytes_per_core"] <= 16 * GiB == got["hbm_capacity_bytes"]
-  model_flops = compute.flops_per_image(
+  model_flops = flops_lib.flops_per_image(
       model, 224, train=True, num_classes=18_291) * 256 / 8
   assert got["model_flops_per_core_per_step"] == pytest.approx(model_flops)
   # The compiler counts the optimizer, norms and softmax too, but not the
@@ -99,7 +101,7 @@ LATER_SLICES = {"v4-8": ("v4", 32), "v5litepod-4": ("v5e", 16),
 def later_generations():
   """A 1-block Ti/16 on one patch planned on LATER_SLICES: one compile
   each."""
-  return planning.compare(tiny_pretraining(batch_size=64, image_size=16),
+  return cost_lib.compare(tiny_pretraining(batch_size=64, image_size=16),
                           list(LATER_SLICES), classes=10)
 
 
@@ -127,7 +129,7 @@ def test_every_generation_is_planned(later_generations):
 
 
 def test_plans_are_compared_in_one_table(later_generations):
-  table = planning.describe_comparison("tiny", later_generations)
+  table = report.describe_comparison("tiny", later_generations)
   lines = table.splitlines()
   assert lines[0].startswith("tiny: batch 64, 517,823 steps")
   assert lines[1].split()[:4] == ["slice", "chips", "hosts", "mesh"]
@@ -138,7 +140,7 @@ def test_plans_are_compared_in_one_table(later_generations):
 def test_a_mesh_that_needs_split_torus_sides_is_refused_before_compiling():
   # fsdp=8 cannot span whole sides of 4x4x4 or 16x16 chips; 8x16 can.
   with pytest.raises(errors.ConfigError) as refused:
-    planning.compare(pretrain.get_config("L/16,i21k"),
+    cost_lib.compare(pretrain.get_config("L/16,i21k"),
                      ["v3-256", "v4-128", "v6e-256"])
   assert str(refused.value).splitlines() == [
       "config.mesh data=-1 x fsdp=8 x model=1 cannot be laid out on "
@@ -149,7 +151,7 @@ def test_a_mesh_that_needs_split_torus_sides_is_refused_before_compiling():
 
 
 class CompiledStub:
-  """What `planning.step_cost` reads of a compiled step."""
+  """What `cost_lib.step_cost` reads of a compiled step."""
 
   def __init__(self, seconds, text):
     self.seconds, self.text = seconds, text
@@ -164,23 +166,23 @@ class CompiledStub:
 def test_the_compilers_estimates_are_read_right():
   # libtpu counts -1 s for each ConcatBitcast, which moves no data.
   concat = 'custom-call(%a, %b), custom_call_target="ConcatBitcast"\n'
-  assert planning.step_cost(CompiledStub(-2.75, 3 * concat)) == {
+  assert cost_lib.step_cost(CompiledStub(-2.75, 3 * concat)) == {
       "flops": 1e9, "optimal_seconds": 0.25}
   with pytest.raises(RuntimeError, match="estimate is -0.5 s"):
-    planning.step_cost(CompiledStub(-0.5, ""))
+    cost_lib.step_cost(CompiledStub(-0.5, ""))
   # XLA's out-of-HBM errors give sizes in G (GiB) or T (TiB).
-  assert planning.hbm_needed(
+  assert cost_lib.hbm_needed(
       "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
       "required for HLO temporaries (1.95T) exceeds available HBM "
       "(15.48G).") == int(1.95 * 2**40)
-  assert planning.hbm_needed("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G "
+  assert cost_lib.hbm_needed("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G "
                              "hbm") == int(20.5 * GiB)
-  assert planning.hbm_needed("INVALID_ARGUMENT: no") is None
+  assert cost_lib.hbm_needed("INVALID_ARGUMENT: no") is None
 
 
 def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():
   # 16,384 images per core: the activations overflow 16 GiB.
-  too_big = planning.plan(tiny_pretraining(batch_size=131_072), "v3-8",
+  too_big = cost_lib.plan(tiny_pretraining(batch_size=131_072), "v3-8",
                       classes=10)
   assert not too_big.fits and too_big.hbm_temp_bytes > 16 * GiB
   assert too_big.estimated_step_seconds is None and too_big.mfu is None
@@ -189,12 +191,12 @@ def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():
               "--config.accum_steps=2", "--config.model.scan_layers=True",
               "--topology=v3-32"):
     assert fix in suggested
-  assert "DOES NOT FIT" in planning.describe("tiny", too_big)
+  assert "DOES NOT FIT" in report.describe("tiny", too_big)
 
 
 def test_micro_batches_are_all_costed():
   # XLA would count the loop's body once: half the FLOPs of 2 micro-batches.
-  accumulated = planning.plan(tiny_pretraining(batch_size=512, accum_steps=2,
+  accumulated = cost_lib.plan(tiny_pretraining(batch_size=512, accum_steps=2,
                                            image_size=64),
                           "v3-8", classes=10)
   assert accumulated.fits and accumulated.suggestions == []
@@ -205,42 +207,42 @@ def test_micro_batches_are_all_costed():
 
 
 def test_slices_and_class_counts():
-  v3 = planning.topology("v3-32")
+  v3 = catalogue.topology("v3-32")
   assert v3.name == "v3-32" and v3.chips == 16 and len(v3.devices) == 32
   assert {d.device_kind for d in v3.devices} == {"TPU v3"}
-  assert planning.topology("v3:2x2").name == "v3-8"
+  assert catalogue.topology("v3:2x2").name == "v3-8"
   # Cloud TPU names v4 and v5p slices by TensorCores, 2 per chip, which JAX
   # drives as one device; v5e and v6e slices by chips, of one core each.
   for name, chips, hosts, kind in [
       ("v4-32", 16, 4, "TPU v4"), ("v5p-128", 64, 16, "TPU v5"),
       ("v5litepod-8", 8, 1, "TPU v5 lite"), ("v5e-16", 16, 4, "TPU v5 lite"),
       ("v6e-64", 64, 16, "TPU v6 lite"), ("v4:4x4x8", 128, 32, "TPU v4")]:
-    tpu = planning.topology(name)
+    tpu = catalogue.topology(name)
     assert (tpu.chips, len(tpu.devices), tpu.hosts) == (chips, chips, hosts)
     assert {d.device_kind for d in tpu.devices} == {kind}
-  assert planning.topology("v5e-16").name == "v5litepod-16"
-  assert planning.topology("v4:4x4x8").name == "v4-256"
-  for generation in planning.GENERATIONS.values():
-    assert generation.peak_flops > 0  # compute.PEAK_FLOPS_PER_DEVICE has it.
+  assert catalogue.topology("v5e-16").name == "v5litepod-16"
+  assert catalogue.topology("v4:4x4x8").name == "v4-256"
+  for generation in catalogue.GENERATIONS.values():
+    assert generation.peak_flops > 0  # flops_lib.PEAK_FLOPS_PER_DEVICE has it.
   with pytest.raises(errors.InputError,
                      match="no TPU v3-12 slice.*v3-8, v3-32"):
-    planning.topology("v3-12")
+    catalogue.topology("v3-12")
   with pytest.raises(errors.InputError,
                      match="no TPU v4-12 slice.*v4-8, v4-16, v4-32"):
-    planning.topology("v4-12")
+    catalogue.topology("v4-12")
   with pytest.raises(errors.InputError,
                      match="v3-N, v4-N, v5p-N, v5litepod-N, v6e-N"):
-    planning.topology("v9-8")
+    catalogue.topology("v9-8")
   with pytest.raises(errors.InputError, match="v4 chip grid has 3 sides"):
-    planning.topology("v4:4x4")
+    catalogue.topology("v4:4x4")
 
   config = pretrain.get_config("L/16,i21k")
-  assert planning.num_classes(config) == 21_843  # Not on this machine.
-  assert planning.num_classes(config, 5) == 5
+  assert cost_lib.num_classes(config) == 21_843  # Not on this machine.
+  assert cost_lib.num_classes(config, 5) == 5
   config.dataset = "cifar100"  # In the TFDS catalog, not prepared here.
-  assert planning.num_classes(config) == 100
+  assert cost_lib.num_classes(config) == 100
   config.dataset = "vtab:dsprites_location"
-  assert planning.num_classes(config) == 16
+  assert cost_lib.num_classes(config) == 16
   config.dataset = "no_such_dataset"
   with pytest.raises(errors.ConfigError, match="--num_classes"):
-    planning.num_classes(config)
+    cost_lib.num_classes(config)

@@ -3,12 +3,12 @@
 import subprocess
 import time
 
+import jax
 import numpy as np
 import pytest
 
-from vit_jax import train
 from tests.util import (finish, latest_checkpoint, logged, main_flags,
-                        pid_of_process, small_config, start_pod,
+                        pid_of_process, run_training, small_config, start_pod,
                         wait_for_step)
 
 # The digits mesh, data 4 x model 2: each process holds two data rows and
@@ -38,7 +38,7 @@ def test_two_processes_of_4_devices_train_like_one_of_8(
   # Only process 0 reports.
   assert "[0] test_accuracy" in stdout and "[1] " not in stdout
   config = small_config(digits_data_dir, **POD)
-  train.train_and_evaluate(config, str(tmp_path))
+  run_training(config, str(tmp_path))
 
   single, pod = logged(tmp_path), logged(pod_workdir)
   assert sorted(pod) == list(range(1, 17))
@@ -54,9 +54,9 @@ def test_two_processes_of_4_devices_train_like_one_of_8(
   # steps bring to about 1e-7 on params of up to 1 in size. A wrong share or
   # batch would be off by far more than 1e-4.
   np.testing.assert_allclose(
-      np.concatenate([x.ravel() for x in train.jax.tree.leaves(pod_params)]),
+      np.concatenate([x.ravel() for x in jax.tree.leaves(pod_params)]),
       np.concatenate([x.ravel() for x in
-                      train.jax.tree.leaves(single_params)]),
+                      jax.tree.leaves(single_params)]),
       rtol=1e-6, atol=5e-7)
 
 

@@ -6,8 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import analysis, checkpoint, models, sharding, train
+from vit_jax import errors, models, sharding
+from vit_jax.analysis import attention
 from vit_jax.models import vit
+from vit_jax.training import step
+from vit_jax.weights import adaptation, npz as npz_lib
 from tests.util import small_config, train_steps
 
 ROW, COL = models.POSEMB_2D_KEYS
@@ -22,7 +25,7 @@ def test_sincos2d_codes_the_row_then_the_column():
           np.sin(r), np.sin(r / 100), np.cos(r), np.cos(r / 100),
           np.sin(c), np.sin(c / 100), np.cos(c), np.cos(c / 100)], atol=1e-6)
   assert len(np.unique(table.round(5), axis=0)) == 12
-  with pytest.raises(ValueError, match="divisible by 4"):
+  with pytest.raises(errors.InputError, match="divisible by 4"):
     vit.sincos2d_table(2, 2, 6)
 
 
@@ -79,25 +82,25 @@ def test_each_kind_trains_on_digits_and_fine_tunes_at_16_px(
   config = small_config(digits_data_dir, total_steps=60, batch_size=64, **{
       "model.posemb": posemb, "optimizer.learning_rate": 3e-3,
       "optimizer.warmup_steps": 10})
-  program = train.build(config, sharding.make_mesh(config.mesh), 10)
+  program = step.build(config, sharding.make_mesh(config.mesh), 10)
   losses, state = train_steps(program, program.init(jax.random.key(0)),
                               config, 60)
   assert np.mean(losses[-10:]) < 0.85 * np.mean(losses[:10])
   trained = flat(state.params)
   npz = str(tmp_path / "pretrained.npz")
-  checkpoint.save_npz(state.params, npz)
+  npz_lib.save_npz(state.params, npz)
 
   # At 16 px the 2 px patches make an 8 x 8 grid instead of 4 x 4.
   finetune = small_config(digits_data_dir, init_from=npz, image_size=16,
                           **{"model.posemb": posemb})
-  program = train.build(finetune, sharding.make_mesh(finetune.mesh), 10)
-  state = train.initial_state(program, finetune)
+  program = step.build(finetune, sharding.make_mesh(finetune.mesh), 10)
+  state = step.initial_state(program, finetune)
   started = flat(state.params)
   tables = {k: v for k, v in started.items() if "posembed_input" in k}
   if posemb == "learn2d":
     for key in (ROW, COL):
       assert tables[key].shape == (8, 16)
-      np.testing.assert_array_equal(tables.pop(key), checkpoint.resize_table(
+      np.testing.assert_array_equal(tables.pop(key), adaptation.resize_table(
           trained[key], 8))
   for key, value in tables.items():  # The class token's stays as it was.
     np.testing.assert_array_equal(value, trained[key])
@@ -116,12 +119,12 @@ def test_from_params_reads_the_kind_and_inspect_its_table(posemb):
   params = flax.linen.meta.unbox(model.init(
       jax.random.key(0), jnp.zeros((1, 24, 24, 3)), train=False)["params"])
   if posemb in ("sincos2d", "none"):
-    with pytest.raises(ValueError, match="posemb='sincos2d' or 'none'"):
+    with pytest.raises(errors.InputError, match="posemb='sincos2d' or 'none'"):
       models.from_params(params)
   read, image_size = models.from_params(params, posemb)
   assert read == model
   assert image_size == (None if posemb in ("sincos2d", "none") else 24)
-  table = analysis.position_table(model, params, 24)
+  table = attention.position_table(model, params, 24)
   if posemb == "none":
     assert table is None
   elif posemb == "learn":

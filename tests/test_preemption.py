@@ -6,14 +6,16 @@ import signal
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import errors, train
+from vit_jax import errors
+from vit_jax.training import step as step_lib
 from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
-                        main_flags, metric_rows, small_config, start_main,
-                        wait_for_step)
+                        main_flags, metric_rows, run_training, small_config,
+                        start_main, wait_for_step)
 
 LONG = {"total_steps": 60, "log_every": 1, "evaluators.test.every": 30,
         "checkpoint_every": 25}
@@ -24,7 +26,7 @@ def uninterrupted(digits_data_dir, tmp_path_factory):
   """Final params of the LONG run, trained without a break."""
   workdir = str(tmp_path_factory.mktemp("uninterrupted"))
   config = small_config(digits_data_dir, **LONG)
-  train.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   step, params, _ = latest_checkpoint(workdir, config)
   assert step == LONG["total_steps"]
   return config, params
@@ -109,7 +111,7 @@ def test_kill_9_during_a_save_keeps_the_previous_checkpoint(
 
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
     digits_data_dir, tmp_path, monkeypatch):
-  real_make_train_step = train.make_train_step
+  real_make_train_step = step_lib.make_train_step
 
   def poisoned_at_step_5(*args, **kwargs):
     train_step = real_make_train_step(*args, **kwargs)
@@ -118,19 +120,19 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
       state, metrics = train_step(state, batch)
       poison = jnp.where(state.step == 5, jnp.nan, 1.0)
       state = state.replace(
-          params=train.jax.tree.map(lambda p: p * poison, state.params))
+          params=jax.tree.map(lambda p: p * poison, state.params))
       return state, {**metrics, "train_loss": metrics["train_loss"] * poison}
     return step
 
-  monkeypatch.setattr(train, "make_train_step", poisoned_at_step_5)
+  monkeypatch.setattr(step_lib, "make_train_step", poisoned_at_step_5)
   config = small_config(digits_data_dir, total_steps=12, log_every=1,
                         checkpoint_every=2,
                         **{"evaluators.test.every": 12})
   with pytest.raises(errors.RunError, match="train_loss is nan at step 5"):
-    train.train_and_evaluate(config, str(tmp_path))
+    run_training(config, str(tmp_path))
   step, params, _ = latest_checkpoint(str(tmp_path), config)
   assert step == 4
-  assert all(np.isfinite(x).all() for x in train.jax.tree.leaves(params))
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
   rows = metric_rows(tmp_path)
   assert max(r["step"] for r in rows if "train_loss" in r) == 4
   assert all(np.isfinite(v) for r in rows for v in r.values())

@@ -1,9 +1,9 @@
-"""The progress lines of a run (vit_jax/progress.py), on a clock the test
-sets."""
+"""The progress lines of a run (vit_jax/training/progress.py), on a clock the
+test sets."""
 
 import io
 
-from vit_jax import progress
+from vit_jax.training import progress
 
 
 class Clock:

@@ -49,7 +49,7 @@ def test_the_markers_are_found():
   commands = [c for block, _ in blocks for c in block]
   assert any(c.startswith("python -m vit_jax.main --config=configs/digits.py")
              for c in commands)
-  for tool in ("export", "inspect", "predict"):
+  for tool in ("export", "figures", "predict"):
     assert any(c.startswith(f"python -m vit_jax.{tool} ") for c in commands)
 
 

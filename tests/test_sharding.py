@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from vit_jax import sharding
+from vit_jax import errors, sharding
 
 
 def test_minus_one_takes_the_remaining_devices():
@@ -19,7 +19,7 @@ def test_minus_one_takes_the_remaining_devices():
     ({"data": 0, "fsdp": 8}, "positive or -1"),
 ])
 def test_bad_meshes_are_refused(axes, message):
-  with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+  with pytest.raises(errors.InputError, match=message.replace("[", r"\[")):
     sharding.make_mesh(axes)
 
 
@@ -41,6 +41,7 @@ def test_fsdp_takes_the_largest_free_divisible_dimension():
 
 def test_rule_sharded_dimension_must_divide():
   mesh = sharding.make_mesh({"data": 4, "model": 2})
-  with pytest.raises(ValueError, match="heads, size 3.*'model' of size 2"):
+  with pytest.raises(errors.InputError,
+                     match="heads, size 3.*'model' of size 2"):
     sharding.partition_spec(("embed", "heads", "kv"), (48, 3, 16), mesh,
                             "query/kernel")

@@ -9,16 +9,18 @@ the PyTorch names itself.
 import json
 import os
 
+import flax
 import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from vit_jax import errors, exports, pretrained, workdir as workdir_lib
-from vit_jax import checkpoint, train
+from vit_jax import errors
+from vit_jax.runs import store as workdir_lib
+from vit_jax.weights import adaptation, exports, npz as npz_lib, pretrained
 from tests import reference_vit
 from tests.test_finetune import POSEMB, flat, start_of
-from tests.util import small_config
+from tests.util import run_training, small_config
 
 # A model of SMALL's sizes (tests/util.py), trained at 16x16 with 5 classes.
 WIDTH, LAYERS, MLP, HEADS, PATCH, SIDE, CLASSES = 32, 2, 64, 4, 2, 16, 5
@@ -62,11 +64,15 @@ def hf_shapes(classifier=True, pooler=False, width=WIDTH):
 
 # transformers 5.23 saves the blocks under these names (its own loader
 # renames the hub's to them).
-HF5_NAMES = {"encoder.layer.": "layers.", "attention.attention.query": "attention.q_proj",
-             "attention.attention.key": "attention.k_proj",
-             "attention.attention.value": "attention.v_proj",
-             "attention.output.dense": "attention.o_proj",
-             "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}
+HF5_NAMES = {
+    "encoder.layer.": "layers.",
+    "attention.attention.query": "attention.q_proj",
+    "attention.attention.key": "attention.k_proj",
+    "attention.attention.value": "attention.v_proj",
+    "attention.output.dense": "attention.o_proj",
+    "intermediate.dense": "mlp.fc1",
+    "output.dense": "mlp.fc2"
+}
 
 
 def to_hf5(tensors):
@@ -301,7 +307,7 @@ def test_what_the_pytorch_layouts_cannot_hold_is_refused(tmp_path):
   flat_params = flat(inference.params)
   del flat_params["cls"]
   flat_params[POSEMB] = flat_params[POSEMB][:, 1:]
-  checkpoint.save_npz(checkpoint.flax.traverse_util.unflatten_dict(
+  npz_lib.save_npz(flax.traverse_util.unflatten_dict(
       flat_params, sep="/"), npz)
   with pytest.raises(errors.InputError, match="no class token"):
     exports.write(pretrained.load(npz), "hf", str(tmp_path / "o"))
@@ -335,7 +341,7 @@ def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
   with pytest.raises(errors.InputError, match="no classification head"):
     pretrained.for_inference(source)
   config = pretrained.with_function(
-      small_config(digits_data_dir, init_from=source), str(tmp_path / "new"))
+      small_config(digits_data_dir, init_from=source))
   assert (config.model.layer_norm_epsilon, config.model.gelu) == (1e-12,
                                                                   "exact")
   state, program = start_of(config)
@@ -344,7 +350,7 @@ def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
   started, loaded = flat(state.params), flat(pretrained.load(source).params)
   assert "pre_logits/kernel" in loaded and "pre_logits/kernel" not in started
   assert started[POSEMB].shape == (1, 17, WIDTH)
-  np.testing.assert_array_equal(started[POSEMB], checkpoint.resize_posemb(
+  np.testing.assert_array_equal(started[POSEMB], adaptation.resize_posemb(
       loaded[POSEMB], (1, 17, WIDTH), has_class_token=True))
   assert started["head/kernel"].shape == (WIDTH, 10)
   assert not started["head/kernel"].any()
@@ -355,7 +361,7 @@ def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
           WIDTH, HEADS, WIDTH // HEADS))
 
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(small_config(
+  run_training(small_config(
       digits_data_dir, init_from=source, total_steps=2, log_every=1,
       checkpoint_every=2, **{"evaluators.test.every": 0,
                              "optimizer.warmup_steps": 1}), workdir)
@@ -381,14 +387,13 @@ def test_init_from_a_timm_file_at_a_new_resolution_and_class_count(
   path = str(tmp_path / "timm.safetensors")
   save_file(tensors, path)
   config = pretrained.with_function(small_config(
-      digits_data_dir, init_from=path, **{"model.classifier": "gap"}),
-                                    str(tmp_path / "new"))
+      digits_data_dir, init_from=path, **{"model.classifier": "gap"}))
   assert (config.model.gelu, config.model.final_norm) == ("exact", "pooled")
   state, program = start_of(config)
   assert program.model.final_norm == "pooled"
   started = flat(state.params)
   assert started[POSEMB].shape == (1, 16, WIDTH)
-  np.testing.assert_array_equal(started[POSEMB], checkpoint.resize_posemb(
+  np.testing.assert_array_equal(started[POSEMB], adaptation.resize_posemb(
       flat(pretrained.load(path, HEADS).params)[POSEMB], (1, 16, WIDTH),
       has_class_token=False))
   np.testing.assert_array_equal(started["fc_norm/scale"],

@@ -11,14 +11,17 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import compute, input_pipeline, runtime, sharding, train
-from tests.util import (REPO, latest_checkpoint, metric_rows, small_config,
-                        train_steps)
+from vit_jax import errors, runtime, sharding
+from vit_jax.data import pipeline
+from vit_jax.models import flops
+from vit_jax.training import step as step_lib
+from tests.util import (REPO, latest_checkpoint, metric_rows, run_training,
+                        small_config, train_steps)
 
 
 def first_losses(config, devices, num_steps=3):
   mesh = sharding.make_mesh(config.mesh, devices=devices)
-  program = train.build(config, mesh, num_classes=10)
+  program = step_lib.build(config, mesh, num_classes=10)
   state = program.init(jax.random.key(config.seed))
   return train_steps(program, state, config, num_steps, augment=("shift",))
 
@@ -60,7 +63,8 @@ def test_params_and_moments_are_sharded_as_the_rules_say(digits_data_dir):
   assert out.sharding.spec == jax.P("model", None, "fsdp")
   # The optimizer's moments live exactly where their params do.
   adam = state.opt_state[1]  # After the clipping in the chain.
-  mu = adam.mu["Transformer"]["encoderblock_0"]["MlpBlock_3"]["Dense_0"]["kernel"]
+  mu = adam.mu["Transformer"]["encoderblock_0"]["MlpBlock_3"]["Dense_0"][
+      "kernel"]
   assert mu.sharding.spec == dense_0.sharding.spec
   assert state.step.sharding.spec == jax.P()
 
@@ -81,22 +85,23 @@ def test_gradient_accumulation_matches_the_full_batch(digits_data_dir):
 def test_a_crashed_run_resumes_to_the_uninterrupted_result(
     digits_data_dir, tmp_path, monkeypatch):
   config = small_config(digits_data_dir, log_every=1)
-  train.train_and_evaluate(config, str(tmp_path / "straight"))
+  run_training(config, str(tmp_path / "straight"))
 
-  real_train_dataset = input_pipeline.train_dataset
+  real_train_dataset = pipeline.train_dataset
   # The data runs out after 4 batches: the run dies during step 5, after
   # the checkpoint of step 3.
-  monkeypatch.setattr(input_pipeline, "train_dataset",
+  monkeypatch.setattr(pipeline, "train_dataset",
                       lambda *a, **k: real_train_dataset(*a, **k).take(4))
   with pytest.raises(StopIteration):
-    train.train_and_evaluate(config, str(tmp_path / "resumed"))
+    run_training(config, str(tmp_path / "resumed"))
   step, _, _ = latest_checkpoint(str(tmp_path / "resumed"), config)
   assert step == 3
-  monkeypatch.setattr(input_pipeline, "train_dataset", real_train_dataset)
-  train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  monkeypatch.setattr(pipeline, "train_dataset", real_train_dataset)
+  run_training(config, str(tmp_path / "resumed"))
 
   step_a, straight, _ = latest_checkpoint(str(tmp_path / "straight"), config)
-  step_b, resumed, progress = latest_checkpoint(str(tmp_path / "resumed"), config)
+  step_b, resumed, progress = latest_checkpoint(str(tmp_path / "resumed"),
+                                                config)
   assert step_a == step_b == 6
   jax.tree.map(np.testing.assert_array_equal, resumed, straight)
   assert progress["train_seconds"] > 0
@@ -117,7 +122,7 @@ def test_a_vit_learns_digits(digits_data_dir, tmp_path):
           "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 20,
           "model.hidden_size": 64, "model.mlp_dim": 128})
   start = time.time()
-  result = train.train_and_evaluate(config, str(tmp_path))
+  result = run_training(config, str(tmp_path))
   wall_seconds = time.time() - start
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   losses = [r["train_loss"] for r in rows if "train_loss" in r]
@@ -128,7 +133,7 @@ def test_a_vit_learns_digits(digits_data_dir, tmp_path):
               "tflops_per_sec_per_device", "mfu"):
     assert any(key in r for r in rows), key
   logged = rows[-1]
-  assert logged["flops_per_step"] == 64 * compute.flops_per_image(
+  assert logged["flops_per_step"] == 64 * flops.flops_per_image(
       config.model, 8, train=True, num_classes=10)
   assert logged["tflops_per_sec_per_device"] == pytest.approx(
       logged["img_per_sec_per_device"] * logged["flops_per_step"] / 64 / 1e12)
@@ -193,7 +198,7 @@ def compiles_during(fn):
   listener = lambda event, *_, **__: events.append(event)
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(errors.InputError) as error:
       fn()
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
@@ -210,11 +215,20 @@ def compiles_during(fn):
     (dict(dataset="no_such_dataset"), "no_such_dataset"),
     (dict(**{"model.num_heads": 3, "model.hidden_size": 48}),
      "not divisible by the mesh axis 'model'"),
+    (dict(image_size=0), "config.image_size must be a whole number >= 1"),
+    (dict(keep_checkpoints=0), "config.keep_checkpoints must be a whole"),
+    (dict(eval_crop_fraction=1.5), "config.eval_crop_fraction must be in"),
+    (dict(**{"optimizer.b2": 1.0}), "config.optimizer.b2 must be a number in "
+     "[0.0, 1.0)"),
+    (dict(**{"model.mlp_dim": 0}), "config.model: mlp_dim must be a whole"),
+    (dict(**{"model.dtype": "float8"}), "config.model: dtype must be a float"),
+    (dict(**{"model.layer_norm_epsilon": -1.0}),
+     "config.model: layer_norm_epsilon must be > 0"),
 ])
 def test_bad_configs_fail_clearly_before_compiling(digits_data_dir, tmp_path,
                                                    overrides, message):
   config = small_config(digits_data_dir, **overrides)
   compiles, error = compiles_during(
-      lambda: train.train_and_evaluate(config, str(tmp_path)))
+      lambda: run_training(config, str(tmp_path)))
   assert message in error
   assert not compiles

@@ -14,11 +14,11 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from configs import vtab as vtab_config
-from vit_jax import sharding, train, vtab_suite
-from vit_jax.datasets import vtab as registry
+from vit_jax import errors, vtab_suite
+from vit_jax.data import vtab_tasks as registry
 from tests.test_table2 import TINY_MODEL, _split_dict
 from tests.test_vtab_registry import SPLIT_SIZES
-from tests.util import REPO, mocked_tfds
+from tests.util import REPO, check_config, mocked_tfds
 
 @pytest.fixture(scope="module")
 def vtab_data_dir(tmp_path_factory):
@@ -60,7 +60,7 @@ def test_every_task_config_fits_its_splits(vtab_data_dir, name):
     assert metric == ("val" if val else "test")
     assert evaluator.split == task.splits[scored]
     assert evaluator.every == 2_500
-    train.check_config(config, sharding.make_mesh(config.mesh))
+    check_config(config)
 
 
 def test_task_selection():
@@ -69,7 +69,7 @@ def test_task_selection():
   assert [t.name for t in chosen] == [t.name for t in registry.TASKS.values()
                                       if t.group == "natural"] + [
                                           "clevr_count"]
-  with pytest.raises(ValueError, match="caltech101"):
+  with pytest.raises(errors.InputError, match="caltech101"):
     registry.select("imagenet")
 
 

@@ -11,30 +11,31 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax.datasets import vtab
+from vit_jax import errors
+from vit_jax.data import vtab_tasks
 
 # The VTAB paper's table, in its order: (title, group, classes).  Class
 # counts as in task_adaptation/data/*.py and scripts/run_all_tasks.sh.
 PAPER = [
-    ("Caltech101", vtab.NATURAL, 102),
-    ("CIFAR-100", vtab.NATURAL, 100),
-    ("DTD", vtab.NATURAL, 47),
-    ("Flowers102", vtab.NATURAL, 102),
-    ("Pets", vtab.NATURAL, 37),
-    ("Sun397", vtab.NATURAL, 397),
-    ("SVHN", vtab.NATURAL, 10),
-    ("Camelyon", vtab.SPECIALIZED, 2),
-    ("EuroSAT", vtab.SPECIALIZED, 10),
-    ("Resisc45", vtab.SPECIALIZED, 45),
-    ("Retinopathy", vtab.SPECIALIZED, 5),
-    ("Clevr-Count", vtab.STRUCTURED, 8),
-    ("Clevr-Dist", vtab.STRUCTURED, 6),
-    ("DMLab", vtab.STRUCTURED, 6),
-    ("dSprites-Loc", vtab.STRUCTURED, 16),
-    ("dSprites-Ori", vtab.STRUCTURED, 16),
-    ("KITTI-Dist", vtab.STRUCTURED, 4),
-    ("sNORB-Azim", vtab.STRUCTURED, 18),
-    ("sNORB-Elev", vtab.STRUCTURED, 9),
+    ("Caltech101", vtab_tasks.NATURAL, 102),
+    ("CIFAR-100", vtab_tasks.NATURAL, 100),
+    ("DTD", vtab_tasks.NATURAL, 47),
+    ("Flowers102", vtab_tasks.NATURAL, 102),
+    ("Pets", vtab_tasks.NATURAL, 37),
+    ("Sun397", vtab_tasks.NATURAL, 397),
+    ("SVHN", vtab_tasks.NATURAL, 10),
+    ("Camelyon", vtab_tasks.SPECIALIZED, 2),
+    ("EuroSAT", vtab_tasks.SPECIALIZED, 10),
+    ("Resisc45", vtab_tasks.SPECIALIZED, 45),
+    ("Retinopathy", vtab_tasks.SPECIALIZED, 5),
+    ("Clevr-Count", vtab_tasks.STRUCTURED, 8),
+    ("Clevr-Dist", vtab_tasks.STRUCTURED, 6),
+    ("DMLab", vtab_tasks.STRUCTURED, 6),
+    ("dSprites-Loc", vtab_tasks.STRUCTURED, 16),
+    ("dSprites-Ori", vtab_tasks.STRUCTURED, 16),
+    ("KITTI-Dist", vtab_tasks.STRUCTURED, 4),
+    ("sNORB-Azim", vtab_tasks.STRUCTURED, 18),
+    ("sNORB-Elev", vtab_tasks.STRUCTURED, 9),
 ]
 
 # (train800val200, test) as the VTAB sweep in google-research/scenic
@@ -108,23 +109,23 @@ def features(tmp_path_factory):
   """tfds_name -> the builder's FeaturesDict; constructing downloads nothing."""
   data_dir = str(tmp_path_factory.mktemp("tfds"))
   return {task.tfds_name: tfds.builder(task.tfds_name, data_dir=data_dir)
-          .info.features for task in vtab.TASKS.values()}
+          .info.features for task in vtab_tasks.TASKS.values()}
 
 
 # --- The table.
 
 
 def test_nineteen_tasks_in_the_papers_order():
-  assert len(vtab.TASKS) == 19
-  assert [(t.title, t.group, t.num_classes) for t in vtab.TASKS.values()] \
+  assert len(vtab_tasks.TASKS) == 19
+  assert [(t.title, t.group, t.num_classes) for t in vtab_tasks.TASKS.values()] \
       == PAPER
-  assert all(name == task.name for name, task in vtab.TASKS.items())
-  assert len({t.title for t in vtab.TASKS.values()}) == 19
+  assert all(name == task.name for name, task in vtab_tasks.TASKS.items())
+  assert len({t.title for t in vtab_tasks.TASKS.values()}) == 19
 
 
 def test_by_group():
-  groups = vtab.by_group()
-  assert list(groups) == list(vtab.GROUPS)
+  groups = vtab_tasks.by_group()
+  assert list(groups) == list(vtab_tasks.GROUPS)
   assert [len(tasks) for tasks in groups.values()] == [7, 4, 8]
   assert [t.title for ts in groups.values() for t in ts] \
       == [title for title, _, _ in PAPER]
@@ -133,21 +134,23 @@ def test_by_group():
 
 
 def test_get():
-  assert vtab.get("clevr_count") is vtab.TASKS["clevr_count"]
-  assert vtab.get("caltech101").title == "Caltech101"
-  assert vtab.get("dsprites_location").title == "dSprites-Loc"
-  with pytest.raises(ValueError) as error:
-    vtab.get("clevr")
-  for name in vtab.TASKS:
+  assert vtab_tasks.get("clevr_count") is vtab_tasks.TASKS["clevr_count"]
+  assert vtab_tasks.get("caltech101").title == "Caltech101"
+  assert vtab_tasks.get("dsprites_location").title == "dSprites-Loc"
+  with pytest.raises(errors.InputError) as error:
+    vtab_tasks.get("clevr")
+  for name in vtab_tasks.TASKS:
     assert name in str(error.value)
 
 
 # --- Splits.
 
 
-@pytest.mark.parametrize("task", vtab.TASKS.values(), ids=vtab.TASKS.keys())
+@pytest.mark.parametrize("task",
+                         vtab_tasks.TASKS.values(),
+                         ids=vtab_tasks.TASKS.keys())
 def test_splits(task):
-  assert set(task.splits) == set(vtab.SPLIT_KEYS)
+  assert set(task.splits) == set(vtab_tasks.SPLIT_KEYS)
   train = absolute(task.splits["train800"], task)
   val = absolute(task.splits["val200"], task)
   both = absolute(task.splits["train800val200"], task)
@@ -163,7 +166,9 @@ def test_splits(task):
       assert to <= val_from or val_to <= from_, (split, from_, to)
 
 
-@pytest.mark.parametrize("task", vtab.TASKS.values(), ids=vtab.TASKS.keys())
+@pytest.mark.parametrize("task",
+                         vtab_tasks.TASKS.values(),
+                         ids=vtab_tasks.TASKS.keys())
 def test_splits_as_the_vtab_sweep(task):
   assert (task.splits["train800val200"], task.splits["test"]) \
       == VTAB_SWEEP[task.title]
@@ -171,15 +176,17 @@ def test_splits_as_the_vtab_sweep(task):
 
 def test_held_out_of_train_rounds_down_like_task_adaptation():
   # 90% of 3,061 is 2,754.9: VTAB's train part keeps 2,754 examples.
-  assert vtab._held_out_of_train(3061, 90)["val200"] == "train[2754:2954]"
-  with pytest.raises(ValueError):
-    vtab._held_out_of_train(1000, 90)
+  assert vtab_tasks._held_out_of_train(3061, 90)["val200"] == "train[2754:2954]"
+  with pytest.raises(errors.InputError):
+    vtab_tasks._held_out_of_train(1000, 90)
 
 
 # --- TFDS sources and features.
 
 
-@pytest.mark.parametrize("task", vtab.TASKS.values(), ids=vtab.TASKS.keys())
+@pytest.mark.parametrize("task",
+                         vtab_tasks.TASKS.values(),
+                         ids=vtab_tasks.TASKS.keys())
 def test_tfds_name_resolves(task, features):
   assert tfds.builder_cls(dataset_name(task))
   assert task.image_key in features[task.tfds_name]
@@ -205,8 +212,8 @@ def dummy_example(features, image_key, length):
 
 
 @pytest.mark.parametrize(
-    "task", [t for t in vtab.TASKS.values() if t.label],
-    ids=[t.name for t in vtab.TASKS.values() if t.label])
+    "task", [t for t in vtab_tasks.TASKS.values() if t.label],
+    ids=[t.name for t in vtab_tasks.TASKS.values() if t.label])
 def test_label_reads_real_features(task, features):
   """Labels run on examples shaped exactly like the TFDS features."""
   example = dummy_example(features[task.tfds_name], task.image_key, 5)
@@ -217,16 +224,16 @@ def test_label_reads_real_features(task, features):
 
 def test_source_features(features):
   """The TFDS facts the label functions rely on."""
-  kitti = features[vtab.get("kitti_distance").tfds_name]
+  kitti = features[vtab_tasks.get("kitti_distance").tfds_name]
   assert kitti["objects"]["type"].names[:3] == ["Car", "Van", "Truck"]
   assert kitti["objects"]["location"].shape == (3,)
-  clevr = features[vtab.get("clevr_count").tfds_name]
+  clevr = features[vtab_tasks.get("clevr_count").tfds_name]
   assert clevr["objects"]["pixel_coords"].shape == (3,)
-  dsprites = features[vtab.get("dsprites_location").tfds_name]
+  dsprites = features[vtab_tasks.get("dsprites_location").tfds_name]
   assert dsprites["label_x_position"].num_classes == 32
   assert dsprites["label_orientation"].num_classes == 40
   assert dsprites["image"].shape == (64, 64, 1)
-  smallnorb = features[vtab.get("smallnorb_azimuth").tfds_name]
+  smallnorb = features[vtab_tasks.get("smallnorb_azimuth").tfds_name]
   assert smallnorb["label_azimuth"].num_classes == 18
   assert smallnorb["label_elevation"].num_classes == 9
   assert smallnorb["image"].shape == (96, 96, 1)
@@ -262,7 +269,7 @@ def clevr(depths):
 @pytest.mark.parametrize("num_objects,label", [(3, 0), (5, 2), (10, 7)])
 def test_clevr_count(num_objects, label):
   example = clevr([10.0] * num_objects)
-  assert labels(vtab.get("clevr_count").label, example) == (label, label)
+  assert labels(vtab_tasks.get("clevr_count").label, example) == (label, label)
 
 
 @pytest.mark.parametrize("closest,label", [
@@ -271,7 +278,8 @@ def test_clevr_count(num_objects, label):
 def test_clevr_distance(closest, label):
   # The closest of several objects counts, wherever it is in the list.
   example = clevr([12.0, closest, 15.0])
-  assert labels(vtab.get("clevr_distance").label, example) == (label, label)
+  assert labels(vtab_tasks.get("clevr_distance").label,
+                example) == (label, label)
 
 
 CAR, VAN, TRUCK, PEDESTRIAN, CYCLIST, TRAM, MISC = 0, 1, 2, 3, 5, 6, 7
@@ -306,7 +314,8 @@ def kitti(objects):
 ])
 def test_kitti_distance(objects, label):
   example = kitti(objects)
-  assert labels(vtab.get("kitti_distance").label, example) == (label, label)
+  assert labels(vtab_tasks.get("kitti_distance").label,
+                example) == (label, label)
 
 
 def dsprites(x_position, orientation):
@@ -322,7 +331,7 @@ def dsprites(x_position, orientation):
 def test_dsprites_location(x_position, label):
   # 32 positions in 16 classes: two neighbouring positions a class.
   example = dsprites(x_position, orientation=7)
-  assert labels(vtab.get("dsprites_location").label, example) == (label,
+  assert labels(vtab_tasks.get("dsprites_location").label, example) == (label,
                                                                   label)
 
 
@@ -332,8 +341,8 @@ def test_dsprites_location(x_position, label):
 def test_dsprites_orientation(orientation, label):
   # 40 orientations in 16 classes: class = floor(orientation / 2.5).
   example = dsprites(x_position=7, orientation=orientation)
-  assert labels(vtab.get("dsprites_orientation").label, example) == (label,
-                                                                     label)
+  assert labels(vtab_tasks.get("dsprites_orientation").label,
+                example) == (label, label)
 
 
 def test_dsprites_matches_vtabs_float_division():
@@ -344,7 +353,7 @@ def test_dsprites_matches_vtabs_float_division():
     values = np.arange(original)
     expected = np.floor(values.astype(np.float32) /
                         np.float32(original / 16)).astype(int)
-    got = [int(vtab.get(task).label({key: tf.constant(v, tf.int64)}))
+    got = [int(vtab_tasks.get(task).label({key: tf.constant(v, tf.int64)}))
            for v in values]
     assert got == list(expected)
     assert sorted(set(got)) == list(range(16))
@@ -358,9 +367,9 @@ def test_smallnorb(azimuth, elevation):
       "label_elevation": tf.constant(elevation, tf.int64),
       "label_category": tf.constant(3, tf.int64),
   }
-  assert labels(vtab.get("smallnorb_azimuth").label, example) == (azimuth,
+  assert labels(vtab_tasks.get("smallnorb_azimuth").label, example) == (azimuth,
                                                                   azimuth)
-  assert labels(vtab.get("smallnorb_elevation").label, example) == (
+  assert labels(vtab_tasks.get("smallnorb_elevation").label, example) == (
       elevation, elevation)
 
 
@@ -374,13 +383,13 @@ def test_bins_match_vtabs_rule():
         edges_np[1:], np.nextafter(edges_np[1:-1], np.float32(np.inf))])
     for value in values:
       expected = np.max(np.where(edges_np - value < 0))
-      assert int(vtab._bin(tf.constant(value), edges)) == expected, value
+      assert int(vtab_tasks._bin(tf.constant(value), edges)) == expected, value
 
 
 def test_dsprites_images_are_scaled_to_255():
   pixels = np.array([[[0], [1]], [[1], [0]]], np.uint8)
-  fixed = vtab.dsprites_image(tf.io.encode_png(pixels))
+  fixed = vtab_tasks.dsprites_image(tf.io.encode_png(pixels))
   np.testing.assert_array_equal(tf.io.decode_png(fixed).numpy(),
                                 pixels * 255)
-  assert vtab.get("dsprites_location").image is vtab.dsprites_image
-  assert vtab.get("smallnorb_azimuth").image is None
+  assert vtab_tasks.get("dsprites_location").image is vtab_tasks.dsprites_image
+  assert vtab_tasks.get("smallnorb_azimuth").image is None

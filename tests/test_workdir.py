@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from vit_jax import elastic, errors, sharding, train, writers
-from vit_jax import workdir as workdir_lib
-from tests.util import (finish, latest_checkpoint, main_flags, small_config,
-                        start_main)
+from vit_jax import errors, run as run_lib
+from vit_jax.runs import store as workdir_lib, writers
+from tests.util import (finish, latest_checkpoint, main_flags, run_training,
+                        small_config, start_main)
 
 
 def snapshot(directory):
@@ -28,7 +28,7 @@ def snapshot(directory):
 def test_a_changed_model_is_refused_before_anything_is_written(
     digits_data_dir, tmp_path):
   workdir = str(tmp_path)
-  train.train_and_evaluate(small_config(digits_data_dir), workdir)
+  run_training(small_config(digits_data_dir), workdir)
   before = snapshot(workdir)
 
   code, stdout, stderr = finish(start_main(main_flags(
@@ -48,9 +48,9 @@ def test_extending_total_steps_is_allowed_and_recorded(digits_data_dir,
                                                        tmp_path):
   workdir = str(tmp_path)
   config = small_config(digits_data_dir, total_steps=3)
-  train.train_and_evaluate(config, workdir)
+  run_training(config, workdir)
   longer = small_config(digits_data_dir, total_steps=6, log_every=2)
-  train.train_and_evaluate(longer, workdir)
+  run_training(longer, workdir)
 
   step, _, _ = latest_checkpoint(workdir, longer)
   assert step == 6
@@ -68,11 +68,11 @@ def test_a_new_mesh_and_more_micro_batches_are_allowed_and_recorded(
   """What a run moved to a slice of another shape changes: the mesh, and
   accum_steps where the new devices hold fewer examples at once."""
   workdir = str(tmp_path)
-  train.train_and_evaluate(small_config(digits_data_dir, total_steps=3),
+  run_training(small_config(digits_data_dir, total_steps=3),
                            workdir)
   moved = small_config(digits_data_dir, **{
       "total_steps": 6, "mesh.data": 2, "mesh.fsdp": 2, "accum_steps": 2})
-  train.train_and_evaluate(moved, workdir)
+  run_training(moved, workdir)
 
   assert latest_checkpoint(workdir, moved)[0] == 6
   with open(os.path.join(workdir, "config_changes.jsonl")) as f:
@@ -94,15 +94,13 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
     digits_data_dir, tmp_path):
   workdir = str(tmp_path)
   config = small_config(digits_data_dir)
-  mesh = sharding.make_mesh(config.mesh)
-  resolved = elastic.with_input_shares(config, workdir, mesh)
+  resolved = run_lib.resolve(config, workdir).config
   assert resolved.input_shares == 16  # 1,437 examples: 16 shares of 89.
   workdir_lib.record(resolved, workdir, {})
 
   other = small_config(digits_data_dir, input_shares=8)
   with pytest.raises(errors.ConfigError, match="input_shares: 16 -> 8"):
-    workdir_lib.check(elastic.with_input_shares(other, workdir, mesh),
-                      workdir)
+    run_lib.resolve(other, workdir)
   # A run recorded before input_shares read one share per data-parallel
   # device; it resumes so, with no change to refuse.
   path = os.path.join(workdir, "config.json")
@@ -111,9 +109,9 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
   del older["input_shares"]
   with open(path, "w") as f:
     json.dump(older, f)
-  resumed = elastic.with_input_shares(config, workdir, mesh)
-  assert resumed.input_shares == 4  # data 4 x fsdp 1.
-  assert workdir_lib.check(resumed, workdir) == {}
+  resumed = run_lib.resolve(config, workdir)
+  assert resumed.config.input_shares == 4  # data 4 x fsdp 1.
+  assert resumed.changes == {}
 
 
 class _FillsUp(io.FileIO):

@@ -50,10 +50,19 @@ def randomize(tree, seed=0, scale=0.2):
 # digits recipe's (dropout 0.2, weight decay 0.05) is for its 1000 steps, and
 # slows the first few dozen steps that these runs take.
 SMALL = {
-    "mesh.data": 4, "mesh.model": 2, "model.dropout_rate": 0.1,
-    "optimizer.weight_decay": 1e-4, "model.hidden_size": 32, "model.num_layers": 2, "model.mlp_dim": 64,
-    "model.num_heads": 4, "batch_size": 32, "total_steps": 6,
-    "optimizer.warmup_steps": 2, "log_every": 3, "evaluators.test.every": 3,
+    "mesh.data": 4,
+    "mesh.model": 2,
+    "model.dropout_rate": 0.1,
+    "optimizer.weight_decay": 1e-4,
+    "model.hidden_size": 32,
+    "model.num_layers": 2,
+    "model.mlp_dim": 64,
+    "model.num_heads": 4,
+    "batch_size": 32,
+    "total_steps": 6,
+    "optimizer.warmup_steps": 2,
+    "log_every": 3,
+    "evaluators.test.every": 3,
     "checkpoint_every": 3,
 }
 
@@ -68,17 +77,38 @@ def small_config(data_dir, **overrides):
   return config
 
 
+def run_training(config, workdir):
+  """What `vit_jax.main` does, in this process: resolve the run, train it."""
+  from vit_jax import run  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import loop  # pylint: disable=g-import-not-at-top
+  return loop.train_and_evaluate(run.resolve(config, workdir))
+
+
+def check_config(config):
+  """Every check of vit_jax.run's resolution that reads neither a
+  checkpoint nor a workdir (the config's values, mesh, model and data);
+  returns the mesh."""
+  from vit_jax import run  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
+  mesh = run.resolve_program(config)
+  run.check_data(config, sources.Sources(config.dataset, config.data_dir))
+  return mesh
+
+
 def train_steps(program, state, config, num_steps, augment=()):
   """(the losses, the state) after `num_steps` steps of `program` on digits
   batches of `config`'s size."""
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
-  batches = input_pipeline.train_dataset(
-      "digits", "train", batch_size=config.batch_size,
-      image_size=config.image_size, augment=augment,
-      data_dir=config.data_dir).as_numpy_iterator()
+  from vit_jax.data import sources
+  from vit_jax.data import pipeline as pipeline_lib
+  batches = pipeline_lib.train_dataset(sources.lookup("digits",
+                                                      config.data_dir),
+                                       "train",
+                                       batch_size=config.batch_size,
+                                       image_size=config.image_size,
+                                       augment=augment).as_numpy_iterator()
   losses = []
   for _ in range(num_steps):
-    batch = input_pipeline.to_global(next(batches), program.batch_sharding)
+    batch = pipeline_lib.to_global(next(batches), program.batch_sharding)
     state, metrics = program.train_step(state, batch)
     losses.append(float(metrics["train_loss"]))
   return losses, state
@@ -161,11 +191,14 @@ def wait_for_step(workdir, step, process, timeout=300):
 
 def latest_checkpoint(workdir, config):
   """(step, params, progress) of the newest checkpoint in `workdir`."""
-  from vit_jax import checkpoint, sharding, train  # pylint: disable=g-import-not-at-top
+  from vit_jax.runs import checkpoints as checkpoints_lib
+  from vit_jax import sharding
+  from vit_jax.training import step as step_lib
   mesh = sharding.make_mesh(config.mesh)
-  program = train.build(config, mesh, num_classes=10)
-  manager = checkpoint.manager(os.path.join(workdir, "checkpoints"), 3)
-  state, progress = checkpoint.restore_latest(manager, program.state_shapes)
+  program = step_lib.build(config, mesh, num_classes=10)
+  manager = checkpoints_lib.manager(os.path.join(workdir, "checkpoints"), 3)
+  state, progress = checkpoints_lib.restore_latest(manager,
+                                                   program.state_shapes)
   return int(state.step), jax.device_get(state.params), progress
 
 
@@ -174,14 +207,14 @@ def assert_trees_equal(actual, expected):
 
 
 def logging_batches(path, train_batches):
-  """`train_batches` (vit_jax.train's) that also appends, for each batch, a
-  JSON line {"step", "rows": a fingerprint of each row} to
+  """`train_batches` (vit_jax.training.loop's) that also appends, for each
+  batch, a JSON line {"step", "rows": a fingerprint of each row} to
   `path`.<process index>."""
   import hashlib  # pylint: disable=g-import-not-at-top
 
-  def batches(config, mesh, start_step):
+  def batches(run, start_step):
     with open(f"{path}.{jax.process_index()}", "a") as log:
-      for step, batch in enumerate(train_batches(config, mesh, start_step),
+      for step, batch in enumerate(train_batches(run, start_step),
                                    start=start_step + 1):
         rows = [hashlib.sha256(image.tobytes() + label.tobytes()).hexdigest()
                 for image, label in zip(batch["image"], batch["label"])]
@@ -199,7 +232,7 @@ def mocked_tfds(data_dir, records):
   asks for a share by a tensor: `split` is then None."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import pipeline as pipeline_lib
 
   def examples(table, share):
     split = table.splits[share] if isinstance(share, int) else None
@@ -207,6 +240,6 @@ def mocked_tfds(data_dir, records):
       return records(table.source.builder, split)
 
   with tfds.testing.mock_data(data_dir=data_dir, as_dataset_fn=records), \
-      unittest.mock.patch.object(input_pipeline._ShareTable, "examples",  # pylint: disable=protected-access
+      unittest.mock.patch.object(pipeline_lib._ShareTable, "examples",  # pylint: disable=protected-access
                                  examples):
     yield

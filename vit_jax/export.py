@@ -29,9 +29,10 @@ import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from absl import flags, logging
 
-from vit_jax import cli, exports, pretrained, tool_flags
+from vit_jax import cli, cli_flags
+from vit_jax.weights import exports, pretrained
 
-tool_flags.define_model_source("export", verb_from="convert")
+cli_flags.define_model_source("export", verb_from="convert")
 flags.DEFINE_enum("format", "npz", list(exports.FORMATS), "What to write.")
 flags.DEFINE_string("out", None, "The file (npz, timm) or directory (hf) to "
                     "write.")
@@ -53,11 +54,11 @@ flags.register_multi_flags_validator(
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
-  loaded = pretrained.load(tool_flags.source_from_flags(), f.num_heads)
+  loaded = pretrained.load(cli_flags.source_from_flags(), f.num_heads)
   if f.input_mean:
     loaded = exports.fold_input_normalization(
-        loaded, tool_flags.floats(f.input_mean, "--input_mean"),
-        tool_flags.floats(f.input_std, "--input_std"))
+        loaded, cli_flags.floats(f.input_mean, "--input_mean"),
+        cli_flags.floats(f.input_std, "--input_std"))
   for warning in exports.function_warnings(loaded, f.format):
     logging.warning(warning)
   how = exports.write(loaded, f.format, f.out, f.labels)

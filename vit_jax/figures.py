@@ -1,176 +1,69 @@
-"""Draws vit_jax.inspect's numbers as PNGs (matplotlib, no display needed).
+"""python -m vit_jax.figures --workdir=DIR | --from=SOURCE [--images=PATH,...] [--out=DIR]
 
-Each function takes numbers that vit_jax.inspect computed, a title line
-naming the model, and the path to write.
+What a ViT has learned, as in Section 4.5 of the paper (Figures 6 and 7),
+and a run's training curves. Writes PNGs into --out (default DIR/figures):
+
+  embedding_filters.png        principal components of the patch-embedding
+                               filters, as RGB patches (Fig. 7, left); none
+                               for a hybrid
+  position_embedding_similarity.png
+                               cosine similarity of each patch's position
+                               embedding with every other's (Fig. 7,
+                               centre); none for posemb "none"
+  mean_attention_distance.png  per layer and head, how far in pixels the
+                               attention reaches (Fig. 7, right)
+  attention_rollout.png        what the class token attends to, through all
+                               layers, over sample images (Fig. 6)
+  training_curves.png          loss, learning rate, accuracy, throughput and
+                               core-days from a run's metrics.jsonl
+
+The attention figures look at --images, or else the first images of a
+dataset split (--dataset, default the run's dataset; --split).
+vit_jax/analysis/attention.py computes the numbers and
+vit_jax/analysis/plots.py draws them.
 """
 
-import matplotlib
-import numpy as np
-# Figures without pyplot: PNG files only, no display (a TPU VM, CI), and no
-# backend chosen for the rest of the process.
-from matplotlib.figure import Figure
 
-DPI = 100
+if __name__ == "__main__":
+  # First, before JAX, TF or any thread starts: may re-execute this command.
+  from vit_jax import cli
+  cli.prepare()
 
+import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-def _subplots(*grid, figsize, layout=None, **kwargs):
-  figure = Figure(figsize=figsize, layout=layout)
-  return figure, figure.subplots(*grid, **kwargs)
+from absl import flags
 
+from vit_jax import cli, cli_flags
+from vit_jax.analysis import attention as attention_lib
+from vit_jax.data import image_files
 
-def _save(figure, path):
-  figure.savefig(path, dpi=DPI, bbox_inches="tight")
-
-
-def embedding_filters(components, explained, title, path):
-  """Principal components of the patch-embedding filters, each scaled to
-  [0, 1] on its own and shown as an RGB patch (Fig. 7, left)."""
-  count = len(components)
-  cols = min(count, 7)
-  rows = -(-count // cols)
-  figure, axes = _subplots(rows, cols, figsize=(1.1 * cols, 1.1 * rows + 0.6),
-                           squeeze=False, layout="constrained")
-  for i, ax in enumerate(axes.flat):
-    ax.axis("off")
-    if i >= count:
-      continue
-    c = components[i]
-    ax.imshow((c - c.min()) / max(c.max() - c.min(), 1e-12),
-              interpolation="nearest")
-    ax.set_title(f"PC{i + 1}: {100 * explained[i]:.0f}%", fontsize=8)
-  figure.suptitle(f"Patch-embedding filters: principal components (RGB) and "
-                  f"the variance each explains\n{title}", fontsize=9)
-  _save(figure, path)
+cli_flags.define_model_source("inspect")
+cli_flags.define_images()
+flags.DEFINE_string("split", "test", "Without --images: the split of "
+                    "--dataset whose first images to look at.")
+flags.DEFINE_integer("num_images", 64, "Images the mean attention distance "
+                     "is averaged over.")
+flags.DEFINE_integer("rollout_images", 8, "Images shown with their "
+                     "attention rollout.")
+flags.DEFINE_string("out", None, "Where to write the PNGs (default: "
+                    "WORKDIR/figures).")
+flags.register_multi_flags_validator(
+    ["out", "from"], lambda v: bool(v["out"]) or not v["from"],
+    "--out is needed with --from")
 
 
-def position_similarity(similarity, title, path):
-  """The grid of grids of Fig. 7 (centre): tile (i, j) shows the cosine
-  similarity of patch (i, j)'s position embedding with every patch's."""
-  grid = similarity.shape[0]
-  step = grid + 1  # One blank pixel between tiles.
-  mosaic = np.full((grid * step - 1, grid * step - 1), np.nan)
-  for i in range(grid):
-    for j in range(grid):
-      mosaic[i * step:i * step + grid, j * step:j * step + grid] = (
-          similarity[i, j])
-  # Large enough that each position keeps a pixel or more of its own.
-  side = max(4.5, 0.3 * grid + 1.5)
-  figure, ax = _subplots(figsize=(side + 0.8, side))
-  image = ax.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1,
-                    interpolation="nearest")
-  ticks = np.arange(grid) * step + (grid - 1) / 2
-  labels = [str(k + 1) if grid <= 16 or k % 2 == 0 else ""
-            for k in range(grid)]
-  ax.set_xticks(ticks, labels, fontsize=7)
-  ax.set_yticks(ticks, labels, fontsize=7)
-  ax.tick_params(length=0)
-  ax.set_xlabel("Input patch column")
-  ax.set_ylabel("Input patch row")
-  figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04,
-                  label="Cosine similarity")
-  ax.set_title(f"Position embedding similarity\n{title}", fontsize=9)
-  _save(figure, path)
+def main(argv):
+  f = flags.FLAGS
+  inference = cli_flags.model_from_flags()
+  dataset, data_dir = inference.data(f.dataset, f.data_dir)
+  samples = attention_lib.sample_images(inference, f.images + argv[1:],
+                                   f.num_images, dataset, f.split, data_dir)
+  names = image_files.name_classes(f.labels, dataset, data_dir)
+  out = f.out or os.path.join(f.workdir, "figures")
+  for written in attention_lib.write_all(inference, out, samples, names,
+                                    f.rollout_images, f.workdir):
+    print(f"wrote {written}")
 
 
-def attention_distance(distances, uniform, image_size, title, path):
-  """Mean attention distance against depth, one dot per head (Fig. 7,
-  right). distances: [layers, heads] in pixels; uniform: the distance of
-  attention spread evenly over the patches, drawn as a reference."""
-  layers, heads = distances.shape
-  figure, ax = _subplots(figsize=(5.6, 4))
-  colours = matplotlib.colormaps["tab20" if heads > 10 else "tab10"]
-  for head in range(heads):
-    ax.scatter(np.arange(1, layers + 1), distances[:, head], s=18,
-               color=colours(head % colours.N),
-               label=f"Head {head + 1}" if heads <= 8 else None)
-  ax.axhline(uniform, color="grey", linestyle="--", linewidth=1,
-             label="uniform attention")
-  ax.set_xlabel("Network depth (layer)")
-  ax.set_ylabel("Mean attention distance (pixels)")
-  ax.set_xlim(0.5, layers + 0.5)
-  ax.set_xticks(np.arange(1, layers + 1, max(1, layers // 12)))
-  ax.set_ylim(0, image_size)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7, ncol=3, loc="upper left", frameon=False)
-  ax.set_title(f"Mean attention distance\n{title}", fontsize=9)
-  _save(figure, path)
-
-
-def attention_rollout(images, maps, captions, title, path, labelled=False):
-  """Fig. 6: each image over the attention its output draws from, through
-  all layers; maps [N, grid, grid] are scaled to a maximum of 1 each and
-  upsampled to the image, whose pixels they weight. Captions name the
-  prediction, after the label when `labelled`."""
-  count, size = len(images), images.shape[1]
-  figure, axes = _subplots(2, count, figsize=(1.5 * count + 0.2, 3.4),
-                           squeeze=False, layout="constrained")
-  for i in range(count):
-    weight = _upsample(maps[i] / maps[i].max(), size)
-    axes[0, i].imshow(images[i], interpolation="nearest")
-    axes[1, i].imshow((images[i] * weight[..., None]).astype(np.uint8),
-                      interpolation="nearest")
-    axes[0, i].set_title(captions[i], fontsize=7)
-    for ax in axes[:, i]:
-      ax.set_xticks([])
-      ax.set_yticks([])
-  axes[0, 0].set_ylabel("Input", fontsize=8)
-  axes[1, 0].set_ylabel("Attention", fontsize=8)
-  above = ("its label -> the prediction (probability)" if labelled else
-           "the prediction (probability)")
-  figure.suptitle(f"Attention rollout; above each image: {above}\n{title}",
-                  fontsize=9)
-  _save(figure, path)
-
-
-def _upsample(grid_map, size):
-  """Bilinear upsampling of a [g, g] map to [size, size], sampling the
-  pixel centres."""
-  grid = grid_map.shape[0]
-  coords = np.clip((np.arange(size) + 0.5) * grid / size - 0.5, 0, grid - 1)
-  low = np.floor(coords).astype(int)
-  high = np.minimum(low + 1, grid - 1)
-  frac = coords - low
-  rows = (grid_map[low] * (1 - frac)[:, None] + grid_map[high] * frac[:, None])
-  return rows[:, low] * (1 - frac) + rows[:, high] * frac
-
-
-# (panel title, y label, metric names or a suffix of them, log scale)
-CURVES = (
-    ("Loss", "cross-entropy", ("train_loss",), True),
-    ("Learning rate", "learning rate", ("learning_rate",), False),
-    ("Accuracy", "top-1", ("accuracy",), False),
-    ("Throughput", "images / s / device", ("img_per_sec_per_device",), False),
-    ("Cost", "core-days", ("core_days",), False),
-    ("Gradient norm", "global norm", ("grad_norm",), True),
-)
-
-
-def training_curves(rows, run_name, path):
-  """Six panels of a run's metrics.jsonl rows against the step: loss,
-  learning rate, every *accuracy metric, throughput, core-days, gradient
-  norm. Panels of metrics the run did not log are left empty and say so."""
-  figure, axes = _subplots(2, 3, figsize=(10.5, 5.6))
-  names = sorted({key for row in rows for key in row if key != "step"})
-  for ax, (panel, unit, wanted, log_scale) in zip(axes.flat, CURVES):
-    drawn = [name for name in names
-             if name in wanted or name.endswith(wanted)]
-    for name in drawn:
-      steps = [row["step"] for row in rows if name in row]
-      values = [row[name] for row in rows if name in row]
-      ax.plot(steps, values, marker="o" if len(steps) < 20 else None,
-              markersize=3, label=name)
-    if not drawn:
-      ax.text(0.5, 0.5, "not logged", ha="center", va="center",
-              transform=ax.transAxes, color="grey")
-    elif log_scale:
-      ax.set_yscale("log")
-    if drawn and (len(drawn) > 1 or panel == "Accuracy"):
-      ax.legend(fontsize=7, frameon=False)
-    ax.set_title(panel, fontsize=10)
-    ax.set_xlabel("step", fontsize=8)
-    ax.set_ylabel(unit, fontsize=8)
-    ax.tick_params(labelsize=7)
-    ax.grid(alpha=0.3)
-  figure.suptitle(f"Training curves: {run_name}", fontsize=10)
-  figure.tight_layout()
-  _save(figure, path)
+if __name__ == "__main__":
+  cli.run(main, positional=True)

@@ -16,16 +16,17 @@ import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
 from absl import flags, logging
 
-from vit_jax import cli, progress as progress_lib, tool_flags, train
+from vit_jax import cli, cli_flags, run
+from vit_jax.training import loop, progress as progress_lib
 
-tool_flags.define_training()
+cli_flags.define_training()
 
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
-  tool_flags.prepare_to_train()
+  cli_flags.prepare_to_train()
   workdir = flags.FLAGS.workdir
-  result = train.train_and_evaluate(flags.FLAGS.config, workdir)
+  result = loop.train_and_evaluate(run.resolve(flags.FLAGS.config, workdir))
   logging.info("final metrics: %s", result)
   if jax.process_index() > 0:
     return

@@ -4,7 +4,7 @@ python -m vit_jax.plan --config=CONFIG --compare=v3-256,v4-128,v5p-128,v6e-64 [-
 What a config will cost on a TPU slice of any generation from v3 to v6e:
 HBM per device, step time, MFU and chip-hours (on v3 also TPUv3-core-days),
 from the config's train step compiled ahead of time for the slice on this
-host's CPU (vit_jax/planning.py), and what would make a config that does
+host's CPU (vit_jax/planning/), and what would make a config that does
 not fit fit. --compare plans it on several slices and prints one table.
 """
 
@@ -19,7 +19,8 @@ import json  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags
 from ml_collections import config_flags
 
-from vit_jax import cli, errors, planning
+from vit_jax import cli, errors
+from vit_jax.planning import cost as cost_lib, report
 
 config_flags.DEFINE_config_file(
     "config", None, "An ml-collections config file.", lock_config=True)
@@ -30,7 +31,7 @@ flags.DEFINE_list("compare", None, "Slices to plan the config on instead of "
                   "--topology, as one table (--json: a list of objects).")
 flags.DEFINE_integer("num_classes", 0, "The head's classes; default: the "
                      "dataset's.")
-flags.DEFINE_float("overhead", planning.DEFAULT_OVERHEAD, "Allowance on top "
+flags.DEFINE_float("overhead", cost_lib.DEFAULT_OVERHEAD, "Allowance on top "
                    "of the training steps for evaluation, checkpoints and "
                    "restarts.")
 flags.DEFINE_bool("json", False, "Print JSON instead of text.")
@@ -44,19 +45,19 @@ def main(argv):
   if f.compare:
     if f["topology"].present:
       raise errors.InputError("give --topology or --compare, not both")
-    results = planning.compare(f.config, f.compare, f.num_classes,
+    results = cost_lib.compare(f.config, f.compare, f.num_classes,
                                f.overhead)
     if f.json:
       print(json.dumps([{"config": config_name, **result.to_json()}
                         for result in results]))
     else:
-      print(planning.describe_comparison(config_name, results))
+      print(report.describe_comparison(config_name, results))
     return
-  result = planning.plan(f.config, f.topology, f.num_classes, f.overhead)
+  result = cost_lib.plan(f.config, f.topology, f.num_classes, f.overhead)
   if f.json:
     print(json.dumps({"config": config_name, **result.to_json()}))
   else:
-    print(planning.describe(config_name, result))
+    print(report.describe(config_name, result))
 
 
 if __name__ == "__main__":

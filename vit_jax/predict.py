@@ -16,10 +16,12 @@ if __name__ == "__main__":
 
 from absl import app, flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli, images, predictions, tool_flags
+from vit_jax import cli, cli_flags
+from vit_jax.analysis import predictions
+from vit_jax.data import image_files
 
-tool_flags.define_model_source("run")
-tool_flags.define_images()
+cli_flags.define_model_source("run")
+cli_flags.define_images()
 flags.DEFINE_integer("top", 5, "How many classes to show per image.")
 flags.DEFINE_integer("batch_size", 64, "Images per forward pass.")
 flags.DEFINE_bool("json", False, "One JSON object per image instead of "
@@ -31,11 +33,11 @@ def main(argv):
   paths = f.images + argv[1:]
   if not paths:
     raise app.UsageError("no images: give --images=PATH,... or paths")
-  inference = tool_flags.model_from_flags()
-  files = images.expand(paths)
-  pixels = images.from_files(files, inference.image_size,
+  inference = cli_flags.model_from_flags()
+  files = image_files.expand(paths)
+  pixels = image_files.from_files(files, inference.image_size,
                              inference.crop_fraction)
-  names = (images.name_classes(f.labels, *inference.data(f.dataset,
+  names = (image_files.name_classes(f.labels, *inference.data(f.dataset,
                                                          f.data_dir))
            or inference.class_names)
   tops = predictions.top_classes(

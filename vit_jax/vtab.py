@@ -22,10 +22,10 @@ import os  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from absl import flags
 
-from vit_jax import cli, tool_flags, vtab_suite
-from vit_jax.datasets import vtab as registry
+from vit_jax import cli, cli_flags, vtab_suite
+from vit_jax.data import vtab_tasks as registry
 
-tool_flags.define_training()
+cli_flags.define_training()
 flags.DEFINE_string("tasks", "all", "Comma-separated task names "
                     f"({', '.join(registry.TASKS)}), group names "
                     f"({', '.join(registry.GROUPS)}) or 'all'.")
@@ -36,7 +36,7 @@ flags.DEFINE_bool("val", False, "Train on train800 and score val200 (to "
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
-  tool_flags.prepare_to_train()
+  cli_flags.prepare_to_train()
   f = flags.FLAGS
   summary = vtab_suite.run(f.config, f.workdir, registry.select(f.tasks),
                            f.val)

@@ -14,8 +14,9 @@ import os
 import jax
 from absl import logging
 
-from vit_jax import train
-from vit_jax.datasets import vtab as registry
+from vit_jax import run as run_lib
+from vit_jax.data import vtab_tasks as registry
+from vit_jax.training import loop
 
 GROUP_TITLES = {registry.NATURAL: "Natural",
                 registry.SPECIALIZED: "Specialized",
@@ -29,8 +30,9 @@ def run(config, workdir, tasks, val=False):
   accuracies = {}
   for task in tasks:
     logging.warning("VTAB task %s (%s)", task.name, task.title)
-    result = train.train_and_evaluate(registry.task_config(config, task, val),
-                                      os.path.join(workdir, task.name))
+    result = loop.train_and_evaluate(run_lib.resolve(
+        registry.task_config(config, task, val),
+        os.path.join(workdir, task.name)))
     if "stopped_at_step" in result:
       return None  # Preempted: the same command resumes this task.
     accuracies[task.name] = result[("val" if val else "test") + "_accuracy"]

@@ -7,7 +7,8 @@ import flax
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.models.vit import MaskedPatchViT, VisionTransformer
+from vit_jax.models.vit import (CONFIG_FIELDS, MaskedPatchViT, ViTConfig,
+                                VisionTransformer)
 
 # Where the release layout keeps the position embedding ("learn"), and where
 # the "learn2d" kind keeps its row and column tables.
@@ -29,7 +30,7 @@ PATCH_SIZES = (8, 14, 16, 32)
 # release's values of them (vit.py says who uses which). They travel with a
 # model's params: a run started from another source's weights computes that
 # source's function (pretrained.function_of).
-FUNCTION_OPTIONS = {key: VisionTransformer.__dataclass_fields__[key].default
+FUNCTION_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
                     for key in ("layer_norm_epsilon", "gelu", "final_norm")}
 
 # The hybrids' BiT ResNet stems (units per stage), by ResNet and by the
@@ -63,7 +64,7 @@ def hybrid_names():
 def create(name, num_classes, **overrides):
   """The ViT called `name` ("B/16", "H/14", ...) with a `num_classes` head.
 
-  Overrides replace any VisionTransformer field: classifier, representation_size,
+  Overrides replace any ViTConfig field: classifier, representation_size,
   dropout_rate, attention_dropout_rate, dtype, param_dtype, posemb,
   remat_policy, scan_layers, resnet_stages, resnet_width, and also the size
   fields (hidden_size, num_layers, ...) for small models such as the digits
@@ -89,23 +90,29 @@ def create(name, num_classes, **overrides):
       VisionTransformer)
   overrides = {key: value for key, value in overrides.items()
                if not (key in FUNCTION_OPTIONS and value is None)}
-  unknown = set(overrides) - set(VisionTransformer.__dataclass_fields__)
+  unknown = set(overrides) - CONFIG_FIELDS
   if unknown:
     raise errors.InputError(
         f"unknown model override(s) {sorted(unknown)} for {name!r}")
   fields.update(overrides)
   if fields.get("resnet_stages") is not None:  # A list, from a JSON config.
     fields["resnet_stages"] = tuple(fields["resnet_stages"])
-  model = model_class(num_classes=num_classes, **fields)
+  model = model_class(num_classes=num_classes, config=ViTConfig(**fields))
   model.check_options()  # Here, once, rather than when it is traced.
   return model
+
+
+def create_from_config(model_config, num_classes):
+  """The model that a config.model (its name and overrides) describes."""
+  fields = dict(model_config)
+  return create(fields.pop("name"), num_classes, **fields)
 
 
 _BLOCK_0 = "Transformer/encoderblock_0/"
 
 
 def grid_side(num_patches, what="the patches"):
-  """g for a square g x g grid of `num_patches`; a ValueError naming `what`
+  """g for a square g x g grid of `num_patches`; an InputError naming `what`
   holds them otherwise."""
   side = int(round(np.sqrt(num_patches)))
   if side * side != num_patches:
@@ -165,14 +172,15 @@ def from_params(params, posemb=None, **function):
                      POSEMB_KEY)
   elif posemb == "learn2d":
     grid = np.shape(flat[POSEMB_2D_KEYS[0]])[0]
-  model = VisionTransformer(
-      num_classes=np.shape(flat["head/kernel"])[1], patch_size=patch,
-      hidden_size=hidden, num_layers=num_layers,
+  config = ViTConfig(
+      patch_size=patch, hidden_size=hidden, num_layers=num_layers,
       num_heads=np.shape(flat[wanted[2]])[1],
       mlp_dim=np.shape(flat[wanted[3]])[1], classifier=classifier,
       representation_size=(np.shape(flat["pre_logits/kernel"])[1]
                            if "pre_logits/kernel" in flat else None),
       posemb=posemb, final_norm="pooled" if "fc_norm/scale" in flat else
       "tokens", **hybrid, **function)
+  model = VisionTransformer(num_classes=np.shape(flat["head/kernel"])[1],
+                            config=config)
   model.check_options()
   return model, None if grid is None else grid * model.token_stride

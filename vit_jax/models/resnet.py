@@ -102,7 +102,8 @@ class Stage(nn.Module):
   def __call__(self, x):
     for j in range(self.units):
       x = BottleneckUnit(self.features, self.strides if j == 0 else 1,
-                         self.dtype, self.param_dtype, name=f"unit{j + 1}")(x)
+                         dtype=self.dtype, param_dtype=self.param_dtype,
+                         name=f"unit{j + 1}")(x)
     return x
 
 

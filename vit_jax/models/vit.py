@@ -2,11 +2,12 @@
 
 Module names follow the released checkpoints (`Transformer/encoderblock_{i}/
 MultiHeadDotProductAttention_1`, ...), so our params tree *is* the release
-layout and `checkpoint.save_npz` is a flatten. Every parameter, and each
+layout and `weights.npz.save_npz` is a flatten. Every parameter, and each
 block's input, carries logical axis names; `vit_jax.sharding`'s rules table
 maps them to mesh axes, so the model names none.
 """
 
+import dataclasses
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -15,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vit_jax import errors, mpp as mpp_lib, sharding
-from vit_jax.models import resnet
+from vit_jax import errors, sharding
+from vit_jax.models import masked_patches as mpp_lib, resnet
 
 Dtype = Any
 
@@ -39,13 +40,80 @@ REMAT_POLICIES = {
 }
 
 
+POSEMB_KINDS = ("learn", "learn2d", "sincos2d", "none")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViTConfig:
+  """Every setting of a ViT but its number of classes: what `models.create`
+  takes as overrides (config.model, less its name). Each module reads what
+  it needs of it.
+
+  patch_size, hidden_size, num_layers, num_heads, mlp_dim: the sizes (Table
+    1 of the paper).
+  classifier: "token" prepends a learned class token and reads it out; "gap"
+    averages the patch tokens (no class token, Appendix D.3).
+  representation_size: width of the tanh pre-logits layer used in
+    pre-training, or None for a plain linear head (fine-tuning).
+  dropout_rate: after the position embedding, in the MLPs and on each
+    block's residual branches; attention_dropout_rate: on the attention
+    weights.
+  dtype, param_dtype: what the model computes in and stores its params in.
+  remat_policy: a key of REMAT_POLICIES; each block's backward recomputes
+    what the policy does not keep, trading FLOPs for memory.
+  scan_layers: one `encoderblock` applied by nn.scan, its params stacked on
+    a leading "layers" axis: the step compiles one block, not num_layers.
+    `weights.npz` converts to and from the release's `encoderblock_{i}`.
+    Neither remat_policy nor scan_layers changes the results.
+  posemb: the position embedding, one of POSEMB_KINDS (Appendix D.4): the
+    released models' "learn" (1-D), "learn2d", "sincos2d" or "none".
+  resnet_stages: None for a plain ViT; for a hybrid, the units of each
+    stage of the BiT ResNet stem (`models/resnet.py`) whose feature map the
+    patch embedding reads, e.g. (3, 4, 9) for R50+ViT-B/16.
+  resnet_width: the stem's root width in channels (64 x BiT's width factor).
+  layer_norm_epsilon, gelu ("tanh" or "exact"), final_norm ("tokens" or
+    "pooled"): what differs between the release's function (the defaults)
+    and the weights of HF transformers and timm
+    (vit_jax/weights/torch_layouts.py). final_norm "pooled" normalises what
+    the head reads instead of every token, and keeps the last LayerNorm's
+    params as `fc_norm`.
+  """
+  patch_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  classifier: str = "token"
+  representation_size: Optional[int] = None
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  remat_policy: str = ""
+  scan_layers: bool = False
+  posemb: str = "learn"
+  resnet_stages: Optional[tuple] = None
+  resnet_width: int = 64
+  layer_norm_epsilon: float = 1e-6
+  gelu: str = "tanh"
+  final_norm: str = "tokens"
+
+  @property
+  def class_token(self):
+    return self.classifier == "token"
+
+
+CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(ViTConfig))
+
+
 def _init(initializer, axes):
   return nn.with_logical_partitioning(initializer, axes)
 
 
-def _layer_norm(name, epsilon, dtype, param_dtype):
+def _layer_norm(name, config):
   return nn.LayerNorm(
-      epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
+      epsilon=config.layer_norm_epsilon, dtype=config.dtype,
+      param_dtype=config.param_dtype,
       scale_init=_init(nn.initializers.ones, ("embed",)),
       bias_init=_init(nn.initializers.zeros, ("embed",)),
       name=name)
@@ -53,20 +121,18 @@ def _layer_norm(name, epsilon, dtype, param_dtype):
 
 class Attention(nn.Module):
   """Multi-head self-attention; q/k/v kernels are (D, heads, D/heads)."""
-  num_heads: int
-  dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
+  config: ViTConfig
 
   @nn.compact
   def __call__(self, x, *, train):
+    config = self.config
     width = x.shape[-1]
-    head_dim = width // self.num_heads
+    head_dim = width // config.num_heads
 
     def project(name):
       return nn.DenseGeneral(
-          (self.num_heads, head_dim), dtype=self.dtype,
-          param_dtype=self.param_dtype,
+          (config.num_heads, head_dim), dtype=config.dtype,
+          param_dtype=config.param_dtype,
           kernel_init=_init(nn.initializers.xavier_uniform(),
                             ("embed", "heads", "kv")),
           bias_init=_init(nn.initializers.zeros, ("heads", "kv")),
@@ -84,11 +150,13 @@ class Attention(nn.Module):
     weights = nn.softmax(logits / jnp.sqrt(head_dim).astype(jnp.float32))
     # Kept for the Section 4.5 figures (mean attention distance, rollout).
     self.sow("intermediates", "attention_weights", weights)
-    weights = nn.Dropout(self.dropout_rate)(weights, deterministic=not train)
-    out = jnp.einsum("...hqk,...hkd->...hqd", weights.astype(self.dtype), v)
+    weights = nn.Dropout(config.attention_dropout_rate)(
+        weights, deterministic=not train)
+    out = jnp.einsum("...hqk,...hkd->...hqd", weights.astype(config.dtype), v)
     out = jnp.swapaxes(out, -2, -3)
     return nn.DenseGeneral(
-        width, axis=(-2, -1), dtype=self.dtype, param_dtype=self.param_dtype,
+        width, axis=(-2, -1), dtype=config.dtype,
+        param_dtype=config.param_dtype,
         kernel_init=_init(nn.initializers.xavier_uniform(),
                           ("heads", "kv", "embed")),
         bias_init=_init(nn.initializers.zeros, ("embed",)),
@@ -98,25 +166,22 @@ class Attention(nn.Module):
 class MlpBlock(nn.Module):
   """Dense -> GELU (`gelu`: "tanh", the release's approximation, or
   "exact") -> Dense."""
-  mlp_dim: int
-  dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  gelu: str = "tanh"
+  config: ViTConfig
 
   @nn.compact
   def __call__(self, x, *, train):
+    config = self.config
     width = x.shape[-1]
     dense = lambda features, axes, name: nn.Dense(
-        features, dtype=self.dtype, param_dtype=self.param_dtype,
+        features, dtype=config.dtype, param_dtype=config.param_dtype,
         kernel_init=_init(nn.initializers.xavier_uniform(), axes),
         bias_init=_init(nn.initializers.normal(stddev=1e-6), axes[-1:]),
         name=name)
-    x = dense(self.mlp_dim, ("embed", "mlp"), "Dense_0")(x)
-    x = nn.gelu(x, approximate=self.gelu == "tanh")
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    x = dense(config.mlp_dim, ("embed", "mlp"), "Dense_0")(x)
+    x = nn.gelu(x, approximate=config.gelu == "tanh")
+    x = nn.Dropout(config.dropout_rate)(x, deterministic=not train)
     x = dense(width, ("mlp", "embed"), "Dense_1")(x)
-    return nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    return nn.Dropout(config.dropout_rate)(x, deterministic=not train)
 
 
 class EncoderBlock(nn.Module):
@@ -125,14 +190,7 @@ class EncoderBlock(nn.Module):
   Returns (z, None), the form nn.scan takes; `train` is positional so that
   nn.remat can hold it static.
   """
-  num_heads: int
-  mlp_dim: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  layer_norm_epsilon: float = 1e-6
-  gelu: str = "tanh"
+  config: ViTConfig
 
   @nn.compact
   def __call__(self, x, train):
@@ -141,21 +199,14 @@ class EncoderBlock(nn.Module):
     # gather a weight, and need tens of GiB per device.
     x = sharding.constrain(x, ("batch", "tokens", "embed"))
     # One counter across module types, as in the release files.
-    y = _layer_norm("LayerNorm_0", self.layer_norm_epsilon, self.dtype,
-                    self.param_dtype)(x)
-    y = Attention(self.num_heads, self.attention_dropout_rate, self.dtype,
-                  self.param_dtype, name="MultiHeadDotProductAttention_1")(
-                      y, train=train)
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=not train)
+    y = _layer_norm("LayerNorm_0", self.config)(x)
+    y = Attention(config=self.config, name="MultiHeadDotProductAttention_1")(
+        y, train=train)
+    y = nn.Dropout(self.config.dropout_rate)(y, deterministic=not train)
     x = x + y
-    y = _layer_norm("LayerNorm_2", self.layer_norm_epsilon, self.dtype,
-                    self.param_dtype)(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, self.param_dtype,
-                 self.gelu, name="MlpBlock_3")(y, train=train)
+    y = _layer_norm("LayerNorm_2", self.config)(x)
+    y = MlpBlock(config=self.config, name="MlpBlock_3")(y, train=train)
     return x + y, None
-
-
-POSEMB_KINDS = ("learn", "learn2d", "sincos2d", "none")
 
 
 def sincos2d_table(rows, cols, width, temperature=10_000.0):
@@ -223,62 +274,39 @@ class AddPositionEmbedding(nn.Module):
 
 
 class Encoder(nn.Module):
-  """Position embedding, then `num_layers` blocks and a final LayerNorm
-  (unless `final_norm` is "pooled": then the head normalises what it reads).
-
-  posemb: a kind of AddPositionEmbedding, one of POSEMB_KINDS.
-  remat_policy: a key of REMAT_POLICIES; each block's backward recomputes
-    what the policy does not keep, trading FLOPs for memory.
-  scan_layers: one `encoderblock` applied by nn.scan, its params stacked on
-    a leading "layers" axis: the step compiles one block, not num_layers.
-    `checkpoint` converts to and from the release's `encoderblock_{i}`.
-  """
-  num_layers: int
-  num_heads: int
-  mlp_dim: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  remat_policy: str = ""
-  scan_layers: bool = False
-  posemb: str = "learn"
-  layer_norm_epsilon: float = 1e-6
-  gelu: str = "tanh"
-  final_norm: str = "tokens"
+  """Position embedding, then `num_layers` blocks (scanned and
+  rematerialised as the config says) and a final LayerNorm (unless
+  `final_norm` is "pooled": then the head normalises what it reads)."""
+  config: ViTConfig
 
   @nn.compact
   def __call__(self, x, *, train, grid=None):
     """x: [N, tokens, D]; grid: the (rows, cols) of its patches."""
-    x = AddPositionEmbedding(self.posemb, grid, self.param_dtype,
+    config = self.config
+    x = AddPositionEmbedding(kind=config.posemb, grid=grid,
+                             param_dtype=config.param_dtype,
                              name="posembed_input")(x)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    x = nn.Dropout(config.dropout_rate)(x, deterministic=not train)
     block = EncoderBlock
-    if self.remat_policy:
+    if config.remat_policy:
       # Argument 2 (after the module and x) is `train`, a Python bool.
       # Inside a scan, XLA cannot merge the recomputation away, so the CSE
       # barriers that nn.remat adds by default would only cost.
-      block = nn.remat(block, policy=REMAT_POLICIES[self.remat_policy],
-                       prevent_cse=not self.scan_layers, static_argnums=(2,))
-    sizes = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-                 dropout_rate=self.dropout_rate,
-                 attention_dropout_rate=self.attention_dropout_rate,
-                 dtype=self.dtype, param_dtype=self.param_dtype,
-                 layer_norm_epsilon=self.layer_norm_epsilon, gelu=self.gelu)
-    if self.scan_layers:
+      block = nn.remat(block, policy=REMAT_POLICIES[config.remat_policy],
+                       prevent_cse=not config.scan_layers, static_argnums=(2,))
+    if config.scan_layers:
       block = nn.scan(
           block, variable_axes={"params": 0, "intermediates": 0},
           split_rngs={"params": True, "dropout": True},
-          in_axes=nn.broadcast, length=self.num_layers,
+          in_axes=nn.broadcast, length=config.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = block(**sizes, name="encoderblock")(x, train)
+      x, _ = block(config=config, name="encoderblock")(x, train)
     else:
-      for i in range(self.num_layers):
-        x, _ = block(**sizes, name=f"encoderblock_{i}")(x, train)
-    if self.final_norm == "pooled":
+      for i in range(config.num_layers):
+        x, _ = block(config=config, name=f"encoderblock_{i}")(x, train)
+    if config.final_norm == "pooled":
       return x
-    return _layer_norm("encoder_norm", self.layer_norm_epsilon, self.dtype,
-                       self.param_dtype)(x)
+    return _layer_norm("encoder_norm", config)(x)
 
 
 class ImageEncoder(nn.Module):
@@ -286,42 +314,26 @@ class ImageEncoder(nn.Module):
 
   uint8 images are scaled to [-1, 1] here, on the device; an optional BiT
   ResNet stem; the patch embedding; for masked patch prediction, a learned
-  [mask] embedding that a `corruption` puts in; the class token first when
-  `class_token`; then the Encoder. The other fields are VisionTransformer's,
-  whose `image_encoder` makes this module: their defaults are there.
+  [mask] embedding that a `corruption` puts in when `mask_token`; the
+  class token first for classifier "token"; then the Encoder.
   """
-  patch_size: int
-  hidden_size: int
-  num_layers: int
-  num_heads: int
-  mlp_dim: int
-  class_token: bool
+  config: ViTConfig
   mask_token: bool
-  dropout_rate: float
-  attention_dropout_rate: float
-  dtype: Dtype
-  param_dtype: Dtype
-  remat_policy: str
-  scan_layers: bool
-  posemb: str
-  resnet_stages: Optional[tuple]
-  resnet_width: int
-  layer_norm_epsilon: float
-  gelu: str
-  final_norm: str
 
   @nn.compact
   def __call__(self, images, *, train, corruption=None):
+    config = self.config
     if images.dtype == jnp.uint8:  # As the input pipeline ships them.
       images = images.astype(jnp.float32) / 127.5 - 1
-    x = images.astype(self.dtype)
-    if self.resnet_stages is not None:
-      x = resnet.stem(x, self.resnet_stages, self.resnet_width, self.dtype,
-                      self.param_dtype)
-    p = self.patch_size
+    x = images.astype(config.dtype)
+    if config.resnet_stages is not None:
+      x = resnet.stem(x, stages=config.resnet_stages,
+                      width=config.resnet_width, dtype=config.dtype,
+                      param_dtype=config.param_dtype)
+    p = config.patch_size
     x = nn.Conv(
-        self.hidden_size, (p, p), strides=(p, p), padding="VALID",
-        dtype=self.dtype, param_dtype=self.param_dtype,
+        config.hidden_size, (p, p), strides=(p, p), padding="VALID",
+        dtype=config.dtype, param_dtype=config.param_dtype,
         kernel_init=_init(nn.initializers.lecun_normal(),
                           (None, None, None, "embed")),
         bias_init=_init(nn.initializers.zeros, ("embed",)),
@@ -332,19 +344,16 @@ class ImageEncoder(nn.Module):
       mask = self.param(
           "mask_embedding", _init(nn.initializers.normal(stddev=0.02),
                                   (None, None, "embed")),
-          (1, 1, d), self.param_dtype)
+          (1, 1, d), config.param_dtype)
       if corruption is not None:
         x = mpp_lib.apply(corruption, x, mask)
-    if self.class_token:
-      cls = self.param("cls", _init(nn.initializers.zeros, (None, None, "embed")),
-                       (1, 1, d), self.param_dtype)
+    if config.class_token:
+      cls = self.param(
+          "cls", _init(nn.initializers.zeros, (None, None, "embed")),
+          (1, 1, d), config.param_dtype)
       x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
-    return Encoder(
-        self.num_layers, self.num_heads, self.mlp_dim, self.dropout_rate,
-        self.attention_dropout_rate, self.dtype, self.param_dtype,
-        self.remat_policy, self.scan_layers, self.posemb,
-        self.layer_norm_epsilon, self.gelu, self.final_norm,
-        name="Transformer")(x, train=train, grid=(h, w))
+    return Encoder(config=config, name="Transformer")(x, train=train,
+                                                      grid=(h, w))
 
 
 class ClassifierHead(nn.Module):
@@ -353,23 +362,18 @@ class ClassifierHead(nn.Module):
   is "pooled" (timm's fc_norm), an optional tanh pre-logits layer of
   `representation_size`, and a zero-initialised linear head."""
   num_classes: int
-  classifier: str = "token"
-  representation_size: Optional[int] = None
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  final_norm: str = "tokens"
-  layer_norm_epsilon: float = 1e-6
+  config: ViTConfig
 
   @nn.compact
   def __call__(self, x):
-    x = x[:, 0] if self.classifier == "token" else x.mean(axis=1)
-    if self.final_norm == "pooled":
-      x = _layer_norm("fc_norm", self.layer_norm_epsilon, self.dtype,
-                      self.param_dtype)(x)
-    if self.representation_size is not None:
+    config = self.config
+    x = x[:, 0] if config.classifier == "token" else x.mean(axis=1)
+    if config.final_norm == "pooled":
+      x = _layer_norm("fc_norm", config)(x)
+    if config.representation_size is not None:
       x = nn.Dense(
-          self.representation_size, dtype=self.dtype,
-          param_dtype=self.param_dtype,
+          config.representation_size, dtype=config.dtype,
+          param_dtype=config.param_dtype,
           kernel_init=_init(nn.initializers.lecun_normal(), ("embed", "mlp")),
           bias_init=_init(nn.initializers.zeros, ("mlp",)),
           name="pre_logits")(x)
@@ -379,7 +383,7 @@ class ClassifierHead(nn.Module):
     self.sow("intermediates", "features", x)
     # Zero-initialised: a fresh head starts from uniform predictions.
     logits = nn.Dense(
-        self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
+        self.num_classes, dtype=config.dtype, param_dtype=config.param_dtype,
         kernel_init=_init(nn.initializers.zeros, (None, "classes")),
         bias_init=_init(nn.initializers.zeros, ("classes",)),
         name="head")(x)
@@ -388,16 +392,17 @@ class ClassifierHead(nn.Module):
 
 class PatchColourHead(nn.Module):
   """Encoded tokens -> float32 logits [N, patches, 512]: each patch token's
-  prediction of its patch's mean colour (vit_jax/mpp.py)."""
-  class_token: bool = True
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
+  prediction of its patch's mean colour (vit_jax/models/masked_patches.py).
+  """
+  config: ViTConfig
 
   @nn.compact
   def __call__(self, x):
-    patches = x[:, 1:] if self.class_token else x
+    config = self.config
+    patches = x[:, 1:] if config.class_token else x
     return nn.Dense(
-        mpp_lib.NUM_CLASSES, dtype=self.dtype, param_dtype=self.param_dtype,
+        mpp_lib.NUM_CLASSES, dtype=config.dtype,
+        param_dtype=config.param_dtype,
         kernel_init=_init(nn.initializers.zeros, (None, "classes")),
         bias_init=_init(nn.initializers.zeros, ("classes",)),
         name="mpp_head")(patches).astype(jnp.float32)
@@ -407,69 +412,47 @@ class VisionTransformer(nn.Module):
   """ViT classifier: an ImageEncoder read by a ClassifierHead. Images are
   NHWC in [-1, 1], or uint8 in [0, 255]; returns float32 logits.
 
-  classifier: "token" prepends a learned class token and reads it out; "gap"
-    averages the patch tokens (no class token, Appendix D.3).
-  representation_size: width of the tanh pre-logits layer used in
-    pre-training, or None for a plain linear head (fine-tuning).
-  posemb: the position embedding, one of POSEMB_KINDS (Appendix D.4): the
-    released models' "learn" (1-D), "learn2d", "sincos2d" or "none".
-  resnet_stages: None for a plain ViT; for a hybrid, the units of each
-    stage of the BiT ResNet stem (`models/resnet.py`) whose feature map the
-    patch embedding reads, e.g. (3, 4, 9) for R50+ViT-B/16.
-  resnet_width: the stem's root width in channels (64 x BiT's width factor).
-  remat_policy, scan_layers: see Encoder; neither changes the results.
-  layer_norm_epsilon, gelu ("tanh" or "exact"), final_norm ("tokens" or
-    "pooled"): what differs between the release's function (the defaults)
-    and the weights of HF transformers and timm (vit_jax/torch_layouts.py).
-    final_norm "pooled" keeps the last LayerNorm's params as `fc_norm`.
+  The config's fields read as the model's own too: `model.num_heads` is
+  `model.config.num_heads`.
 
   The encoder and the head share this module's scope (`nn.share_scope`),
   so the params are the release layout: embedding, cls, Transformer,
   pre_logits, head.
   """
   num_classes: int
-  patch_size: int
-  hidden_size: int
-  num_layers: int
-  num_heads: int
-  mlp_dim: int
-  classifier: str = "token"
-  representation_size: Optional[int] = None
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  remat_policy: str = ""
-  scan_layers: bool = False
-  posemb: str = "learn"
-  resnet_stages: Optional[tuple] = None
-  resnet_width: int = 64
-  layer_norm_epsilon: float = 1e-6
-  gelu: str = "tanh"
-  final_norm: str = "tokens"
+  config: ViTConfig
+
+  @nn.nowrap
+  def __getattr__(self, name):
+    # Only reached for names the module lacks; callers read the settings
+    # off the model, as they did before the config held them.
+    if name in CONFIG_FIELDS:
+      return getattr(self.config, name)
+    return super().__getattr__(name)
 
   @property
   def token_stride(self):
     """Image pixels per token along a side: the patch size, times what a
     hybrid's stem shrinks the image by (4 x 2^(stages - 1))."""
-    if self.resnet_stages is None:
-      return self.patch_size
-    return self.patch_size * resnet.reduction(self.resnet_stages)
+    config = self.config
+    if config.resnet_stages is None:
+      return config.patch_size
+    return config.patch_size * resnet.reduction(config.resnet_stages)
 
   def describe_patch(self):
     """'patch size 16', and for a hybrid what the stem multiplies it by."""
-    if self.resnet_stages is None:
-      return f"patch size {self.patch_size}"
-    stem = self.token_stride // self.patch_size
-    return f"patch size {self.patch_size} x {stem} (the ResNet stem's)"
+    patch_size = self.config.patch_size
+    if self.config.resnet_stages is None:
+      return f"patch size {patch_size}"
+    stem = self.token_stride // patch_size
+    return f"patch size {patch_size} x {stem} (the ResNet stem's)"
 
   def setup(self):
     self.check_options()
-    self.encoder = self.image_encoder(mask_token=False)
+    self.encoder = ImageEncoder(config=self.config, mask_token=False)
     nn.share_scope(self, self.encoder)
-    self.classify = ClassifierHead(
-        self.num_classes, self.classifier, self.representation_size,
-        self.dtype, self.param_dtype, self.final_norm, self.layer_norm_epsilon)
+    self.classify = ClassifierHead(num_classes=self.num_classes,
+                                   config=self.config)
     nn.share_scope(self, self.classify)
 
   def __call__(self, images, *, train):
@@ -489,25 +472,47 @@ class VisionTransformer(nn.Module):
   @nn.nowrap
   def check_options(self):
     """InputError for options no model has; models.create calls it too."""
-    if self.classifier not in ("token", "gap"):
+    config = self.config
+    for name in ("patch_size", "hidden_size", "num_layers", "num_heads",
+                 "mlp_dim", "resnet_width", "representation_size"):
+      value = getattr(config, name)
+      if name == "representation_size" and value is None:
+        continue
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise errors.InputError(f"{name} must be a whole number >= 1, got "
+                                f"{value!r}")
+    for name in ("dtype", "param_dtype"):
+      try:
+        floating = jnp.issubdtype(jnp.dtype(getattr(config, name)),
+                                  jnp.floating)
+      except TypeError:
+        floating = False
+      if not floating:
+        raise errors.InputError(f"{name} must be a float type such as "
+                                f"'float32' or 'bfloat16', got "
+                                f"{getattr(config, name)!r}")
+    if not config.layer_norm_epsilon > 0:  # Also refuses NaN.
+      raise errors.InputError(f"layer_norm_epsilon must be > 0, got "
+                              f"{config.layer_norm_epsilon!r}")
+    if config.classifier not in ("token", "gap"):
       raise errors.InputError(f"classifier must be 'token' or 'gap', got "
-                              f"{self.classifier!r}")
-    if self.posemb not in POSEMB_KINDS:
+                              f"{config.classifier!r}")
+    if config.posemb not in POSEMB_KINDS:
       raise errors.InputError(f"posemb must be one of {POSEMB_KINDS}, got "
-                              f"{self.posemb!r}")
-    if self.hidden_size % self.num_heads:
+                              f"{config.posemb!r}")
+    if config.hidden_size % config.num_heads:
       raise errors.InputError(
-          f"hidden_size {self.hidden_size} is not divisible by num_heads "
-          f"{self.num_heads}")
-    if self.gelu not in GELU_KINDS:
+          f"hidden_size {config.hidden_size} is not divisible by num_heads "
+          f"{config.num_heads}")
+    if config.gelu not in GELU_KINDS:
       raise errors.InputError(f"gelu must be one of {GELU_KINDS}, got "
-                              f"{self.gelu!r}")
-    if self.final_norm not in FINAL_NORMS:
+                              f"{config.gelu!r}")
+    if config.final_norm not in FINAL_NORMS:
       raise errors.InputError(f"final_norm must be one of {FINAL_NORMS}, got "
-                              f"{self.final_norm!r}")
-    if self.remat_policy not in REMAT_POLICIES:
+                              f"{config.final_norm!r}")
+    if config.remat_policy not in REMAT_POLICIES:
       raise errors.InputError(
-          f"unknown remat_policy {self.remat_policy!r}; one of "
+          f"unknown remat_policy {config.remat_policy!r}; one of "
           f"{sorted(REMAT_POLICIES)} ('' rematerialises nothing)")
 
   @nn.nowrap
@@ -518,39 +523,28 @@ class VisionTransformer(nn.Module):
           f"{self.describe_patch()} does not divide the image "
           f"size {height}x{width}")
 
-  @nn.nowrap
-  def image_encoder(self, mask_token):
-    return ImageEncoder(
-        self.patch_size, self.hidden_size, self.num_layers, self.num_heads,
-        self.mlp_dim, self.classifier == "token", mask_token,
-        self.dropout_rate, self.attention_dropout_rate, self.dtype,
-        self.param_dtype, self.remat_policy, self.scan_layers, self.posemb,
-        self.resnet_stages, self.resnet_width, self.layer_norm_epsilon,
-        self.gelu, self.final_norm)
-
 
 class MaskedPatchViT(VisionTransformer):
   """The same encoder, with a [mask] embedding, read by a PatchColourHead:
-  masked patch prediction (`vit_jax/mpp.py`). Returns logits [N, patches,
-  512]; `corruption` (an mpp.Corruption) is applied to the patch
-  embeddings. num_classes and representation_size are unused. Its encoder
-  fine-tunes like any other through `init_from`, which drops mask_embedding
-  and mpp_head."""
+  masked patch prediction (`vit_jax/models/masked_patches.py`). Returns
+  logits [N, patches, 512]; `corruption` (a masked_patches.Corruption) is
+  applied to the patch embeddings. num_classes and representation_size are
+  unused. Its encoder fine-tunes like any other through `init_from`, which
+  drops mask_embedding and mpp_head."""
 
   @nn.nowrap
   def check_options(self):
     super().check_options()
-    if self.final_norm == "pooled":
+    if self.config.final_norm == "pooled":
       raise errors.InputError(
           "masked patch prediction reads every token: final_norm must be "
           "'tokens'")
 
   def setup(self):
     self.check_options()
-    self.encoder = self.image_encoder(mask_token=True)
+    self.encoder = ImageEncoder(config=self.config, mask_token=True)
     nn.share_scope(self, self.encoder)
-    self.predict = PatchColourHead(self.classifier == "token", self.dtype,
-                                   self.param_dtype)
+    self.predict = PatchColourHead(config=self.config)
     nn.share_scope(self, self.predict)
 
   def __call__(self, images, *, train, corruption=None):

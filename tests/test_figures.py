@@ -1,0 +1,272 @@
+"""vit_jax.analysis's numbers on hand-made attention, and its figures for a
+digits run and for a released-layout .npz; vit_jax.predict on digits."""
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from vit_jax import errors, models
+from vit_jax.analysis import attention as attention_lib, predictions
+from vit_jax.data import image_files, sources
+from vit_jax.runs import writers
+from vit_jax.weights import npz, pretrained
+from tests.util import REPO, made_once, randomize, run_training, small_config
+
+FIGURES = ("embedding_filters.png", "position_embedding_similarity.png",
+           "mean_attention_distance.png", "attention_rollout.png")
+
+
+def uniform(layers, images, heads, tokens):
+  return np.full((layers, images, heads, tokens, tokens), 1 / tokens)
+
+
+@pytest.mark.parametrize("class_token", [True, False])
+def test_rollout_of_uniform_attention_is_uniform(class_token):
+  tokens = 9 + class_token
+  rollout = attention_lib.attention_rollout(uniform(3, 2, 4, tokens),
+                                            class_token)
+  assert rollout.shape == (2, 3, 3)
+  np.testing.assert_allclose(rollout, rollout[0, 0, 0], rtol=1e-12)
+  assert rollout[0, 0, 0] > 0
+
+
+def test_rollout_follows_the_class_token_to_its_patch():
+  # One layer, the class token attends only to patch 5 (token 6); with the
+  # residual, half its output is itself and half patch 5.
+  attention = np.zeros((1, 1, 2, 10, 10))
+  attention[..., :, 0] = 1  # Every row attends to the class token ...
+  attention[..., 0, :] = 0
+  attention[..., 0, 6] = 1  # ... but the class token's own row.
+  rollout = attention_lib.attention_rollout(attention)
+  expected = np.zeros((1, 3, 3))
+  expected[0, 1, 2] = 0.5
+  np.testing.assert_allclose(rollout, expected)
+
+
+def test_mean_attention_distance_of_hand_built_patterns():
+  # A 2x2 grid of 16-pixel patches and a class token (token 0).
+  patch, tokens = 16, 5
+  attention = np.zeros((2, 3, 2, tokens, tokens))
+  # Layer 0, head 0: every patch attends to patch 0 and to the class token,
+  # which is left out: distances 0, 16, 16 and 16 * sqrt(2).
+  attention[0, :, 0, :, 1] = 0.5
+  attention[0, :, 0, :, 0] = 0.5
+  # Layer 0, head 1: every patch attends to itself.
+  attention[0, :, 1] = np.eye(tokens)
+  # Layer 1, both heads: patch (r, c) attends to the patch diagonally
+  # across, 16 * sqrt(2) away.
+  for query, key in ((1, 4), (2, 3), (3, 2), (4, 1)):
+    attention[1, :, :, query, key] = 1
+  distances = attention_lib.mean_attention_distance(attention, grid_size=2,
+                                              patch_size=patch)
+  assert distances.shape == (2, 2)
+  np.testing.assert_allclose(distances, [
+      [(0 + 16 + 16 + 16 * np.sqrt(2)) / 4, 0],
+      [16 * np.sqrt(2), 16 * np.sqrt(2)]])
+  # A GAP model has no class token to leave out.
+  gap = attention_lib.mean_attention_distance(attention[..., 1:, 1:], 2, patch,
+                                        class_token=False)
+  np.testing.assert_allclose(gap, distances)
+
+
+def test_position_similarity_is_one_on_the_diagonal():
+  posemb = np.random.default_rng(0).standard_normal((1, 1 + 16, 8))
+  posemb[0, 1 + 5] = 3 * posemb[0, 1 + 2]  # Patches (1, 1) and (0, 2).
+  similarity = attention_lib.position_similarity(posemb)
+  assert similarity.shape == (4, 4, 4, 4)
+  flat = similarity.reshape(16, 16)
+  np.testing.assert_allclose(np.diag(flat), 1)
+  np.testing.assert_allclose(flat, flat.T)
+  assert similarity[1, 1, 0, 2] == pytest.approx(1)
+  assert np.all(np.abs(flat) <= 1 + 1e-12)
+
+
+def test_embedding_components_find_the_filters_directions():
+  rng = np.random.default_rng(0)
+  strong, weak = np.linalg.qr(rng.standard_normal((2 * 2 * 3, 2)))[0].T
+  # 64 filters made of two directions, one with 3x the spread.
+  filters = (np.outer(3 * rng.standard_normal(64), strong)
+             + np.outer(rng.standard_normal(64), weak))
+  kernel = filters.T.reshape(2, 2, 3, 64)
+  components, explained = attention_lib.embedding_components(kernel, count=28)
+  assert components.shape == (12, 2, 2, 3)  # At most 2 * 2 * 3 of them.
+  assert abs(components[0].ravel() @ strong) == pytest.approx(1, abs=1e-2)
+  assert abs(components[1].ravel() @ weak) == pytest.approx(1, abs=1e-2)
+  assert explained[:2].sum() == pytest.approx(1)
+  assert explained[0] > 0.8
+
+
+def test_attention_weights_are_the_models_own():
+  model = models.create("Ti/4", num_classes=5, hidden_size=32, num_layers=3,
+                        mlp_dim=64, num_heads=4)
+  params = randomize(nn.meta.unbox(model.init(
+      jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)["params"]))
+  pixels = np.random.default_rng(1).integers(0, 256, (4, 16, 16, 3), np.uint8)
+  logits, attention = attention_lib.attention_weights(model, params, pixels)
+  apply = jax.jit(functools.partial(model.apply, train=False))
+  np.testing.assert_allclose(logits, apply({"params": params}, pixels),
+                             rtol=1e-5, atol=1e-6)
+  assert attention.shape == (3, 4, 4, 17, 17)
+  np.testing.assert_allclose(attention.sum(-1), 1, rtol=1e-5)
+  # A batch at a time, as for the figures, gives the same numbers.
+  summary_logits, distances, maps = attention_lib.attention_summary(
+      model, params, pixels, rollout_count=3, batch_size=2)
+  np.testing.assert_allclose(summary_logits, logits, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(distances, attention_lib.mean_attention_distance(
+      attention, 4, 4), rtol=1e-5)
+  np.testing.assert_allclose(maps,
+                             attention_lib.attention_rollout(attention[:, :3]),
+                             rtol=1e-5)
+  # Layer order: a change to the last block changes only the last layer's.
+  params["Transformer"]["encoderblock_2"]["LayerNorm_0"]["scale"] *= 2
+  _, changed = attention_lib.attention_weights(model, params, pixels)
+  np.testing.assert_allclose(changed[:2], attention[:2], rtol=1e-5)
+  assert not np.allclose(changed[2], attention[2])
+
+
+def test_unreadable_images_are_named():
+  with pytest.raises(errors.InputError, match="no image at"):
+    image_files.expand(["/nonexistent/*.png"])
+
+
+def test_a_file_that_is_no_image_is_named(tmp_path):
+  path = tmp_path / "notes.png"
+  path.write_text("not an image")
+  with pytest.raises(errors.InputError, match="notes.png is not an image"):
+    image_files.from_files([str(path)], 8)
+
+
+def run_tool(tool, *args):
+  result = subprocess.run([sys.executable, "-m", f"vit_jax.{tool}", *args],
+                          cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout
+
+
+def assert_pngs(out, names):
+  import matplotlib.image  # pylint: disable=g-import-not-at-top
+  for name in names:
+    path = os.path.join(out, name)
+    assert os.path.getsize(path) > 1000, name
+    assert matplotlib.image.imread(path).shape[0] > 100, name
+
+
+DIGITS_RUN = {"total_steps": 100, "batch_size": 64, "log_every": 20,
+              "checkpoint_every": 100, "evaluators.test.every": 50,
+              "optimizer.warmup_steps": 10, "model.dropout_rate": 0.0,
+              "model.scan_layers": True, "model.hidden_size": 64,
+              "model.mlp_dim": 128}
+
+
+@pytest.fixture(scope="module")
+def digits_run(digits_data_dir, tmp_path_factory):
+  """(workdir, test images as PNGs, the run's test accuracy, its config):
+  a digits run trained well past chance, once for all pytest workers.
+
+  Its layers are scanned, as the Table 2 configs' are: the tools read
+  runs of either kind."""
+  config = small_config(digits_data_dir, **DIGITS_RUN)
+
+  def make(workdir):
+    run_training(config, workdir)
+    pngs = os.path.join(workdir, "test_pngs")
+    os.makedirs(pngs)
+    builder = sources.get_builder("digits", digits_data_dir)
+    for i, example in enumerate(builder.as_dataset(
+        split="test", decoders={"image": tfds.decode.SkipDecoding()},
+        shuffle_files=False).as_numpy_iterator()):
+      with open(os.path.join(pngs, f"{i:03d}_{example['label']}.png"),
+                "wb") as f:
+        f.write(example["image"])
+
+  workdir = made_once(tmp_path_factory, "digits_run", make)
+  accuracy = [row["test_accuracy"] for row in writers.read_rows(workdir)
+              if "test_accuracy" in row][-1]
+  return workdir, os.path.join(workdir, "test_pngs"), accuracy, config
+
+
+def test_figures_of_a_digits_run(digits_run):
+  workdir, _, _, _ = digits_run
+  stdout = run_tool("figures", f"--workdir={workdir}")
+  out = os.path.join(workdir, "figures")
+  assert_pngs(out, FIGURES + ("training_curves.png",))
+  assert stdout.count("wrote ") == 5
+
+
+def test_figures_of_a_released_layout_npz(tmp_path):
+  model = models.create("B/8", num_classes=3, hidden_size=24, num_layers=2,
+                        mlp_dim=48, num_heads=3, classifier="gap",
+                        representation_size=16)
+  params = randomize(model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)),
+                                train=False)["params"])
+  npz.save_npz(params, tmp_path / "model.npz")
+  rng = np.random.default_rng(0)
+  # Images of other sizes and formats, resized to the model's 32 px.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  for name, size, encode in (("a.png", 40, tf.io.encode_png),
+                             ("b.jpg", 64, tf.io.encode_jpeg)):
+    pixels = rng.integers(0, 256, (size, size, 3), np.uint8)
+    (tmp_path / name).write_bytes(encode(pixels).numpy())
+  out = tmp_path / "figures"
+  run_tool("figures", f"--from={tmp_path / 'model.npz'}", f"--out={out}",
+           str(tmp_path / "a.png"), str(tmp_path / "b.jpg"))
+  assert_pngs(out, FIGURES)
+  assert sorted(os.listdir(out)) == sorted(FIGURES)
+
+
+def test_predict_agrees_with_the_evaluator(digits_run, tmp_path):
+  workdir, pngs, evaluator_accuracy, _ = digits_run
+  assert evaluator_accuracy > 0.5  # Chance is 0.1: the comparison means something.
+  names = tmp_path / "names.txt"
+  names.write_text("\n".join(f"digit {d}" for d in range(10)))
+  rows = [json.loads(line) for line in run_tool(
+      "predict", f"--workdir={workdir}", f"--images={pngs}", "--json",
+      "--top=3", f"--labels={names}").splitlines()]
+  assert len(rows) == 360
+  correct = 0
+  for row in rows:
+    label = int(re.search(r"_(\d)\.png$", row["image"]).group(1))
+    probs = [entry["probability"] for entry in row["top"]]
+    assert len(probs) == 3 and probs == sorted(probs, reverse=True)
+    assert sum(probs) <= 1 + 1e-6
+    assert all(entry["name"] == f"digit {entry['class']}"
+               for entry in row["top"])
+    correct += row["top"][0]["class"] == label
+  # The evaluator ran sharded over 8 devices, predict on one: one example
+  # whose two best logits nearly tie may go either way.
+  assert abs(correct / 360 - evaluator_accuracy) <= 1 / 360
+
+
+def test_a_scanned_run_loads_as_the_plain_model(digits_run):
+  workdir, _, _, config = digits_run
+  inference = pretrained.for_inference(workdir)
+  assert not inference.model.scan_layers and inference.image_size == 8
+  assert inference.model.num_layers == config.model.num_layers
+  run_params, _ = pretrained.load_run(workdir)  # Stacked blocks.
+  pixels = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), np.uint8)
+  np.testing.assert_allclose(
+      inference.model.apply({"params": inference.params}, pixels,
+                            train=False),
+      models.create_from_config(config.model, 10).apply(
+          {"params": run_params}, pixels, train=False), rtol=1e-5, atol=1e-6)
+
+
+def test_top_classes_are_named_ordered_and_printed():
+  probs = np.array([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
+  tops = predictions.top_classes(probs, 2, ["a", "b", "c"])
+  assert tops == [[(1, "b", 0.6), (2, "c", 0.3)],
+                  [(0, "a", 0.5), (2, "c", 0.3)]]
+  assert predictions.top_classes(probs, 5)[0][2] == (0, "class 0", 0.1)
+  assert predictions.as_text("x.png", tops[0]) == (
+      "x.png\n  1.  60.00%  b\n  2.  30.00%  c")

@@ -1,0 +1,237 @@
+"""What a trained ViT has learned, as in Section 4.5 of the paper.
+
+The numbers behind Figures 6 and 7 (attention rollout, mean attention
+distance per layer and head, position-embedding similarity, principal
+components of the patch-embedding filters), computed here and checked by
+the tests; vit_jax/analysis/plots.py draws them, and `write_all` writes every
+figure of a model. `python -m vit_jax.figures` is the command line.
+"""
+
+import functools
+import os
+import re
+
+import flax
+import jax
+import numpy as np
+
+from vit_jax import errors, models
+from vit_jax.analysis import plots, predictions
+from vit_jax.data import image_files as images_lib
+from vit_jax.models import vit
+from vit_jax.runs import writers
+
+
+def attention_weights(model, params, images):
+  """(logits [N, classes], attention [layers, N, heads, tokens, tokens]) of
+  `model` on `images`, as numpy, from the weights the model sows."""
+  logits, state = _sowing_apply(model)(params, images)
+  return np.asarray(logits), _per_layer(state["intermediates"])
+
+
+def attention_summary(model, params, images, rollout_count, batch_size=8):
+  """(logits [N, classes], mean attention distance [layers, heads] over all
+  `images`, the rollout maps of the first `rollout_count` [k, grid, grid]).
+
+  A batch at a time: the attention of a large model over many images
+  (layers x heads x tokens^2 each) would not fit in host memory at once.
+  """
+  token = model.classifier == "token"
+  grid = images.shape[1] // model.token_stride
+  logits, distance_sum, maps = [], 0, []
+  for start in range(0, len(images), batch_size):
+    batch = images[start:start + batch_size]
+    batch_logits, attention = attention_weights(model, params, batch)
+    logits.append(batch_logits)
+    distance_sum = distance_sum + len(batch) * mean_attention_distance(
+        attention, grid, model.token_stride, token)
+    if start < rollout_count:
+      maps.append(attention_rollout(attention[:, :rollout_count - start],
+                                    token))
+  return (np.concatenate(logits), distance_sum / len(images),
+          np.concatenate(maps))
+
+
+@functools.lru_cache(maxsize=4)
+def _sowing_apply(model):
+  return jax.jit(lambda params, images: model.apply(
+      {"params": params}, images, train=False, mutable="intermediates"))
+
+
+_LAYER = re.compile(r"encoderblock_(\d+)")
+
+
+def _per_layer(intermediates):
+  """The sown attention weights, stacked in layer order."""
+  flat = flax.traverse_util.flatten_dict(intermediates, sep="/")
+  by_layer = {}
+  for key, (value,) in flat.items():
+    if key.endswith("/attention_weights"):
+      by_layer[int(_LAYER.search(key).group(1))] = np.asarray(value)
+  return np.stack([by_layer[i] for i in range(len(by_layer))])
+
+
+def attention_rollout(attentions, class_token=True):
+  """Attention rollout (Abnar & Zuidema, 2020): how much each patch feeds the
+  output through all layers, [N, grid, grid].
+
+  attentions: [layers, N, heads, tokens, tokens]. Per layer the heads are
+  averaged, the identity added for the residual connection and the rows
+  renormalised; the layers' matrices are then multiplied, first layer on
+  the right. The map is the class token's row (class_token=True), or for a
+  GAP model the mean of all tokens' rows, over the patches.
+  """
+  mixed = attentions.mean(axis=2) + np.eye(attentions.shape[-1])
+  mixed /= mixed.sum(axis=-1, keepdims=True)
+  rollout = mixed[0]
+  for layer in mixed[1:]:
+    rollout = layer @ rollout
+  if class_token:
+    patches = rollout[:, 0, 1:]
+  else:
+    patches = rollout.mean(axis=1)
+  grid = models.grid_side(patches.shape[-1])
+  return patches.reshape(-1, grid, grid)
+
+
+def mean_attention_distance(attentions, grid_size, patch_size,
+                            class_token=True):
+  """[layers, heads]: the attention-weighted mean distance in pixels between
+  a query patch's centre and its key patches' centres, averaged over query
+  patches and images.
+
+  attentions: [layers, N, heads, tokens, tokens]. The class token is left
+  out as query and as key; each query's weights on the patches are
+  renormalised to sum to one.
+  """
+  if class_token:
+    attentions = attentions[..., 1:, 1:]
+  weights = attentions / attentions.sum(axis=-1, keepdims=True)
+  rows, cols = np.divmod(np.arange(grid_size * grid_size), grid_size)
+  centres = np.stack([rows, cols], axis=-1) * patch_size
+  distance = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
+  per_query = (weights * distance).sum(axis=-1)  # [layers, N, heads, queries]
+  return per_query.mean(axis=(1, 3))
+
+
+def position_table(model, params, image_size):
+  """[1, tokens, D]: what `model` adds to the tokens at each position at
+  `image_size`, whatever its kind of position embedding; None for "none"."""
+  if model.posemb == "none":
+    return None
+  grid = image_size // model.token_stride
+  tokens = grid * grid + (model.classifier == "token")
+  module = vit.AddPositionEmbedding(model.posemb, (grid, grid))
+  variables = {"params": params["Transformer"].get("posembed_input", {})}
+  return np.asarray(module.apply(
+      variables, np.zeros((1, tokens, model.hidden_size), np.float32)))
+
+
+def position_similarity(posemb, class_token=True):
+  """[grid, grid, grid, grid]: cosine similarity between the position
+  embedding of patch (i, j) and that of patch (k, l).
+
+  posemb: [1, tokens, D], the class token's first when class_token.
+  """
+  grid_embeddings = posemb[0, 1:] if class_token else posemb[0]
+  unit = grid_embeddings / np.linalg.norm(grid_embeddings, axis=-1,
+                                          keepdims=True)
+  grid = models.grid_side(len(unit))
+  return (unit @ unit.T).reshape(grid, grid, grid, grid)
+
+
+def embedding_components(kernel, count=28):
+  """The principal components of the patch-embedding filters.
+
+  kernel: [patch, patch, 3, D], D filters. Returns (components [k, patch,
+  patch, 3], the fraction of the filters' variance each explains [k]), with
+  k = min(count, D, patch * patch * 3), largest first.
+  """
+  patch = kernel.shape[0]
+  filters = kernel.reshape(-1, kernel.shape[-1]).T  # [D, patch * patch * 3]
+  filters = filters - filters.mean(axis=0)
+  _, singular, directions = np.linalg.svd(filters, full_matrices=False)
+  variance = singular**2
+  count = min(count, len(variance))
+  return (directions[:count].reshape(count, patch, patch, 3),
+          variance[:count] / variance.sum())
+
+
+def describe(model, image_size):
+  return (f"{model.num_layers} layers x {model.num_heads} heads, width "
+          f"{model.hidden_size}, {model.describe_patch()}, {image_size}px")
+
+
+def sample_images(inference, paths, count, dataset, split, data_dir):
+  """(images, labels or None, where from) for the attention figures: the
+  files `paths` name, or else the first images of `dataset`'s `split`."""
+  size, crop = inference.image_size, inference.crop_fraction
+  if paths:
+    files = images_lib.expand(paths)[:count]
+    return (images_lib.from_files(files, size, crop), None,
+            f"{len(files)} images from {', '.join(paths)}")
+  if not dataset:
+    raise errors.InputError(
+        "the attention figures need images: give --images or "
+        "--dataset")
+  images, labels = images_lib.from_dataset(dataset, split, count, size, crop,
+                                           data_dir)
+  return images, labels, f"the first {len(images)} of {dataset} {split}"
+
+
+def write_all(inference, out, samples, names=None, rollout_images=8,
+              workdir=None):
+  """Writes every figure into `out` and returns their paths.
+
+  samples: (images, labels or None, a line saying where they come from), as
+  `sample_images` gives; names: class names for the captions, or None.
+  The training curves need the run's `workdir`.
+  """
+  model, params, size = inference.model, inference.params, inference.image_size
+  title = describe(model, size)
+  token = model.classifier == "token"  # Else GAP: no class token.
+  os.makedirs(out, exist_ok=True)
+  written = []
+
+  def path(name):
+    written.append(os.path.join(out, name))
+    return written[-1]
+
+  if model.resnet_stages is None:  # A hybrid's embeds feature maps.
+    plots.embedding_filters(
+        *embedding_components(params["embedding"]["kernel"]), title,
+        path("embedding_filters.png"))
+  posemb = position_table(model, params, size)
+  if posemb is not None:
+    plots.position_similarity(position_similarity(posemb, token), title,
+                                path("position_embedding_similarity.png"))
+
+  images, labels, source = samples
+  logits, distances, maps = attention_summary(model, params, images,
+                                              rollout_images)
+  grid = size // model.token_stride
+  even = np.full((1, 1, 1, grid * grid, grid * grid), 1 / grid**2)
+  plots.attention_distance(
+      distances,
+      mean_attention_distance(even, grid, model.token_stride, False)[0, 0],
+      size, f"{title}\nover {source}", path("mean_attention_distance.png"))
+  captions = [caption(logits[i], names, None if labels is None else labels[i])
+              for i in range(len(maps))]
+  plots.attention_rollout(images[:len(maps)], maps, captions, title,
+                            path("attention_rollout.png"), labels is not None)
+
+  if workdir:
+    plots.training_curves(writers.read_rows(workdir), workdir,
+                            path("training_curves.png"))
+  return written
+
+
+def caption(logits, names, label=None):
+  """'7 (0.98)': the prediction and its probability; with the label when
+  known, '1 -> 7 (0.98)'."""
+  probs = np.asarray(jax.nn.softmax(logits))[None]
+  ((_, name, probability),) = predictions.top_classes(probs, 1, names)[0]
+  text = f"{name} ({probability:.2f})"
+  if label is None:
+    return text
+  return f"{predictions.class_name(names, int(label))} -> {text}"

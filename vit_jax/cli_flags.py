@@ -1,0 +1,91 @@
+"""Flags that several command-line tools share.
+
+A tool calls the `define_*` it needs when it is imported, then reads them
+through the matching function here. Library modules take plain arguments
+and never read flags.
+"""
+
+from absl import flags
+from ml_collections import config_flags
+
+from vit_jax import errors, runtime
+from vit_jax.weights import pretrained
+
+
+def define_training():
+  """--config, --workdir and how the processes of a pod find each other:
+  the flags of the tools that train (vit_jax.main, vit_jax.vtab)."""
+  config_flags.DEFINE_config_file("config", None,
+                                  "An ml-collections config file.",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None,
+                      "Where checkpoints, logs and metrics go.")
+  flags.DEFINE_enum(
+      "distributed", "auto", ["auto", "on", "off"],
+      "Initialise jax.distributed: 'auto' does when --coordinator_address is "
+      "given or on a Cloud TPU VM (whose slice JAX describes by itself).")
+  flags.DEFINE_string("coordinator_address", None,
+                      "host:port of process 0, e.g. 127.0.0.1:12345.")
+  flags.DEFINE_integer("num_processes", None, "How many processes in all.")
+  flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
+  flags.mark_flags_as_required(["config", "workdir"])
+
+
+def prepare_to_train():
+  """runtime.prepare_to_train with the flags of define_training."""
+  f = flags.FLAGS
+  runtime.prepare_to_train(f.distributed, f.coordinator_address,
+                           f.num_processes, f.process_id)
+
+
+def define_model_source(verb, verb_from="use"):
+  """--workdir, --step, --from and --num_heads: where a tool's model comes
+  from (any source of pretrained.load)."""
+  flags.DEFINE_string("workdir", None, f"A run's workdir, whose model to "
+                      f"{verb}.")
+  flags.DEFINE_integer("step", None, "The run's checkpoint (default: the "
+                       "newest).")
+  flags.DEFINE_string("from", None, f"A checkpoint file to {verb_from} "
+                      "instead of a run: an .npz, an HF transformers ViT "
+                      "directory or a timm .safetensors.")
+  flags.DEFINE_integer("num_heads", None, "A timm file's attention heads, "
+                       "where its width is none of the paper's variants'.")
+  flags.register_multi_flags_validator(
+      ["workdir", "from"], lambda v: bool(v["workdir"]) != bool(v["from"]),
+      "give exactly one of --workdir and --from")
+
+
+def source_from_flags():
+  """The source (pretrained.load's) that define_model_source's flags name."""
+  f = flags.FLAGS
+  if f.workdir:
+    return f.workdir if f.step is None else f"{f.workdir}:{f.step}"
+  return f["from"].value
+
+
+def model_from_flags():
+  """pretrained.for_inference of the model define_model_source's flags
+  name."""
+  return pretrained.for_inference(source_from_flags(), flags.FLAGS.num_heads)
+
+
+def floats(values, flag):
+  """A list flag's strings as floats; an InputError naming `flag` if not."""
+  try:
+    return [float(value) for value in values]
+  except ValueError as e:
+    raise errors.InputError(f"{flag} takes numbers: {e}") from e
+
+
+def define_images():
+  """--images, --labels, --dataset and --data_dir: what a tool looks at and
+  what it calls the classes."""
+  flags.DEFINE_list("images", [], "Image files, folders or globs (also taken "
+                    "as positional arguments).")
+  flags.DEFINE_string("labels", "", "A text file of class names, one per "
+                      "line, in class order.")
+  flags.DEFINE_string("dataset", "", "A dataset for the class names (TFDS "
+                      "label names) and, where the tool takes them, sample "
+                      "images (default: the run's).")
+  flags.DEFINE_string("data_dir", "", "Its TFDS data_dir (default: the "
+                      "run's).")

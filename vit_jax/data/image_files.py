@@ -1,0 +1,89 @@
+"""Images for a trained model to look at: files, or a split of a dataset,
+resized exactly as evaluation resizes them (`preprocess.eval_resize`).
+
+Both give uint8 [N, size, size, 3], what the model takes.
+"""
+
+import glob
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from vit_jax import errors
+from vit_jax.data import pipeline, preprocess, sources, vtab_tasks
+
+EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
+
+
+def expand(paths):
+  """Image files named by `paths`: files, folders (their image files, sorted)
+  or glob patterns. Raises an InputError naming what matched nothing."""
+  files = []
+  for path in paths:
+    if os.path.isdir(path):
+      found = sorted(os.path.join(path, name) for name in os.listdir(path)
+                     if name.lower().endswith(EXTENSIONS))
+    elif os.path.isfile(path):
+      found = [path]
+    else:
+      found = sorted(glob.glob(path))
+    if not found:
+      raise errors.InputError(
+          f"no image at {path!r} (a file, a folder of "
+          f"{'/'.join(EXTENSIONS)} files, or a glob pattern)")
+    files.extend(found)
+  return files
+
+
+def from_files(files, image_size, crop_fraction=1.0):
+  """The images in `files` (PNG, JPEG, GIF or BMP), as evaluation sees them."""
+  images = []
+  for path in files:
+    with open(path, "rb") as f:
+      encoded = f.read()
+    try:
+      image = preprocess.decode(encoded)
+    except tf.errors.InvalidArgumentError:
+      raise errors.InputError(f"{path} is not an image that TensorFlow decodes "
+                              "(PNG, JPEG, GIF, BMP)") from None
+    images.append(preprocess.eval_resize(image, image_size,
+                                         crop_fraction).numpy())
+  return np.stack(images)
+
+
+def from_dataset(dataset, split, count, image_size, crop_fraction=1.0,
+                 data_dir=None):
+  """(the first `count` images of `split`, their labels), as the evaluators
+  read them."""
+  source = sources.lookup(dataset, data_dir)
+  count = min(count, source.num_examples(split))
+  batch = next(pipeline.eval_dataset(
+      source, split, batch_size=count, image_size=image_size,
+      eval_crop_fraction=crop_fraction).as_numpy_iterator())
+  return batch["image"], batch["label"]
+
+
+def class_names(dataset, data_dir=None):
+  """The names of `dataset`'s classes, or None where it gives none (a VTAB
+  task's derived labels, a dataset not prepared here)."""
+  if dataset.startswith(sources.VTAB_PREFIX):
+    task = vtab_tasks.get(dataset[len(sources.VTAB_PREFIX):])
+    if task.label is not None:
+      return None
+    dataset = task.tfds_name
+  try:
+    builder = sources.get_builder(dataset, data_dir)
+  except errors.InputError:
+    return None
+  key = sources.LABEL_FEATURES.get(builder.name, "label")
+  return list(builder.info.features[key].names)
+
+
+def name_classes(labels_file="", dataset="", data_dir=None):
+  """Class names from `labels_file` (a text file, one name per line) if
+  given, else from `dataset`, else None."""
+  if labels_file:
+    with open(labels_file) as f:
+      return [line.strip() for line in f if line.strip()]
+  return class_names(dataset, data_dir) if dataset else None

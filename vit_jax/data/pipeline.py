@@ -1,0 +1,296 @@
+"""TFDS -> tf.data -> per-process batches -> global jax.Arrays.
+
+A split is read in `num_shares` shares (`tfds.even_splits`): share s feeds
+block s of every global batch. Training reads a fixed number of them
+(config.input_shares, vit_jax/data/shares.py), each data-parallel device a
+consecutive group; evaluation one per data-parallel device. A process reads
+only the shares of the devices it drives, so the shares of a pod's hosts
+are disjoint and cover the split, and the global batches depend neither on
+how many processes there are nor, in training, on how many devices.
+`to_global` assembles each process's rows into arrays over all devices.
+
+Training streams are deterministic functions of (seed, step): each epoch's
+shuffle has its own seed, augmentations are seeded per example, and
+`start_step` jumps to its epoch and skips encoded records within it, so a
+resumed run sees the same batches as an uninterrupted one. A process decodes
+a batch's rows of all its shares at once (broken_records.decode_blocks): an
+image that does not decode becomes a masked row, in its place.
+
+The datasets come as `Source`s (vit_jax/data/sources.py), looked up once
+per run.
+"""
+
+import jax
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax import errors
+from vit_jax.data import broken_records, preprocess
+
+PREFETCH_BATCHES = 2
+# Records a process holds to shuffle, over all the shares it reads: a share
+# shuffles within SHUFFLE_RECORDS / input_shares of them. On ImageNet-sized
+# records, about 9 GB of encoded JPEGs on a host that reads every share.
+SHUFFLE_RECORDS = 80_000
+# Shares read at once: their records come from files of their own.
+PARALLEL_SHARES = 16
+# Each share reads its files through a buffer of its own; a host may read
+# thousands of shares.
+READ_BUFFER_BYTES = 1 << 20
+_FOREVER = 2**62  # Epochs in an "infinite" stream.
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+def train_dataset(source, split, *, batch_size, image_size, augment=(),
+                  seed=0, start_step=0, shares=(0,), num_shares=1,
+                  shuffle_records=SHUFFLE_RECORDS) -> tf.data.Dataset:
+  """Infinite, reproducible stream of this process's rows of every batch.
+
+  The global batch of `batch_size` examples is `num_shares` equal blocks:
+  block s of every batch comes from share s of the split (`tfds.even_splits`),
+  shuffled anew each epoch. A process reads only the shares in `shares` (the
+  consecutive shares of the devices it drives) and yields their blocks
+  concatenated: {"image": uint8 [rows, image_size, image_size, 3]
+  (preprocess.py), "label": int32 [rows], "mask": float32 [rows], "index":
+  int32 [rows]}, rows = batch_size / num_shares * len(shares). "mask" is 0.0
+  for an example whose image does not decode, a row of zeros, and "index" is
+  each record's position in the split (broken_records.py).
+
+  Nothing here depends on the devices: share s is the same stream whoever
+  reads it, so the global batches are the same for any number of processes
+  and devices that divides `num_shares` (vit_jax/data/shares.py). Batch k of a
+  stream started at `start_step` equals batch start_step + k of one started
+  at 0, augmentations included. Resuming reads at most one epoch of each
+  share, however late the step: the epoch of `start_step` is computed rather
+  than replayed, and only the records of that epoch before the position are
+  skipped (read, not decoded).
+
+  Each share shuffles within a buffer of shuffle_records / num_shares
+  records (all of a share that is smaller), so that a process holds at most
+  `shuffle_records` however many shares it reads.
+  """
+  names = preprocess.parse_augmentations(augment)
+  block = _block_size(batch_size, image_size, shares, num_shares)
+  source.num_examples(split)  # A missing split's error.
+  table = _ShareTable(source, split, num_shares)
+  if min(table.sizes) == 0:
+    raise errors.InputError(
+        f"split {split!r} of {source.builder.name} has fewer examples than "
+        f"the {num_shares} shares it is read in (config.input_shares)")
+  buffer = max(1, shuffle_records // num_shares)
+
+  def share_stream(share):
+    size = table.size(share)
+    key = tf.stack([tf.constant(seed, tf.int64), share])
+    records = table.records(share)
+
+    def epoch(number):
+      # Each epoch shuffles with its own seed, a function of (seed, share,
+      # epoch), so that any epoch can be built directly.
+      epoch_seed = tf.random.stateless_uniform(
+          [], seed=tf.random.experimental.stateless_fold_in(key, number),
+          minval=None, maxval=None, dtype=tf.int64)
+      return records.shuffle(tf.minimum(size, buffer), seed=epoch_seed,
+                             reshuffle_each_iteration=False)
+
+    first = start_step * block  # Records of this share consumed before.
+    first_epoch = first // size
+    examples = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
+    examples = examples.enumerate(start=first_epoch * size)
+    examples = examples.skip(first - first_epoch * size)
+    return examples.map(lambda position, record: (key, position, record))
+
+  def train_example(key, position, record):
+    # Seeded by the example's position in its share's stream: the same
+    # pixels wherever the run (re)started, whoever reads the share.
+    example_seed = tf.random.experimental.stateless_fold_in(key, position)
+    image = preprocess.decode_and_augment(record[1][source.image_key], names,
+                                          example_seed, image_size)
+    return {"image": preprocess.resize(image, image_size),
+            "label": source.label(record[1])}
+
+  # Block b of share s, then of share s + 1, ...: the process's rows of a
+  # batch in the order of the global batch. The shares' reading overlaps.
+  rows = tf.data.Dataset.range(shares[0], shares[-1] + 1).interleave(
+      share_stream, cycle_length=len(shares), block_length=block,
+      num_parallel_calls=min(len(shares), PARALLEL_SHARES),
+      deterministic=True)
+  return _prefetched(broken_records.decode_blocks(
+      [rows], block * len(shares), train_example,
+      index=lambda key, position, record: record[0]))
+
+
+def eval_dataset(source, split, *, batch_size, image_size, shares=(0,),
+                 num_shares=1, eval_crop_fraction=1.0,
+                 extras=None) -> tf.data.Dataset:
+  """This process's rows of every evaluation batch over `split`, once.
+
+  As in training, block s of every global batch comes from share s of the
+  split; the process yields the blocks of `shares` concatenated: {"image",
+  "label", "mask": float32 [rows], "index": int32 [rows]}. "mask" is 1.0 for
+  an example, 0.0 for padding and for an example whose image does not
+  decode; "index" is the record's position in the split, -1 in padding
+  (broken_records.py). Every share yields the same number of blocks,
+  ceil(largest share / block), so that the collectives of a multi-host
+  evaluation line up and every example is counted exactly once.
+
+  `extras`, if given, maps a TFDS example to a dict of further fixed-shape
+  tensors to yield beside those (zeros in padding): ReaL's label sets.
+
+  Images are resized to image_size (eval_crop_fraction 1.0), or with
+  eval_crop_fraction f in (0, 1) to round(image_size / f) and centrally
+  cropped to image_size, as `preprocess.eval_resize`.
+  """
+  block = _block_size(batch_size, image_size, shares, num_shares)
+  preprocess.check_crop_fraction(eval_crop_fraction)
+  source.num_examples(split)  # A missing split's error.
+  table = _ShareTable(source, split, num_shares)
+  num_blocks = -(-max(table.sizes) // block)  # Ceiling division.
+
+  def slim(index, example):
+    # What evaluation reads of a record, in shapes that padding can take.
+    return index, {"image": example[source.image_key],
+                   "label": source.label(example),
+                   **(extras(example) if extras else {})}
+
+  def eval_example(index, record):
+    del index
+    image = preprocess.decode(record["image"])
+    return {**record, "image": preprocess.eval_resize(image, image_size,
+                                                      eval_crop_fraction)}
+
+  streams = []
+  for share in shares:
+    examples = table.records(share).map(slim)
+    padding = tf.data.Dataset.from_tensors((
+        tf.constant(-1, tf.int64),
+        tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype),
+                              examples.element_spec[1]))).repeat()
+    streams.append(examples.concatenate(padding).take(num_blocks * block))
+  return _prefetched(broken_records.decode_blocks(
+      streams, block, eval_example, index=lambda index, record: index))
+
+
+class _ShareTable:
+  """Where each share of a split lies in the record files, as tensors, so
+  that one traced function reads any share (`records`)."""
+
+  def __init__(self, source, split, num_shares):
+    builder = source.builder
+    if builder.info.file_format != tfds.core.FileFormat.TFRECORD:
+      raise errors.InputError(
+          f"{builder.name} is stored as {builder.info.file_format.value}; "
+          f"training reads TFRecord files, the format `tfds build` writes "
+          f"by default: prepare it again without --file_format")
+    self.splits = tfds.even_splits(split, num_shares)
+    instructions = [builder.info.splits[s].file_instructions
+                    for s in self.splits]
+    self.sizes = [sum(i.take for i in share) for share in instructions]
+    width = max(len(share) for share in instructions)
+    padded = [share + [None] * (width - len(share)) for share in instructions]
+    self._sizes = tf.constant(self.sizes, tf.int64)
+    self._offsets = tf.constant(np.cumsum([0] + self.sizes[:-1]), tf.int64)
+    self._files = tf.constant([[i.filename if i else "" for i in share]
+                              for share in padded])
+    self._skips = tf.constant([[i.skip if i else 0 for i in share]
+                              for share in padded], tf.int64)
+    self._takes = tf.constant([[i.take if i else 0 for i in share]
+                              for share in padded], tf.int64)
+    self.source = source
+
+  def size(self, share):
+    return tf.gather(self._sizes, share)
+
+  def examples(self, share):
+    """The examples of share `share` (an int or a scalar tensor) in file
+    order, the image left encoded (decoding is the pipeline's, which can
+    crop while decoding)."""
+    features = self.source.builder.info.features
+    decoders = {self.source.image_key: tfds.decode.SkipDecoding()}
+
+    def read(filename, skip, take):
+      return tf.data.TFRecordDataset(
+          filename, buffer_size=READ_BUFFER_BYTES).skip(skip).take(take)
+
+    pieces = tf.data.Dataset.from_tensor_slices(
+        (self._files[share], self._skips[share], self._takes[share]))
+    records = pieces.filter(lambda f, skip, take: take > 0).flat_map(read)
+    return records.map(
+        lambda record: features.deserialize_example(record, decoders=decoders))
+
+  def records(self, share):
+    """(position in the split, example) of share `share`'s examples."""
+    examples = self.examples(share)
+    if self.source.fix_image is not None:
+      key, fix = self.source.image_key, self.source.fix_image
+      examples = examples.map(lambda e: {**e, key: fix(e[key])})
+    return examples.enumerate(start=tf.gather(self._offsets, share))
+
+
+def _block_size(batch_size, image_size, shares, num_shares):
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be positive, got {batch_size}")
+  if image_size < 1:
+    raise ValueError(f"image_size must be positive, got {image_size}")
+  if batch_size % num_shares:
+    raise ValueError(f"batch_size={batch_size} is not divisible into "
+                     f"{num_shares} equal blocks")
+  shares = list(shares)
+  if not shares or any(not 0 <= s < num_shares for s in shares) or (
+      shares != list(range(shares[0], shares[0] + len(shares)))):
+    raise ValueError(f"shares must be consecutive indices in [0, "
+                     f"{num_shares}), got {shares}")
+  return batch_size // num_shares
+
+
+def _prefetched(batches):
+  return batches.prefetch(PREFETCH_BATCHES).with_options(_options())
+
+
+def _options():
+  options = tf.data.Options()
+  options.deterministic = True
+  # No autotuning: its thread sleeps in waits that grow to a minute and does
+  # not wake when the iterator is deleted, so every finished or abandoned
+  # iterator stalled its caller that long. Parallel maps use every core, and
+  # PREFETCH_BATCHES keep the devices fed.
+  options.autotune.enabled = False
+  return options
+
+
+def to_global(batch: dict, sharding) -> dict:
+  """Per-process rows (numpy or tf) -> global jax.Arrays laid out by sharding.
+
+  `sharding` splits the leading (example) axis only; each process passes the
+  rows its devices hold, as `train_dataset` and `eval_dataset` yield them.
+  """
+  return {
+      name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+      for name, value in batch.items()
+  }

@@ -1,0 +1,228 @@
+"""The datasets a run reads: looked up, prepared where we can, described.
+
+A dataset is a TFDS name, one shipped with vit_jax ("digits"),
+"folder:PATH", a folder of images laid out by class (vit_jax/data/folder.py),
+or "vtab:TASK", a VTAB-1k task (a TFDS dataset and the label the task reads
+from it, vit_jax/data/vtab_tasks.py). Shipped datasets and folders are
+prepared into `data_dir` on first use; nothing is ever downloaded.
+
+`lookup` finds one dataset's `Source`; a run keeps a `Sources`, which looks
+each dataset up once (a folder is walked and hashed once per run, not at
+every evaluation).
+"""
+
+import contextlib
+import dataclasses
+import io
+import os
+from typing import Callable
+
+import jax
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from absl import logging
+
+from vit_jax import errors
+from vit_jax.data import broken_records, digits, folder, vtab_tasks
+
+
+# Builders of ours, prepared on first use instead of by `tfds build`; not
+# registered with TFDS, so importing vit_jax adds nothing to its catalog.
+# "digits/0to4" names one of a builder's configs.
+SHIPPED_DATASETS = {"digits": digits.Digits}
+
+
+# "folder:PATH": the images under PATH, prepared on first use (datasets/folder).
+FOLDER_PREFIX = folder.PREFIX
+
+
+VTAB_PREFIX = "vtab:"
+
+
+# Datasets whose class label is not the feature "label": ImageNet ReaL's
+# validation images carry the original ImageNet label beside the ReaL sets.
+LABEL_FEATURES = {"imagenet2012_real": "original_label"}
+
+
+def get_builder(dataset: str, data_dir: str | None):
+  """The prepared TFDS builder of `dataset`; never downloads anything.
+
+  `dataset` is a TFDS name ("cifar10", "imagenet2012:5.1.0", ...), one of
+  SHIPPED_DATASETS, or "folder:PATH"; the last two are prepared into
+  `data_dir` the first time (a folder again whenever its files change). Other
+  datasets must have been prepared in `data_dir` (None or "", as configs
+  leave it: TFDS's default) beforehand.
+  """
+  data_dir = data_dir or None
+  if dataset.startswith(FOLDER_PREFIX):
+    return _folder_builder(dataset[len(FOLDER_PREFIX):], data_dir)
+  builder = _builder(dataset, data_dir)
+  if builder.is_prepared():
+    return builder
+  if builder.name not in SHIPPED_DATASETS:
+    raise errors.InputError(
+        f"dataset {dataset!r} is not prepared in {builder.data_dir}: TFDS "
+        f"datasets must be prepared beforehand (`tfds build {builder.name} "
+        f"--data_dir=DIR`, after any manual download its documentation asks "
+        f"for) and data_dir set to DIR; vit_jax does not download data")
+  _prepare_here(builder)
+  # A fresh builder reads the info of the files on disk, whoever wrote them.
+  return _builder(dataset, data_dir)
+
+
+def _folder_builder(root, data_dir):
+  # Named by a fingerprint of the folder's files: a changed folder is a new
+  # config, prepared afresh, and never the stale copy of an earlier one.
+  config = folder.make_config(root)
+  builder = folder.Folder(config=config, data_dir=data_dir)
+  if builder.is_prepared():
+    return builder
+  _prepare_here(builder)
+  builder = folder.Folder(config=config, data_dir=data_dir)
+  broken = folder.broken_files(builder)
+  if broken and jax.process_index() == 0:
+    print(describe_broken(broken, builder), flush=True)
+  return builder
+
+
+def describe_broken(broken, builder, shown=3):
+  """What a folder's preparation left out, in a few lines."""
+  total = sum(split.num_examples for split in builder.info.splits.values())
+  lines = [
+      f"Left out {len(broken)} of {total + len(broken)} files of "
+      f"{builder.builder_config.root} that do not decode as images "
+      f"(all listed in {os.path.join(builder.data_dir, folder.BROKEN_FILES)}):"
+  ]
+  lines += [f"  {relative}: {reason}" for relative, reason in broken[:shown]]
+  if len(broken) > shown:
+    lines.append(f"  ... and {len(broken) - shown} more")
+  return "\n".join(lines)
+
+
+def check_broken_images(source, policy):
+  """Refuses a folder dataset that left images out, where `policy`
+  (config.broken_images) is "refuse"; "skip" trains on the rest."""
+  broken_records.check_policy(policy)
+  if policy == "skip" or not source.name.startswith(FOLDER_PREFIX):
+    return
+  builder = source.builder
+  broken = folder.broken_files(builder)
+  if broken:
+    raise errors.InputError(
+        f"{len(broken)} files of {builder.builder_config.root} do not decode "
+        f"as images, and config.broken_images is 'refuse': first "
+        f"{broken[0][0]} ({broken[0][1]}); all listed in "
+        f"{os.path.join(builder.data_dir, folder.BROKEN_FILES)}")
+
+
+def _builder(dataset, data_dir):
+  name, _, config = dataset.partition("/")
+  if name in SHIPPED_DATASETS:
+    return SHIPPED_DATASETS[name](config=config or None, data_dir=data_dir)
+  try:
+    return tfds.builder(dataset, data_dir=data_dir)
+  except tfds.core.DatasetNotFoundError:
+    # TFDS's own message lists every dataset it knows, burying the point.
+    where = data_dir or ("TFDS's default data_dir ($TFDS_DATA_DIR or "
+                         "~/tensorflow_datasets)")
+    raise errors.InputError(
+        f"unknown dataset {dataset!r}: it is not a TFDS dataset nor one "
+        f"shipped with vit_jax ({', '.join(SHIPPED_DATASETS)}), nor a folder "
+        f"of images ({FOLDER_PREFIX}PATH), and {where} holds no prepared "
+        f"copy of it. A dataset outside the TFDS catalog (JFT-300M, "
+        f"ImageNet-21k) is read from its TFDS files: put them in "
+        f"DATA_DIR/{dataset.split(':')[0]}/VERSION/ (dataset_info.json, "
+        f"features.json and the record files, with features 'image' and a "
+        f"ClassLabel 'label', as `tfds build` of your own builder writes "
+        f"them) and set config.data_dir=DATA_DIR") from None
+
+
+def _prepare_here(builder):
+  """Generates a shipped or folder dataset; another process may do it first.
+
+  The processes of a local multi-process run all prepare at once; TFDS
+  generates into a private directory and renames it into place, so every
+  process but the first fails on the rename and finds the data there.
+  """
+  offline = tfds.download.DownloadConfig(try_download_gcs=False)
+  if jax.process_index() == 0:
+    print(f"Preparing dataset {builder.name} in {builder.data_dir} (once)",
+          flush=True)
+  try:
+    with _quiet_unless_verbose():
+      builder.download_and_prepare(download_config=offline)
+  except OSError:
+    if not builder.is_prepared():
+      raise
+
+
+def _quiet_unless_verbose():
+  """Hides TFDS's own report and progress bars of a preparation, unless the
+  log is at INFO (`--verbose`)."""
+  if logging.level_info():
+    return contextlib.nullcontext()
+  sink = io.StringIO()
+  stack = contextlib.ExitStack()
+  stack.enter_context(contextlib.redirect_stdout(sink))
+  stack.enter_context(contextlib.redirect_stderr(sink))
+  return stack
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """A prepared dataset, and how an example's image and class are read."""
+  name: str  # as the config names it: "digits", "folder:PATH", "vtab:dtd"
+  builder: tfds.core.DatasetBuilder
+  num_classes: int
+  label: Callable  # TFDS example (image still encoded) -> int32 class
+  image_key: str = "image"
+  fix_image: Callable | None = None  # encoded image -> encoded image
+
+  def num_examples(self, split: str) -> int:
+    """Examples in `split`, which may be a slice such as "train[:90%]"."""
+    try:
+      return self.builder.info.splits[split].num_examples
+    except (KeyError, ValueError) as e:
+      hint = ""
+      if self.name.startswith(FOLDER_PREFIX):
+        hint = (f" A folder's splits are its split folders (root/<split>/"
+                f"<class>/<image>), or a single {folder.SINGLE_SPLIT!r} "
+                f"split when the class folders are directly in it "
+                f"(root/<class>/<image>); slice that, e.g. train_split "
+                f"'{folder.SINGLE_SPLIT}[:90%]' and evaluators.test.split "
+                f"'{folder.SINGLE_SPLIT}[90%:]'.")
+      raise errors.InputError(f"dataset {self.name!r}: {e}{hint}") from None
+
+
+def lookup(dataset: str, data_dir: str | None) -> Source:
+  """The Source of `dataset` (see the module docstring for the names),
+  prepared if it is one we can prepare."""
+  if dataset.startswith(VTAB_PREFIX):
+    task = vtab_tasks.get(dataset[len(VTAB_PREFIX):])
+    builder = get_builder(task.tfds_name, data_dir)
+    label = task.label or _feature("label")
+    return Source(dataset, builder, task.num_classes, label, task.image_key,
+                  task.image)
+  builder = get_builder(dataset, data_dir)
+  key = LABEL_FEATURES.get(builder.name, "label")
+  return Source(dataset, builder, builder.info.features[key].num_classes,
+                _feature(key))
+
+
+def _feature(key):
+  return lambda example: tf.cast(example[key], tf.int32)
+
+
+class Sources:
+  """The datasets of one run under one data_dir, each looked up once:
+  `sources(dataset)` is its Source ("" is the run's own dataset)."""
+
+  def __init__(self, dataset: str, data_dir: str | None):
+    self.dataset, self.data_dir = dataset, data_dir
+    self._found = {}
+
+  def __call__(self, dataset: str = "") -> Source:
+    dataset = dataset or self.dataset
+    if dataset not in self._found:
+      self._found[dataset] = lookup(dataset, self.data_dir)
+    return self._found[dataset]

@@ -1,0 +1,188 @@
+"""The TPU generations and slices a config can be planned for.
+
+Each Generation knows its HBM per JAX device, bf16 peak, chips per host and
+slice sizes; `topology` turns a slice name (v3-256, v5p-128, v6e-64, or a
+chip grid such as v4:4x4x8) into the devices libtpu compiles for, and
+`check_layout` refuses a mesh the slice's torus cannot lay out.
+"""
+
+import dataclasses
+import math
+import re
+
+import jax
+from jax.experimental import topologies
+
+from vit_jax import errors, sharding
+from vit_jax.models import flops
+
+
+GiB = 2**30
+
+
+SECONDS_PER_HOUR = 3_600
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """A TPU generation: what Cloud TPU rents and libtpu compiles for.
+
+  A slice is named `{accelerator}-N`, N its TensorCores (chips x
+  cores_per_chip): Cloud TPU counts v2 to v5p slices in cores, v5e and v6e
+  slices in chips, which have one core each, so N is both.
+  """
+  name: str              # its short name, libtpu's prefix: v5e:4x4
+  accelerator: str       # the accelerator type's prefix: v5litepod-16
+  chip_config: str       # libtpu's; "megacore" shows a chip's 2 cores as 1
+  device_kind: str       # what JAX calls its devices
+  cores_per_chip: int
+  hbm_bytes: int         # per JAX device
+  host_chips: int        # a slice of up to this many chips is one host
+  grids: tuple           # the slices Cloud TPU offers, as chip grids
+
+  @property
+  def peak_flops(self):
+    """bfloat16 FLOP/s per JAX device."""
+    return flops.PEAK_FLOPS_PER_DEVICE[self.device_kind]
+
+  def slice_name(self, chips):
+    return f"{self.accelerator}-{chips * self.cores_per_chip}"
+
+  @property
+  def slices(self):
+    """{"v4-8": "2x2x1", ...}: the Cloud TPU slices and their chip grids."""
+    return {self.slice_name(_chips(grid)): grid for grid in self.grids}
+
+
+# From Cloud TPU's documentation of each generation (system architecture,
+# supported slice shapes). A multi-host slice is made of hosts of 2x2 chips
+# (one TPU VM, one JAX process each): v3, v4 and v5p hosts hold 4 chips;
+# v5e's and v6e's machines hold 8, but their multi-host slices run a VM on
+# each half (ct5lp-hightpu-4t, ct6e-standard-4t), and only the 8-chip
+# slice is one VM of 8.
+GENERATIONS = {generation.name: generation for generation in (
+    # 2 cores per chip, each its own JAX device with 16 GiB of the chip's
+    # 32; a 2-D torus of up to 1,024 chips.
+    Generation("v3", "v3", "default", "TPU v3", 2, 16 * GiB, 4,
+               ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32",
+                "32x32")),
+    # 2 cores per chip that JAX drives as one device (megacore), 32 GiB;
+    # 3-D slices of up to 2,048 chips here (a pod has 4,096).
+    Generation("v4", "v4", "megacore", "TPU v4", 2, 32 * GiB, 4,
+               ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8",
+                "4x8x8", "8x8x8", "8x8x12", "8x8x16", "8x16x16")),
+    # Megacore too, 95 GiB per chip; its common 3-D shapes up to the
+    # largest single slice, 6,144 chips (others: a chip grid).
+    Generation("v5p", "v5p", "megacore", "TPU v5", 2, 95 * GiB, 4,
+               ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8",
+                "4x8x8", "8x8x8", "8x8x16", "8x16x16", "16x16x16",
+                "16x16x24")),
+    # One core per chip, 16 GiB; a 2-D torus of up to 256 chips.
+    Generation("v5e", "v5litepod", "default", "TPU v5 lite", 1, 16 * GiB, 8,
+               ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+    # Trillium: one core per chip, 32 GiB; up to 256 chips.
+    Generation("v6e", "v6e", "default", "TPU v6 lite", 1, 32 * GiB, 8,
+               ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+)}
+
+
+# Accelerator-type prefixes: each generation's, and v5e's short name.
+ACCELERATORS = {**{g.accelerator: g for g in GENERATIONS.values()},
+                "v5e": GENERATIONS["v5e"]}
+
+
+MULTI_HOST_CHIPS = (2, 2, 1)  # The hosts of a multi-host slice.
+
+
+def _chips(grid):
+  return math.prod(int(n) for n in grid.split("x"))
+
+
+@dataclasses.dataclass
+class Slice:
+  """A TPU slice as libtpu describes it: devices to compile for, not run
+  on."""
+  name: str              # its accelerator type: v4-128
+  generation: Generation
+  grid: str              # its chips: 4x4x4
+  devices: list
+
+  @property
+  def chips(self):
+    return _chips(self.grid)
+
+  @property
+  def hosts(self):
+    return len({device.process_index for device in self.devices})
+
+
+def topology(name):
+  """A Cloud TPU accelerator type ('v4-128') or a generation's chip grid
+  ('v4:4x4x4', for a shape not in its `grids`) -> its Slice."""
+  match = re.fullmatch(r"([a-z0-9]+)-(\d+)", name)
+  if match and match.group(1) in ACCELERATORS:
+    generation = ACCELERATORS[match.group(1)]
+    slice_name = f"{generation.accelerator}-{match.group(2)}"
+    if slice_name not in generation.slices:
+      raise errors.InputError(
+          f"there is no TPU {name} slice; the {generation.name} "
+          f"slices are {', '.join(generation.slices)} (or a chip grid "
+          f"such as {generation.name}:{generation.grids[-1]})")
+    grid = generation.slices[slice_name]
+  else:
+    match = re.fullmatch(r"([a-z0-9]+):(\d+(?:x\d+)+)", name)
+    if not match or match.group(1) not in GENERATIONS:
+      raise errors.InputError(
+          f"--topology={name!r}: expected a Cloud TPU slice, "
+          + ", ".join(f"{g.accelerator}-N" for g in GENERATIONS.values())
+          + " (or v5e-N), such as v3-512 or v4-128, or a chip grid such as "
+          "v3:16x16 or v4:4x4x4")
+    generation, grid = GENERATIONS[match.group(1)], match.group(2)
+    if grid.count("x") != generation.grids[0].count("x"):
+      raise errors.InputError(
+          f"--topology={name!r}: a {generation.name} chip grid has "
+          f"{generation.grids[0].count('x') + 1} sides, such as "
+          f"{generation.name}:{generation.grids[-1]}")
+    slice_name = generation.slice_name(_chips(grid))
+  sides = [int(n) for n in grid.split("x")] + [1]
+  host = (sides[:3] if _chips(grid) <= generation.host_chips
+          else MULTI_HOST_CHIPS)
+  try:
+    description = topologies.get_topology_desc(
+        platform="tpu", topology_name=f"{generation.name}:{grid}",
+        chip_config_name=generation.chip_config,
+        chips_per_host_bounds=tuple(host), num_slices=1)
+  except jax.errors.JaxRuntimeError as e:  # A grid libtpu cannot lay out.
+    raise errors.InputError(f"--topology={name!r}: {e}") from e
+  return Slice(slice_name, generation, grid, description.devices)
+
+
+def check_layout(config, tpu_slice):
+  """A ConfigError unless config.mesh can be laid out on the slice's chips.
+
+  (sharding.MeshLayoutError: fsdp=8 has no place on v4-128's 4x4x4
+  chips, nor on v6e-256's 16x16.) The message names the fsdp sizes that
+  can be, with the other axes as they are.
+  """
+  def lays_out(mesh):
+    try:
+      sharding.make_mesh(mesh, tpu_slice.devices)
+    except sharding.MeshLayoutError:
+      return False
+    return True
+
+  if lays_out(config.mesh):
+    return
+  fits = []
+  for fsdp in (2**k for k in range(len(tpu_slice.devices).bit_length())):
+    try:
+      if lays_out({**config.mesh, "fsdp": fsdp}):
+        fits.append(str(fsdp))
+    except errors.InputError:  # The other axes leave no room for it.
+      pass
+  raise errors.ConfigError(
+      f"config.mesh {sharding.describe_mesh(config.mesh)} cannot be laid out "
+      f"on {tpu_slice.name}'s {tpu_slice.grid} chips: each mesh axis must "
+      "span whole sides of them"
+      + (f"; --config.mesh.fsdp of {', '.join(fits)} would be"
+         if fits else ""))

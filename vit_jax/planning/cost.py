@@ -1,0 +1,333 @@
+"""What a config will cost on a TPU slice, learned before it is rented.
+
+The config's own train step (training/step.py's `build`: the function and
+shardings a run uses) is built from abstract shapes and compiled ahead of
+time for the slice by libtpu (`pip install 'vit_jax[tpu]'`) on this host's
+CPU: nothing is allocated on a TPU and no data is read. Every Cloud TPU
+generation from v3 to v6e (catalogue.GENERATIONS) can be planned for. The
+compiled program gives:
+
+  - HBM per device: arguments (params, optimizer state, the batch),
+    temporaries (activations, gradients) and code, against the device's
+    HBM (a v3 core's 16 GiB, a v5p chip's 95 GiB, ...);
+  - FLOPs per device per step and the compiler's step-time estimate
+    (`optimal_seconds` of its cost model), hence the MFU against the
+    device's bfloat16 peak;
+  - chip-hours: total steps x step time x chips / 3,600, plus an allowance
+    (`overhead`) for evaluation, checkpoints and restarts; on v3 also
+    TPUv3-core-days, the paper's unit.
+
+A config that does not fit is told what would make it fit. The process
+must compile for TPUs while it runs on the CPU: its entry point calls
+`runtime.compile_ahead_of_time()` first. `python -m vit_jax.plan` is the
+command line.
+"""
+
+import dataclasses
+import math
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax import errors, run as run_lib
+from vit_jax.data import sources, vtab_tasks
+from vit_jax.models import flops as flops_lib
+from vit_jax.planning import catalogue, report
+from vit_jax.training import step as step_lib
+
+
+# Evaluation, checkpoints and restarts after preemption, on top of the
+# training steps. A stated guess, not a measurement: Table 2's pre-training
+# evaluates about 0.2% of the images it trains on (51,200 held out plus the
+# few-shot sets every 10k steps of 4,096 x 3 forward-passes' worth), and a
+# checkpoint every 5,000 steps costs seconds of asynchronous writing; the
+# rest is startup compiles and the steps lost to preemptions.
+DEFAULT_OVERHEAD = 0.05
+
+
+# Class counts of pre-training sets that are no TFDS catalog dataset, for
+# the size of the head when their files are not on this machine: JFT-300M
+# has 18,291 classes (BiT, Kolesnikov et al. 2020), the fall 2011
+# ImageNet-21k release 21,843 (the released i21k checkpoints' heads).
+UNLISTED_NUM_CLASSES = {"jft300m": 18_291, "imagenet21k": 21_843}
+
+
+def num_classes(config, override=0):
+  """The head's class count: `override`, else the dataset's (prepared here,
+  a VTAB task, a TFDS catalog entry, or UNLISTED_NUM_CLASSES)."""
+  if override:
+    return override
+  data_dir = config.data_dir
+  try:
+    return sources.lookup(config.dataset, data_dir).num_classes
+  except errors.InputError:
+    pass  # Not prepared on this machine; its size is known elsewhere.
+  name = config.dataset.split(":")[0]
+  if config.dataset.startswith(sources.VTAB_PREFIX):
+    return vtab_tasks.get(config.dataset[len(sources.VTAB_PREFIX):]
+                    ).num_classes
+  if name in UNLISTED_NUM_CLASSES:
+    return UNLISTED_NUM_CLASSES[name]
+  try:
+    import tensorflow_datasets as tfds
+    builder = tfds.builder(name)
+    return builder.info.features[
+        sources.LABEL_FEATURES.get(name, "label")].num_classes
+  except Exception as e:  # TFDS raises many kinds for an unknown name.
+    raise errors.ConfigError(
+        f"cannot tell how many classes config.dataset={config.dataset!r} "
+        f"has ({type(e).__name__}: {e}); pass --num_classes") from e
+
+
+@dataclasses.dataclass
+class Plan:
+  """What one config costs on one slice; `to_json` is --json's object.
+
+  Per device means per JAX device: a v3 core, a chip of the later
+  generations. A step that does not fit has the HBM the compiler found it
+  needs, and no estimate (None; null in JSON): plan it again once it fits.
+  """
+  topology: str                         # the slice's accelerator type
+  generation: str             # catalogue.GENERATIONS key: v3, v4, v5p, v5e, v6e
+  chips: int
+  devices: int
+  hosts: int
+  mesh: dict
+  batch_size: int
+  accum_steps: int
+  fits: bool                  # the compiler's verdict
+  hbm_argument_bytes: int     # params, optimizer state, batch (per device)
+  hbm_temp_bytes: int         # activations, gradients, workspace
+  hbm_bytes_per_device: int   # all of it, code and unaliased outputs too
+  hbm_capacity_bytes: int     # the device's HBM
+  flops_per_device_per_step: float | None      # the compiler's count
+  model_flops_per_device_per_step: float       # flops_lib.flops_per_image's
+  peak_flops_per_device: float                 # bfloat16
+  estimated_step_seconds: float | None
+  total_steps: int
+  overhead: float
+  compile_seconds: float       # the step as configured
+  cost_compile_seconds: float  # its twins' without loops, if it has loops
+  suggestions: list
+
+  @property
+  def mfu(self):
+    """Model FLOPs (no recomputation counted) over the devices' peak."""
+    if self.estimated_step_seconds is None:
+      return None
+    return (self.model_flops_per_device_per_step
+            / (self.estimated_step_seconds * self.peak_flops_per_device))
+
+  @property
+  def train_chip_hours(self):
+    if self.estimated_step_seconds is None:
+      return None
+    return (self.total_steps * self.estimated_step_seconds * self.chips
+            / catalogue.SECONDS_PER_HOUR)
+
+  @property
+  def predicted_chip_hours(self):
+    hours = self.train_chip_hours
+    return None if hours is None else hours * (1 + self.overhead)
+
+  @property
+  def train_core_days(self):
+    return self._core_days(self.train_chip_hours)
+
+  @property
+  def predicted_core_days(self):
+    return self._core_days(self.predicted_chip_hours)
+
+  def _core_days(self, chip_hours):
+    """TPUv3-core-days, the paper's unit: of a v3 plan only."""
+    if self.generation != "v3" or chip_hours is None:
+      return None
+    return (chip_hours * catalogue.GENERATIONS["v3"].cores_per_chip *
+            catalogue.SECONDS_PER_HOUR / flops_lib.SECONDS_PER_DAY)
+
+  def to_json(self):
+    out = {**dataclasses.asdict(self), "mfu": self.mfu,
+           "train_chip_hours": self.train_chip_hours,
+           "predicted_chip_hours": self.predicted_chip_hours}
+    if self.generation == "v3":  # Its cores are its devices, and its unit.
+      out.update(
+          cores=self.devices, hbm_bytes_per_core=self.hbm_bytes_per_device,
+          flops_per_core_per_step=self.flops_per_device_per_step,
+          model_flops_per_core_per_step=self.model_flops_per_device_per_step,
+          train_core_days=self.train_core_days,
+          predicted_core_days=self.predicted_core_days)
+    return out
+
+
+def build_step(config, devices, classes, unroll=False):
+  """(program, batch shapes) of `config`'s step over `devices`: checked
+  (vit_jax/run.py) and built as a run builds it, nothing compiled yet."""
+  mesh = run_lib.resolve_program(config, devices)
+  program = step_lib.build(config, mesh, classes, unroll)
+  size, batch = config.image_size, config.batch_size
+  # The global batch as the input pipeline feeds it: uint8 images.
+  shapes = {"image": jax.ShapeDtypeStruct((batch, size, size, 3), jnp.uint8,
+                                          sharding=program.batch_sharding),
+            "label": jax.ShapeDtypeStruct((batch,), jnp.int32,
+                                          sharding=program.batch_sharding),
+            "mask": jax.ShapeDtypeStruct((batch,), jnp.float32,
+                                         sharding=program.batch_sharding)}
+  return program, shapes
+
+
+def compile_step(program, batch):
+  """(compiled step, None, seconds), or (None, HBM bytes it needs, seconds)
+  when the compiler finds that it does not fit."""
+  start = time.perf_counter()
+  try:
+    compiled = program.train_step.lower(program.state_shapes, batch).compile()
+  except jax.errors.JaxRuntimeError as e:
+    needed = hbm_needed(str(e))
+    if needed is None:
+      raise
+    return None, needed, time.perf_counter() - start
+  return compiled, None, time.perf_counter() - start
+
+
+def hbm_needed(message):
+  """The bytes per device that XLA's out-of-HBM error reports, or None for
+  another error. Its "G" is GiB, its "T" TiB."""
+  if "RESOURCE_EXHAUSTED" not in message:
+    return None
+  match = (re.search(r"\(([\d.]+)([KMGT])\) exceeds available HBM", message)
+           or re.search(r"Used ([\d.]+)([KMGT]) of", message))
+  if not match:
+    return 0
+  size, unit = match.groups()
+  return int(float(size) * 2**(10 * ("KMGT".index(unit) + 1)))
+
+
+def bytes_per_device(shapes):
+  """What a tree of sharded ShapeDtypeStructs holds on one device."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(shapes))
+
+
+def step_cost(compiled):
+  """{flops, optimal_seconds} of a compiled step, as XLA's cost model has
+  them for one device."""
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost  # Older JAX: a list.
+  # libtpu's cost model has no time for its ConcatBitcast custom calls (on
+  # v4, v5e and v6e: asynchronously copied slices that lie side by side,
+  # read as one buffer) and adds -1 s for each; they move no data: 0 s.
+  unknown = compiled.as_text().count('custom_call_target="ConcatBitcast"')
+  seconds = float(cost["optimal_seconds"]) + unknown
+  if seconds <= 0:
+    raise RuntimeError(f"the compiler's step time estimate is {seconds} s")
+  return {"flops": float(cost["flops"]), "optimal_seconds": seconds}
+
+
+def unrolled_cost(config, devices, classes):
+  """({flops, optimal_seconds} or None, compile seconds) of `config`'s step
+  as if its loops were unrolled.
+
+  XLA's cost analysis counts the body of a loop once, whatever its trip
+  count, so a scanned encoder or a micro-batch loop would look cheap; and
+  unrolling them all can overflow HBM, which stops the compile. The cost is
+  linear in the layers L and in the micro-batches A: twins of the step with
+  L in {1, 2} (or all its layers, when not scanned) and A in {1, 2} (or 1),
+  each at the same micro-batch and with nothing looped, give it. None when
+  a twin does not fit.
+  """
+  layers = flops_lib.model_sizes(config.model).num_layers
+  accum = config.accum_steps
+  micro_batch = config.batch_size // accum
+  layer_points = (1, 2) if config.model.scan_layers else (layers,)
+  accum_points = (1, 2) if accum > 1 else (1,)
+  costs, seconds = {}, 0.0
+  for num_layers in layer_points:
+    for micro_batches in accum_points:
+      twin = config.copy_and_resolve_references()
+      with twin.unlocked():  # num_layers may come from the model's name.
+        twin.model.update(scan_layers=False, num_layers=num_layers)
+      twin.update(accum_steps=micro_batches,
+                  batch_size=micro_batch * micro_batches)
+      compiled, _, took = compile_step(*build_step(twin, devices, classes,
+                                                   unroll=True))
+      seconds += took
+      if compiled is None:
+        return None, seconds
+      costs[num_layers, micro_batches] = step_cost(compiled)
+
+  def extrapolate(at_1, at_2, n):
+    return {key: at_1[key] + (n - 1) * (at_2[key] - at_1[key])
+            for key in at_1}
+
+  per_layers = {
+      num_layers: (extrapolate(costs[num_layers, 1], costs[num_layers, 2],
+                               accum) if accum > 1 else costs[num_layers, 1])
+      for num_layers in layer_points}
+  if config.model.scan_layers:
+    return extrapolate(per_layers[1], per_layers[2], layers), seconds
+  return per_layers[layers], seconds
+
+
+def plan(config, topology_name, classes=0, overhead=DEFAULT_OVERHEAD):
+  """Compiles `config`'s train step for the slice and reads its cost."""
+  return plan_slice(config, catalogue.topology(topology_name), classes,
+                    overhead)
+
+
+def compare(config, topology_names, classes=0, overhead=DEFAULT_OVERHEAD):
+  """`plan` on each slice, every slice checked before the first compile."""
+  slices = [catalogue.topology(name) for name in topology_names]
+  problems = []
+  for tpu_slice in slices:
+    try:
+      catalogue.check_layout(config, tpu_slice)
+    except errors.ConfigError as e:
+      problems.append(str(e))
+  if problems:
+    raise errors.ConfigError("\n".join(problems))
+  return [plan_slice(config, s, classes, overhead) for s in slices]
+
+
+def plan_slice(config, tpu_slice, classes, overhead):
+  catalogue.check_layout(config, tpu_slice)
+  devices, generation = tpu_slice.devices, tpu_slice.generation
+  classes = num_classes(config, classes)
+  program, batch = build_step(config, devices, classes)
+  compiled, needed, seconds = compile_step(program, batch)
+  cost, cost_seconds = None, 0.0  # No estimate for a step that cannot run.
+  if compiled is None:  # The compiler stops at the temporaries it cannot place.
+    arguments = bytes_per_device((program.state_shapes, batch))
+    temporaries, hbm = needed, arguments + needed
+  else:
+    memory = compiled.memory_analysis()
+    arguments, temporaries = (memory.argument_size_in_bytes,
+                              memory.temp_size_in_bytes)
+    hbm = (arguments + memory.output_size_in_bytes - memory.alias_size_in_bytes
+           + temporaries + memory.generated_code_size_in_bytes)
+    if config.model.scan_layers or config.accum_steps > 1:
+      cost, cost_seconds = unrolled_cost(config, devices, classes)
+    else:
+      cost = step_cost(compiled)
+  model_flops = flops_lib.flops_per_image(
+      config.model, config.image_size, train=True,
+      num_classes=classes) * config.batch_size / len(devices)
+  result = Plan(
+      topology=tpu_slice.name, generation=generation.name,
+      chips=tpu_slice.chips, devices=len(devices), hosts=tpu_slice.hosts,
+      mesh=dict(program.batch_sharding.mesh.shape),
+      batch_size=config.batch_size, accum_steps=config.accum_steps,
+      fits=compiled is not None, hbm_argument_bytes=int(arguments),
+      hbm_temp_bytes=int(temporaries), hbm_bytes_per_device=int(hbm),
+      hbm_capacity_bytes=generation.hbm_bytes,
+      flops_per_device_per_step=cost and cost["flops"],
+      model_flops_per_device_per_step=float(model_flops),
+      peak_flops_per_device=generation.peak_flops,
+      estimated_step_seconds=cost and cost["optimal_seconds"],
+      total_steps=int(config.total_steps), overhead=overhead,
+      compile_seconds=seconds, cost_compile_seconds=cost_seconds,
+      suggestions=[])
+  if not result.fits:
+    result.suggestions = report.suggestions(config, result)
+  return result

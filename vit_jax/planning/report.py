@@ -1,0 +1,136 @@
+"""The plan in words: one slice's report, a comparison table, and what
+would make a step that does not fit fit."""
+
+
+
+from vit_jax import sharding
+from vit_jax.planning.catalogue import GENERATIONS, GiB
+
+
+def suggestions(config, result):
+  """What would bring a plan that does not fit under the device's HBM, each
+  with the estimate that makes it a candidate; `plan` again to be sure."""
+  out = []
+  args, temp = result.hbm_argument_bytes, result.hbm_temp_bytes
+  mesh = result.mesh
+  per_device_batch = config.batch_size // (mesh["data"] * mesh["fsdp"])
+  if mesh["fsdp"] == 1:
+    fsdp = min(16, mesh["data"])
+    out.append(
+        f"--config.mesh.fsdp={fsdp}: params and optimizer state split "
+        f"{fsdp} ways instead of copied on every device ({args / GiB:.1f} "
+        f"GiB of arguments now, about {args / fsdp / GiB:.1f} GiB then)")
+  if not config.model.remat_policy:
+    out.append(
+        "--config.model.remat_policy=nothing_saveable: the backward pass "
+        "recomputes each block, so only the blocks' inputs are kept "
+        f"({temp / GiB:.1f} GiB of temporaries now; costs about a third "
+        "more FLOPs); dots_with_no_batch_dims_saveable keeps the matmuls' "
+        "outputs and recomputes less")
+  if per_device_batch % (2 * config.accum_steps) == 0:
+    accum = 2 * config.accum_steps
+    out.append(
+        f"--config.accum_steps={accum}: {per_device_batch // accum} images "
+        f"per device at a time instead of "
+        f"{per_device_batch // config.accum_steps}, about halving the "
+        "activations, at the same batch")
+  if not config.model.scan_layers:
+    out.append("--config.model.scan_layers=True with a remat_policy: one "
+               "compiled block for all layers, keeping what the policy saves "
+               "(without remat, a scan keeps more than unrolled layers do)")
+  slices = list(GENERATIONS[result.generation].slices)
+  if result.topology in slices[:-1]:
+    out.append(f"--topology={slices[slices.index(result.topology) + 1]}: "
+               "fewer images per device")
+  return out
+
+
+def describe(config_name, result):
+  """The plan as the lines a person reads."""
+  mesh = sharding.describe_mesh(result.mesh)
+  per_device = result.batch_size / result.devices
+  capacity = result.hbm_capacity_bytes / GiB
+  verdict = ("fits" if result.fits else
+             "DOES NOT FIT (the compiler stopped at the temporaries)")
+  lines = [
+      f"{config_name} on TPU {result.topology}: {_plural(result.chips, 'chip')}"
+      f" as {_plural(result.devices, 'device')}, "
+      f"{_plural(result.hosts, 'host')}",
+      f"  mesh          {mesh}; batch {result.batch_size}, {per_device:g} "
+      f"per device" + (f", {result.accum_steps} micro-batches"
+                       if result.accum_steps > 1 else ""),
+      f"  HBM           {result.hbm_argument_bytes / GiB:.2f} GiB arguments "
+      f"+ {result.hbm_temp_bytes / GiB:.2f} GiB temporaries = "
+      f"{result.hbm_bytes_per_device / GiB:.2f} GiB per device of "
+      f"{capacity:.0f}: {verdict}"]
+  if result.estimated_step_seconds is None:
+    lines.append("  step time     no estimate until it fits")
+  else:
+    hours = result.predicted_chip_hours
+    lines += [
+        f"  FLOPs         {result.flops_per_device_per_step:.3g} per device "
+        f"per step (compiler's count); the model's matmuls "
+        f"{result.model_flops_per_device_per_step:.3g}",
+        f"  step time     {result.estimated_step_seconds:.4g} s (compiler's "
+        f"estimate): MFU {result.mfu:.1%} of "
+        f"{result.peak_flops_per_device / 1e12:.1f} TFLOP/s per device",
+        f"  steps         {result.total_steps:,}",
+        f"  chip-hours    {_number(result.train_chip_hours)} training + "
+        f"{result.overhead:.0%} for evaluation, checkpoints and restarts = "
+        f"{_number(hours)} ({_number(hours / result.chips)} hours on "
+        f"{result.chips} chips)"]
+    if result.predicted_core_days is not None:
+      lines.append(f"  core-days     {_number(result.predicted_core_days)} "
+                   "TPUv3-core-days (the paper's unit)")
+  lines.append(
+      f"  compiled in   {result.compile_seconds:.0f} s" + (
+          f", and {result.cost_compile_seconds:.0f} s for the estimate "
+          "(its twins without loops)" if result.cost_compile_seconds
+          else ""))
+  if result.suggestions:
+    lines.append("  to make it fit, try:")
+    lines.extend(f"    {s}" for s in result.suggestions)
+  return "\n".join(lines)
+
+
+def describe_comparison(config_name, results):
+  """Plans of one config on several slices as one table."""
+  header = ("slice", "chips", "hosts", "mesh", "per device",
+            "HBM per device", "MFU", "step time", "chip-hours",
+            "TPUv3-core-days")
+  rows = [header]
+  for r in results:
+    estimated = r.estimated_step_seconds is not None
+    rows.append((
+        r.topology, f"{r.chips:,}", f"{r.hosts:,}",
+        "x".join(str(n) for n in r.mesh.values()),
+        f"{r.batch_size / r.devices:g}",
+        f"{r.hbm_bytes_per_device / GiB:.1f} of "
+        f"{r.hbm_capacity_bytes / GiB:.0f} GiB"
+        + ("" if r.fits else " DOES NOT FIT"),
+        f"{r.mfu:.0%}" if estimated else "-",
+        f"{r.estimated_step_seconds:.3g} s" if estimated else "-",
+        _number(r.predicted_chip_hours) if estimated else "-",
+        "-" if r.predicted_core_days is None
+        else _number(r.predicted_core_days)))
+  widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+  lines = [f"{config_name}: batch {results[0].batch_size}, "
+           f"{results[0].total_steps:,} steps; mesh is data x fsdp x model; "
+           f"chip-hours and core-days include "
+           f"{results[0].overhead:.0%} for evaluation, checkpoints and "
+           "restarts"]
+  lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)
+                      ).rstrip() for row in rows]
+  for r in results:
+    if r.suggestions:
+      lines.append(f"{r.topology} does not fit; try: "
+                   + "; ".join(s.split(":")[0] for s in r.suggestions))
+  return "\n".join(lines)
+
+
+def _plural(n, noun):
+  return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def _number(x):
+  return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"

@@ -1,0 +1,205 @@
+"""A run resolved once: its config checked and completed, its mesh, its data.
+
+`resolve(config, workdir)` is where a training run is put together, before
+anything is compiled or written:
+
+  1. the run the workdir already holds, if any (its config.json, read
+     through the run store, vit_jax/runs/store.py: nothing else reads it);
+  2. the model's function options (LayerNorm epsilon, GELU, final norm):
+     as the run recorded them, else its init_from's, else the release's
+     (weights/pretrained.py, `with_function`);
+  3. the mesh over this process's devices;
+  4. every value of the config checked: a user's slip is one ConfigError
+     naming the key;
+  5. the datasets it reads, each looked up once (data/sources.py), with the
+     evaluators' splits and the broken-image policy checked against them;
+  6. the input shares the training split is read in: as recorded, else as
+     set, else chosen for the data-parallel size (data/shares.py);
+  7. what differs from the workdir's recorded config: a change that a
+     restart may not make is refused here (runs/store.py).
+
+The training loop, the evaluators and the VTAB suite take the `Run`;
+`vit_jax.plan` takes `resolve_program`'s part of it (no data, no
+checkpoint, no workdir).
+"""
+
+import dataclasses
+import numbers
+
+import ml_collections
+from jax.sharding import Mesh
+
+from vit_jax import errors, models, sharding
+from vit_jax.data import preprocess, shares, sources
+from vit_jax.runs import store
+from vit_jax.training import evaluators, optimizer
+from vit_jax.weights import pretrained
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What every part of a training run is told."""
+  config: ml_collections.ConfigDict  # checked; function options and
+  #                                     input_shares filled in
+  workdir: str
+  mesh: Mesh
+  sources: sources.Sources  # its datasets, each looked up once
+  changes: dict  # {key: (recorded, new)} that a restart may make
+
+  @property
+  def source(self):
+    """The training dataset's Source."""
+    return self.sources()
+
+  @property
+  def num_classes(self):
+    return self.source.num_classes
+
+
+def resolve(config, workdir, devices=None):
+  """The Run of `config` in `workdir` over `devices` (default: all)."""
+  recorded = store.read_config(workdir) if store.has_run(workdir) else None
+  config = pretrained.with_function(config, recorded)
+  mesh = resolve_program(config, devices)
+  data = sources.Sources(config.dataset, config.data_dir)
+  check_data(config, data)
+  config = with_input_shares(config, recorded, mesh, data)
+  changes = store.differences_allowed(config, recorded, workdir)
+  return Run(config, workdir, mesh, data, changes)
+
+
+def resolve_program(config, devices=None):
+  """The mesh of `config` over `devices`, with every check that compiling
+  the train step needs; no data or checkpoint is read (vit_jax.plan stops
+  here: what a run computes, its function options, costs the same)."""
+  check_values(config)
+  mesh = sharding.make_mesh(config.mesh, devices)
+  check_program(config, mesh)
+  return mesh
+
+
+# Keys whose value must be a whole number of at least the given size
+# (input_shares may also be unset: None).
+_AT_LEAST = {
+    "input_shares": 1,
+    "image_size": 1,
+    "batch_size": 1,
+    "total_steps": 1,
+    "accum_steps": 1,
+    "log_every": 1,
+    "checkpoint_every": 1,
+    "keep_checkpoints": 1,
+    "optimizer.warmup_steps": 0
+}
+# Keys whose value must be a number in [low, high) (high None: no bound).
+_IN_RANGE = {"polyak_decay": (0.0, 1.0), "optimizer.learning_rate": (0.0, None),
+             "optimizer.weight_decay": (0.0, None),
+             "optimizer.grad_clip_norm": (0.0, None),
+             "optimizer.b1": (0.0, 1.0), "optimizer.b2": (0.0, 1.0),
+             "optimizer.momentum": (0.0, 1.0),
+             "model.dropout_rate": (0.0, 1.0),
+             "model.attention_dropout_rate": (0.0, 1.0)}
+
+
+def check_values(config):
+  """Every value that can be checked on its own, each naming its key."""
+  for key, low in _AT_LEAST.items():
+    value = _get(config, key)
+    if key == "input_shares" and value is None:
+      continue
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
+        value < low):
+      raise errors.ConfigError(
+          f"config.{key} must be a whole number >= {low}, got {value!r}")
+  for key, (low, high) in _IN_RANGE.items():
+    value = _get(config, key)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
+        not low <= value or (high is not None and not value < high)):
+      bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+      raise errors.ConfigError(
+          f"config.{key} must be a number {bound}, got {value!r}")
+  if not config.dataset:
+    raise errors.ConfigError("config.dataset is empty: name a TFDS dataset, "
+                             "'digits' or folder:PATH")
+  try:
+    preprocess.check_crop_fraction(config.eval_crop_fraction)
+  except errors.InputError as e:
+    raise errors.ConfigError(f"config.{e}") from e  # It names the key.
+  try:
+    preprocess.parse_augmentations(config.augment)
+  except errors.InputError as e:
+    raise errors.ConfigError(f"config.augment: {e}") from e
+  optimizer.create(config.optimizer, config.total_steps)  # Its own checks.
+
+
+def _get(config, dotted):
+  for part in dotted.split("."):
+    config = config[part]
+  return config
+
+
+def check_program(config, mesh):
+  """The checks that need the model and the mesh but no data."""
+  try:
+    model = models.create_from_config(config.model, num_classes=1)
+  except errors.InputError as e:
+    raise errors.ConfigError(f"config.model: {e}") from e
+  data_parallel = sharding.data_parallel_size(mesh)
+  per_step = data_parallel * config.accum_steps
+  if config.batch_size % per_step:
+    raise errors.ConfigError(
+        f"config.batch_size={config.batch_size} is not divisible by the "
+        f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
+        f" x fsdp={mesh.shape['fsdp']}) times accum_steps={config.accum_steps}")
+  if config.model.get("mpp") and evaluators.enabled_names(config):
+    raise errors.ConfigError(
+        f"config.model.mpp pre-trains without labels, but evaluators "
+        f"{evaluators.enabled_names(config)} would classify: set their "
+        "`every` to 0 (configs/mpp.py does)")
+  if config.image_size % model.token_stride:
+    raise errors.ConfigError(f"config.model {model.describe_patch()} does not "
+                             f"divide config.image_size={config.image_size}")
+
+
+def check_data(config, data):
+  """The checks that read the datasets' descriptions: the training split,
+  the broken-image policy, the evaluators' datasets and splits. What they
+  find is the config's to fix (its dataset, data_dir or splits): a
+  ConfigError."""
+  try:
+    data().num_examples(config.train_split)
+    sources.check_broken_images(data(), config.broken_images)
+    evaluators.check(config, data)
+  except errors.InputError as e:
+    if isinstance(e, errors.ConfigError):
+      raise
+    raise errors.ConfigError(str(e)) from e
+
+
+def with_input_shares(config, recorded, mesh, data):
+  """`config` with input_shares set: as the run `recorded` it, else as the
+  config sets it, else `shares.default`; refused when the mesh's
+  data-parallel devices cannot split it."""
+  data_parallel = sharding.data_parallel_size(mesh)
+  count = config.get("input_shares")
+  if count is None and recorded is not None:
+    # As recorded (a run recorded before there were input shares read one
+    # per data-parallel device); a set value that differs is refused by
+    # the run store.
+    count = recorded.get("input_shares", data_parallel)
+  elif count is None:
+    count = shares.default(config.batch_size,
+                           data().num_examples(config.train_split),
+                           data_parallel)
+  if count % data_parallel or config.batch_size % count:
+    raise errors.ConfigError(
+        f"config.input_shares={count} cannot be read by {data_parallel} "
+        f"data-parallel devices (mesh {sharding.describe_mesh(mesh.shape)}) "
+        f"in blocks of config.batch_size={config.batch_size}: it must be a "
+        f"multiple of data x fsdp and divide the batch. A resumed run keeps "
+        f"the count it started with: resume it on a mesh whose data x fsdp "
+        f"divides {count}")
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.input_shares = count
+  return config

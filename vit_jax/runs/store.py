@@ -1,0 +1,152 @@
+"""A workdir guards its run: a restart must use the config it was started with.
+
+`config.json` in the workdir is the config of the run. A restart with a
+config that differs in anything but CHANGEABLE_KEYS is refused (`check`)
+before anything in the workdir is written; allowed changes are appended to
+`config_changes.jsonl` and `config.json` is updated (`record`).
+"""
+
+import fnmatch
+import json
+import math
+import os
+import time
+
+import jax
+import ml_collections
+from absl import logging
+
+from vit_jax import errors, sharding
+from vit_jax.runs import writers
+
+CONFIG_FILE = "config.json"
+CHANGES_FILE = "config_changes.jsonl"
+
+# What may change between restarts of one run: how often it reports and
+# saves, how long it runs (extending a run), where its data is stored, what
+# it evaluates and what it recomputes (neither changes what it trains), and
+# the hardware it runs on: the mesh, and the micro-batches that a smaller
+# slice needs to hold the same global batch (vit_jax/data/shares.py keeps
+# the batches). fnmatch patterns of dotted keys.
+CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
+                   "total_steps", "data_dir", "evaluators.*",
+                   "model.remat_policy", "broken_images", "mesh.*",
+                   "accum_steps")
+# A value of ADDED_KEYS: whatever the restart resolves the key to.
+RESOLVED = object()
+# Keys added since runs were first recorded, with the value that does what
+# a run recorded without them did. input_shares: such a run read one share
+# per data-parallel device, which vit_jax/run.py resolves.
+ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
+              "model.posemb": "learn", "model.mpp": False,
+              "broken_images": "skip", "model.layer_norm_epsilon": 1e-6,
+              "model.gelu": "tanh", "model.final_norm": "tokens",
+              "input_shares": RESOLVED}
+
+
+def differences_allowed(config, recorded, workdir):
+  """Refuses `config` unless it is `recorded`, the config of the run in
+  `workdir` (None: there is none yet), but for CHANGEABLE_KEYS; returns
+  those changes."""
+  if recorded is None:
+    return {}
+  changes = differences(_as_json(recorded), _as_json(config))
+  refused = {k: v for k, v in changes.items() if not changeable(k)}
+  if refused:
+    raise errors.ConfigError(refusal(workdir, refused))
+  return changes
+
+
+def has_run(workdir):
+  return os.path.exists(os.path.join(workdir, CONFIG_FILE))
+
+
+def read_config(workdir):
+  """The config of the run in `workdir`, as it was recorded."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise errors.InputError(f"{workdir} holds no run: it has no {CONFIG_FILE}")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def changeable(key):
+  return any(fnmatch.fnmatchcase(key, pattern) for pattern in CHANGEABLE_KEYS)
+
+
+def record(config, workdir, changes):
+  """Writes `config` as the run's config.json, logging `changes` (from
+  `check`) to config_changes.jsonl. Only process 0 writes."""
+  if jax.process_index() > 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  if changes:
+    logging.warning("Config changes on restart of %s:\n%s", workdir,
+                    _describe(changes))
+    with open(os.path.join(workdir, CHANGES_FILE), "ab", buffering=0) as f:
+      writers.append_line(f, json.dumps({"time": time.time(), "changes": {
+          key: {"old": old, "new": new} for key, (old, new) in
+          changes.items()}}))
+  _write_atomically(os.path.join(workdir, CONFIG_FILE),
+                    json.dumps(_as_json(config), indent=2))
+
+
+def devices_change(saved_mesh, mesh):
+  """{"devices": (old, new)} when a checkpoint saved on `saved_mesh` (its
+  shape; None for checkpoints older than the record) resumes on `mesh`,
+  else {}: a change that the config does not show where a mesh size of -1
+  takes whatever devices there are."""
+  now = dict(mesh.shape)
+  if saved_mesh is None or saved_mesh == now:
+    return {}
+  return {"devices": (_describe_devices(saved_mesh), _describe_devices(now))}
+
+
+def _describe_devices(shape):
+  """{"data": 8, ...} -> "8 (data=8 x fsdp=1 x model=1)"."""
+  return f"{math.prod(shape.values())} ({sharding.describe_mesh(shape)})"
+
+
+def _as_json(config):
+  return json.loads(config.to_json_best_effort())
+
+
+def differences(old, new):
+  """{dotted key: (old value, new value)} for every leaf that differs."""
+  old, new = _flatten(old), _flatten(new)
+  old.update({key: new[key] if value is RESOLVED else value
+              for key, value in ADDED_KEYS.items()
+              if key in new and key not in old})
+  return {key: (old.get(key, "<absent>"), new.get(key, "<absent>"))
+          for key in sorted(old.keys() | new.keys())
+          if old.get(key, "<absent>") != new.get(key, "<absent>")}
+
+
+def refusal(workdir, refused):
+  return (
+      f"{workdir} holds a run with another config; refusing to change it "
+      f"({CONFIG_FILE} and the checkpoints are left as they were):\n"
+      f"{_describe(refused)}\n"
+      f"Only {', '.join(CHANGEABLE_KEYS)} may change when a run is "
+      "restarted; use a new --workdir for a new experiment.")
+
+
+def _describe(changes):
+  return "\n".join(f"  {key}: {old!r} -> {new!r}"
+                   for key, (old, new) in changes.items())
+
+
+def _flatten(tree, prefix=""):
+  if not isinstance(tree, dict):
+    return {prefix[:-1]: tree}
+  flat = {}
+  for key, value in tree.items():
+    flat.update(_flatten(value, f"{prefix}{key}."))
+  return flat
+
+
+def _write_atomically(path, text):
+  # Other processes of a pod may read it while it is replaced.
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)

@@ -1,0 +1,95 @@
+"""Evaluators: what a run measures on held-out data.
+
+config.evaluators maps a name to one evaluator's settings:
+
+  kind   "accuracy" (accuracy.py), "real" (real.py) or "fewshot" (fewshot.py)
+  every  evaluate every N steps and at the last step; 0: never
+  ...    the kind's own settings (its DEFAULTS), which the name prefixes
+         in what it logs: "test" -> test_accuracy, "fewshot" ->
+         fewshot/cifar10_5shot.
+
+The loop calls `run_due` once per step; `check` refuses bad settings before
+anything is compiled.
+"""
+
+import ml_collections
+
+from vit_jax import errors
+from vit_jax.training import reporting
+from vit_jax.training.evaluators import accuracy, fewshot, real
+
+KINDS = {"accuracy": (accuracy.Accuracy, accuracy.DEFAULTS),
+         "real": (real.Real, real.DEFAULTS),
+         "fewshot": (fewshot.FewShot, fewshot.DEFAULTS)}
+
+
+def settings(name, entry):
+  """An evaluator's settings: its kind's defaults, then the config's."""
+  entry = dict(entry)
+  kind = entry.pop("kind", None)
+  if kind not in KINDS:
+    raise errors.InputError(f"config.evaluators.{name}.kind must be one of "
+                            f"{', '.join(KINDS)}, got {kind!r}")
+  every = entry.pop("every", None)
+  if not isinstance(every, int) or every < 0:
+    raise errors.InputError(
+        f"config.evaluators.{name}.every must be an integer "
+        f">= 0 (0: never), got {every!r}")
+  defaults = KINDS[kind][1]
+  unknown = set(entry) - set(defaults)
+  if unknown:
+    raise errors.InputError(
+        f"config.evaluators.{name} has no setting "
+        f"{', '.join(sorted(unknown))}; a {kind} evaluator takes "
+        f"{', '.join(['kind', 'every', *defaults])}")
+  return kind, every, ml_collections.FrozenConfigDict({**defaults, **entry})
+
+
+def _enabled(config):
+  for name, entry in config.evaluators.items():
+    kind, every, values = settings(name, entry)
+    if every:
+      yield name, kind, every, values
+
+
+def enabled_names(config):
+  """The names of the evaluators that `config` runs."""
+  return [name for name, _, _, _ in _enabled(config)]
+
+
+def check(config, data):
+  """An InputError for settings or data (`data`: the run's Sources) that an
+  evaluator cannot use."""
+  for name, kind, _, values in _enabled(config):
+    try:
+      KINDS[kind][0].check(values, data)
+    except errors.InputError as e:
+      raise errors.InputError(f"config.evaluators.{name}: {e} (or turn it off: "
+                              f"--config.evaluators.{name}.every=0)") from None
+
+
+class Evaluators:
+  """The run's evaluators, each compiled on its first use."""
+
+  def __init__(self, run, program):
+    self.total_steps = run.config.total_steps
+    self.scheduled = [(every, KINDS[kind][0](name, values, run, program))
+                      for name, kind, every, values in _enabled(run.config)]
+
+  def _due(self, step):
+    return [evaluator for every, evaluator in self.scheduled
+            if reporting.due(step, every, self.total_steps)]
+
+  def any_due(self, step):
+    return bool(self._due(step))
+
+  def run_due(self, step, params):
+    """The metrics of every evaluator due at `step` (those whose `every`
+    divides it, and all at the last step)."""
+    metrics = {}
+    for evaluator in self._due(step):
+      metrics.update(evaluator(params))
+    return metrics
+
+  def run_all(self, params):
+    return self.run_due(self.total_steps, params)

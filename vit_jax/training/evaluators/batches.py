@@ -1,0 +1,60 @@
+"""What the evaluators share: a split's global batches and jitted functions
+of (params, batch) over the run's shardings."""
+
+import jax
+
+from vit_jax import sharding
+from vit_jax.data import broken_records, pipeline
+
+
+def global_batches(program, run, dataset, split, extras=None):
+  """Every evaluation batch of `split` as global arrays, padded and masked
+  (pipeline.eval_dataset), read by each process for its devices; the
+  log names the first broken images (broken_records.named)."""
+  # One share per data-parallel device: an evaluation counts every example
+  # once on any mesh, so its batches need not outlive one.
+  shares, num_shares = sharding.process_blocks(program.batch_sharding.mesh)
+  config, source = run.config, run.sources(dataset)
+  rows = pipeline.eval_dataset(
+      source, split, batch_size=config.batch_size,
+      image_size=config.image_size, shares=shares, num_shares=num_shares,
+      eval_crop_fraction=config.eval_crop_fraction, extras=extras)
+  for batch in broken_records.named(rows.as_numpy_iterator(),
+                                    f"{source.name} {split}",
+                                    config.broken_images):
+    yield pipeline.to_global(batch, program.batch_sharding)
+
+
+def scored(name, total, examples):
+  """NAME_examples: the examples of a split of `total` that an evaluation
+  scored, and NAME_skipped_examples, those it could not (broken images), if
+  any."""
+  return {f"{name}_examples": examples,
+          **({f"{name}_skipped_examples": total - examples}
+             if examples < total else {})}
+
+
+def jit(program, fn):
+  """fn(params, batch) compiled for the run's shardings; every process gets
+  the whole (replicated) result, so keep it small: sums, or a batch of
+  features."""
+  mesh = program.batch_sharding.mesh
+  return jax.jit(sharding.constrained(fn, mesh),
+                 in_shardings=(program.state_shardings.params,
+                               program.batch_sharding),
+                 out_shardings=sharding.replicated(mesh))
+
+
+def sum_over(step, params, batches):
+  """Sums the integer counts `step` returns over all batches."""
+  totals = {}
+  for batch in batches:
+    for key, value in step(params, batch).items():
+      totals[key] = totals.get(key, 0) + int(value)
+  return totals
+
+
+def check_split(data, dataset, split):
+  """An InputError now, not at the first evaluation, when the data is not
+  there (`data`: the run's Sources; dataset "": the run's)."""
+  data(dataset).num_examples(split)

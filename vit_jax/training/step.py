@@ -1,0 +1,157 @@
+"""The training step, and the program of jitted functions a run is built of.
+
+`build(config, mesh, num_classes)` makes the model, the optimizer and the
+train state's shapes and shardings from abstract values (nothing allocated
+or compiled), and jits `init` and `train_step` with explicit in and out
+shardings (sharding.py's rules table). The loop (loop.py) and the planner
+(vit_jax/planning) use the same program.
+"""
+
+from typing import Any, Callable, NamedTuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding
+
+from vit_jax import models, sharding
+from vit_jax.training import optimizer, polyak
+from vit_jax.weights import pretrained
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  polyak: Any  # The params' moving average, or None (polyak.py).
+
+
+def init_state(model, tx, image_size, polyak_decay, rng):
+  """A fresh state whose params and moments are still in their logical boxes."""
+  images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+  params = model.init(rng, images, train=False)["params"]
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=tx.init(params),
+                    polyak=polyak.init(params, polyak_decay))
+
+
+def abstract_state(model, tx, image_size, polyak_decay, mesh):
+  """(shapes, shardings) of the train state, without allocating it.
+
+  This is all that compiling the train step needs, here or ahead of time for
+  a TPU topology.
+  """
+  boxed = jax.eval_shape(lambda: init_state(model, tx, image_size,
+                                            polyak_decay, jax.random.key(0)))
+  shardings = sharding.tree_shardings(boxed, mesh)
+  shapes = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      nn.meta.unbox(boxed), shardings)
+  return shapes, shardings
+
+
+def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
+                    unroll=False):
+  """state, batch -> state, metrics; the gradient of the batch's mean loss,
+  summed over micro-batches.
+
+  unroll: trace the micro-batch loop unrolled, for vit_jax.plan (XLA's cost
+  analysis counts a loop's body once); runs keep the loop, which compiles
+  one micro-step and frees each one's activations before the next.
+  """
+
+  def loss_and_grads(params, batch, weights, key):
+    return jax.value_and_grad(model.loss)(params, batch["image"],
+                                          batch["label"], weights, key)
+
+  def train_step(state, batch):
+    dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
+    # The mean over the batch's examples, without the rows whose image did
+    # not decode (mask 0, broken_records.py): each example weighs 1 / count.
+    mask = batch["mask"]
+    weights = mask / jnp.maximum(mask.sum(), 1)
+    if accum_steps == 1:
+      loss, grads = loss_and_grads(state.params, batch, weights, dropout_key)
+    else:
+      # Micro-batch i takes examples i, i + A, i + 2A, ...: each device's
+      # rows stay on that device, so splitting needs no communication.
+      strided = jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // accum_steps, accum_steps,
+                              *x.shape[1:]), {**batch, "weight": weights})
+
+      def accumulate(carry, i):
+        micro = jax.tree.map(lambda x: x[:, i], strided)
+        loss, grads = loss_and_grads(state.params, micro, micro["weight"],
+                                     jax.random.fold_in(dropout_key, i))
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+      zeros = (jnp.zeros((), jnp.float32),
+               jax.tree.map(jnp.zeros_like, state.params))
+      # Weighted sums over the micro-batches add up to the batch's mean.
+      (loss, grads), _ = jax.lax.scan(accumulate, zeros,
+                                      jnp.arange(accum_steps), unroll=unroll)
+
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"train_loss": loss, "learning_rate": schedule(state.step),
+               "grad_norm": optax.tree.norm(grads),
+               "skipped_examples": (mask == 0).sum()}
+    average = polyak.update(state.polyak, params, polyak_decay)
+    return TrainState(state.step + 1, params, opt_state, average), metrics
+
+  return train_step
+
+
+class Program(NamedTuple):
+  """The jitted functions of a run and the shapes and shardings they take."""
+  model: nn.Module
+  state_shapes: Any      # ShapeDtypeStructs carrying their shardings
+  state_shardings: Any
+  batch_sharding: NamedSharding
+  init: Callable         # rng -> sharded TrainState
+  train_step: Callable   # state, batch -> state, metrics (state donated)
+
+
+def build(config, mesh, num_classes, unroll=False):
+  """Builds the run's program from abstract shapes only: nothing is allocated
+  or compiled until it is first called (or lowered, for a TPU topology).
+  `unroll`: see make_train_step."""
+  model = models.create_from_config(config.model, num_classes)
+  tx, schedule = optimizer.create(config.optimizer, config.total_steps)
+  state_shapes, state_shardings = abstract_state(
+      model, tx, config.image_size, config.polyak_decay, mesh)
+  batch_shard = sharding.batch_sharding(mesh)
+  init = jax.jit(
+      lambda rng: nn.meta.unbox(init_state(model, tx, config.image_size,
+                                           config.polyak_decay, rng)),
+      out_shardings=state_shardings)
+  train_step = jax.jit(
+      sharding.constrained(
+          make_train_step(model, tx, schedule, config.accum_steps,
+                          config.seed, config.polyak_decay, unroll), mesh),
+      in_shardings=(state_shardings, batch_shard),
+      out_shardings=(state_shardings, sharding.replicated(mesh)),
+      donate_argnums=0)
+  return Program(model, state_shapes, state_shardings, batch_shard, init,
+                 train_step)
+
+
+def initial_state(program, config):
+  """A new run's state: fresh, with params from config.init_from if set."""
+  adapted = None
+  if config.init_from:  # Read and checked before anything is compiled.
+    adapted = pretrained.initial_params(config.init_from,
+                                        program.state_shapes.params,
+                                        program.model.num_heads)
+  state = program.init(jax.random.key(config.seed))
+  if adapted is None:
+    return state
+  params = pretrained.place(adapted, state.params,
+                            program.state_shardings.params)
+  # The average starts from the same values, in buffers of its own: the
+  # train step donates the state, and one buffer donated twice crashes XLA.
+  return state.replace(params=params, polyak=None if state.polyak is None
+                       else jax.tree.map(jnp.copy, params))

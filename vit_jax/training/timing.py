@@ -1,0 +1,71 @@
+"""The training loop's two clocks.
+
+`Window`: the steps since the last metrics row, their mean metrics and
+their images per second, counting neither the first step of a process
+(it compiles) nor time spent between steps (evaluation, checkpoints).
+`RunClock`: the training time of a workdir over all its runs, which the
+checkpoints carry, and the device-days it has cost.
+"""
+
+import contextlib
+import time
+
+import jax
+import numpy as np
+
+from vit_jax.models import flops
+
+
+class Window:
+  """Metrics of the steps since the last `row`, and their throughput."""
+
+  def __init__(self, batch_size, num_devices, throughput):
+    self._batch_size = batch_size
+    self._num_devices = num_devices
+    self._throughput = throughput  # flops.Throughput: img/s -> FLOPs, MFU.
+    self._metrics, self._start, self._steps = [], time.time(), 0
+
+  def add(self, metrics, compiled=False):
+    """One step's metrics; `compiled` for a step that compiled the program,
+    whose time is left out once it has finished."""
+    self._metrics.append(metrics)
+    self._steps += 1
+    if compiled:
+      jax.block_until_ready(metrics)
+      self._start, self._steps = time.time(), 0
+
+  @contextlib.contextmanager
+  def paused(self):
+    """Time spent inside is not the steps'."""
+    paused = time.time()
+    try:
+      yield
+    finally:
+      self._start += time.time() - paused
+
+  def row(self):
+    """The window's mean metrics and img/s per device; starts a new one."""
+    row = jax.tree.map(lambda *x: float(np.mean(x)),
+                       *jax.device_get(self._metrics))
+    if self._steps:
+      row["img_per_sec_per_device"] = (
+          self._steps * self._batch_size / (time.time() - self._start)
+          / self._num_devices)
+      row.update(self._throughput.metrics(row["img_per_sec_per_device"]))
+    self._metrics, self._start, self._steps = [], time.time(), 0
+    return row
+
+
+class RunClock:
+  """Training seconds of a workdir: those of earlier runs plus this one's."""
+
+  def __init__(self, earlier_seconds, num_devices):
+    self._earlier = earlier_seconds
+    self._num_devices = num_devices
+    self._start = time.time()
+
+  def seconds(self):
+    return self._earlier + time.time() - self._start
+
+  def core_days(self):
+    return self.seconds() * self._num_devices / flops.SECONDS_PER_DAY

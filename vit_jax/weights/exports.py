@@ -1,0 +1,79 @@
+"""A model's params written in the layouts other code reads (vit_jax.export).
+
+npz is the release's layout (npz_lib.save_npz); hf and timm are PyTorch's
+(torch_files.py). Only npz holds every vit_jax model; the PyTorch layouts
+refuse what their models cannot compute, naming it.
+"""
+
+import dataclasses
+import os
+
+import flax
+import numpy as np
+
+from vit_jax import errors, models
+from vit_jax.data import image_files
+from vit_jax.weights import npz as npz_lib, torch_files
+
+FORMATS = ("npz", "hf", "timm")
+
+
+def function_warnings(loaded, format_):
+  """What an .npz loses: it records sizes, not the LayerNorm epsilon or
+  the GELU, so a model with other values than the release's needs them
+  set again by whoever loads it."""
+  if format_ != "npz":
+    return []
+  differ = {key: value for key, value in loaded.function.items()
+            if key != "final_norm" and value != models.FUNCTION_OPTIONS[key]}
+  if not differ:
+    return []
+  settings = " ".join(f"--config.model.{key}={value}"
+                      for key, value in differ.items())
+  return [f"{loaded.what} computes with {differ}, which an .npz does not "
+          f"record: give {settings} when you fine-tune from it, or export "
+          "--format=hf or timm, which record them"]
+
+
+def write(loaded, format_, out, labels_file=""):
+  """Writes a pretrained.Checkpoint's params to `out`; returns how to load
+  them, or ""."""
+  if format_ == "npz":
+    npz_lib.save_npz(loaded.params, out)
+    return ""
+  flat = flax.traverse_util.flatten_dict(loaded.params, sep="/")
+  if format_ == "hf":
+    config = loaded.config
+    names = (image_files.name_classes(labels_file) or loaded.class_names or
+             (image_files.name_classes("", config.dataset, config.data_dir or
+                                       None) if config else None))
+    torch_files.write_hf(out, flat, loaded.function, names, loaded.what)
+    return ("load it with transformers.ViTForImageClassification"
+            f".from_pretrained({os.path.abspath(out)!r})")
+  return "load it in PyTorch with:\n" + torch_files.write_timm(
+      out, flat, loaded.function, loaded.what)
+
+
+def fold_input_normalization(loaded, mean, std):
+  """A pretrained.Checkpoint changed to take vit_jax's images, NHWC in [-1, 1], where it
+  was trained on (pixels / 255 - mean) / std per RGB channel (timm's
+  ImageNet mean and std, for one). The patch embedding is linear and
+  unpadded, so folding the affine map into its kernel and bias is exact but
+  for float rounding: with x = 2 * pixels / 255 - 1, the model's input is
+  x / (2 std) + (0.5 - mean) / std."""
+  mean, std = np.asarray(mean, np.float64), np.asarray(std, np.float64)
+  if mean.shape != (3,) or std.shape != (3,) or (std <= 0).any():
+    raise errors.InputError(
+        f"input mean and std take 3 values each (RGB), std > 0; got "
+        f"{mean.tolist()} and {std.tolist()}")
+  if "conv_root" in loaded.params:
+    raise errors.InputError(
+        "a hybrid's ResNet stem standardises its weights and pads its "
+        "input: its input normalisation cannot be folded into it")
+  embedding = loaded.params["embedding"]
+  kernel = np.asarray(embedding["kernel"], np.float64)
+  bias = embedding["bias"] + np.einsum("ijcd,c->d", kernel, (0.5 - mean) / std)
+  folded = {"kernel": (kernel / (2 * std)[:, None]).astype(np.float32),
+            "bias": bias.astype(np.float32)}
+  return dataclasses.replace(loaded, params={**loaded.params,
+                                             "embedding": folded})

@@ -1,0 +1,225 @@
+"""The release's `.npz` checkpoints and the layouts we read.
+
+Our params tree uses the module names of the released vit_jax files, so the
+release layout is just the tree flattened with '/'. Two more layouts load:
+big_vision's (modules numbered per type, position embedding at the top) and
+big_vision's scanned one (one `encoderblock` whose arrays carry a leading
+layer axis), each also under the `opt/target/` or `params/` prefix that
+published files use; bfloat16 arrays load as float32. Files are read
+without pickle.
+"""
+
+import contextlib
+import re
+import zipfile
+
+import flax
+import flax.linen as nn
+import jax
+from etils import epath
+import ml_dtypes
+import numpy as np
+
+from vit_jax import errors, models
+
+
+POSEMB_KEY = models.POSEMB_KEY
+
+
+# big_vision numbers modules per type; the release counts across types.
+_BIG_VISION_BLOCK_NAMES = {
+    "LayerNorm_0": "LayerNorm_0",
+    "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2",
+    "MlpBlock_0": "MlpBlock_3",
+}
+
+
+def save_npz(params, path):
+  """Writes `params` as a flat .npz in the released vit_jax layout.
+
+  `params` may be what `model.init(...)["params"]` returns (arrays boxed in
+  `nn.LogicallyPartitioned`, which are unboxed here), a FrozenDict or a plain
+  dict, of numpy or jax arrays (sharded ones too, when fully addressable).
+  A scanned model's stacked blocks are written one per layer.
+  """
+  params = flax.core.unfreeze(nn.meta.unbox(params))
+  flat = unscan_blocks(flax.traverse_util.flatten_dict(params, sep="/"))
+  arrays = {}
+  for key, value in flat.items():
+    array = np.asarray(value)
+    if array.dtype.hasobject:
+      raise errors.InputError(
+          f"{key!r} is not an array of numbers "
+          f"({type(value).__name__}); cannot save it without pickle")
+    arrays[key] = array
+  with open(path, "wb") as f:
+    np.savez(f, **arrays)
+
+
+def load_npz(path):
+  """Reads a released, big_vision or scanned big_vision .npz into our tree.
+
+  Files are read with `np.load(allow_pickle=False)`, never with pickle. The
+  tree may sit under a prefix, as in published files: `opt/target/` (some of
+  the original release) or `params/` (big_vision); see `to_release_layout`,
+  which drops whatever else such files hold (optimizer state, step counter).
+  bfloat16 arrays (stored by numpy as 2-byte void, `|V2`) load as float32,
+  exactly: every bfloat16 is a float32. Any other void, structured or object
+  array is refused with an InputError naming its key.
+  """
+  with _open_npz(path) as npz:
+    flat = {key: _read_array(npz, key, path) for key in npz.files}
+  return flax.traverse_util.unflatten_dict(to_release_layout(flat), sep="/")
+
+
+def npz_keys(path):
+  """The keys of an .npz, without reading its arrays."""
+  with _open_npz(path) as npz:
+    return npz.files
+
+
+@contextlib.contextmanager
+def _open_npz(path):
+  """The NpzFile at `path`, arrays read only when indexed; an InputError
+  for anything else."""
+  # epath: gs:// paths (the released files) read like local ones.
+  with epath.Path(path).open("rb") as f:
+    try:
+      npz = np.load(f, allow_pickle=False)
+    except (ValueError, EOFError, zipfile.BadZipFile) as e:
+      # numpy takes what is neither .npy nor .npz for a pickle.
+      raise errors.InputError(f"{path} is not an .npz file of arrays (an "
+                              "export of vit_jax, big_vision or timm)") from e
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+      raise errors.InputError(f"{path} is a single .npy array, not an .npz "
+                              "of named arrays")
+    with npz:
+      yield npz
+
+
+def _read_array(npz, key, path):
+  try:
+    array = npz[key]
+  except ValueError as e:
+    if "allow_pickle" in str(e):
+      raise errors.InputError(
+          f"{path}: {key!r} holds pickled objects; only plain arrays are "
+          "loaded, never pickle") from e
+    raise
+  dtype = array.dtype
+  if dtype.kind == "V" and dtype.itemsize == 2 and dtype.fields is None:
+    return array.view(ml_dtypes.bfloat16).astype(np.float32)  # Exact.
+  if dtype.kind in "VO":
+    raise errors.InputError(
+        f"{path}: {key!r} has dtype {dtype.str!r}, which is no "
+        "array of numbers (only 2-byte void, numpy's bfloat16, "
+        "is read)")
+  return array
+
+
+# Published files may store the tree under one of these; the rest of such a
+# file (e.g. `opt/state/...`, `step`) is training state that is not loaded.
+_PREFIXES = ("opt/target/", "params/")
+
+
+# What the release and big_vision layouts have at the top of the tree.
+_ROOT_LEAVES = ("cls", "pos_embedding")
+
+
+_ROOT_MODULES = ("embedding/", "Transformer/", "fc_norm/", "pre_logits/",
+                 "head/")
+
+
+def _is_param_key(key):
+  return key in _ROOT_LEAVES or key.startswith(_ROOT_MODULES)
+
+
+def _strip_prefix(flat):
+  """The params under a published prefix, dropping the file's other entries."""
+  found = [p for p in _PREFIXES
+           if any(k.startswith(p) and _is_param_key(k[len(p):]) for k in flat)]
+  if not found:
+    return flat
+  if len(found) > 1:
+    raise errors.InputError(
+        f"checkpoint has params under both {found[0]!r} and "
+        f"{found[1]!r}; cannot tell which tree to load")
+  (prefix,) = found
+  if any(_is_param_key(k) for k in flat):
+    raise errors.InputError(f"checkpoint has params both under {prefix!r} and "
+                            "without a prefix; cannot tell which tree to load")
+  return {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+
+
+def to_release_layout(flat):
+  """Renames a flat {'a/b/c': array} dict of any known layout to the release's.
+
+  A tree stored under `opt/target/` or `params/` is taken from there and every
+  entry outside that prefix (optimizer state such as `opt/state/...`, a
+  `step` counter, ...) is dropped. Then a scanned `Transformer/encoderblock/`
+  is split into one block per layer, and big_vision's per-type module names
+  are renamed to the release's. A dict with no key that a known layout would
+  have raises an InputError listing the keys it saw.
+  """
+  params = _strip_prefix(flat)
+  if not any(_is_param_key(k) for k in params):
+    keys = sorted(flat)
+    raise errors.InputError(
+        "not a ViT checkpoint of a known layout (released vit_jax or "
+        "big_vision, optionally under 'opt/target/' or 'params/'); first keys: "
+        f"{keys[:10]}{' ...' if len(keys) > 10 else ''}")
+  flat = unscan_blocks(params)
+  if any("/MlpBlock_0/" in k for k in flat):
+    flat = {_rename_big_vision_key(k): v for k, v in flat.items()}
+  return flat
+
+
+SCANNED_BLOCK = "Transformer/encoderblock/"
+
+
+_BLOCK_KEY = re.compile(r"Transformer/encoderblock_(\d+)/(.*)")
+
+
+def unscan_blocks(flat):
+  """Splits the stacked `Transformer/encoderblock/...` arrays of a scanned
+  model (leading axis: layer) into `encoderblock_{i}`; other keys pass.
+
+  Leaves may be arrays or jax.ShapeDtypeStructs (a model's abstract params).
+  """
+  out = {}
+  for key, value in flat.items():
+    if not key.startswith(SCANNED_BLOCK):
+      out[key] = value
+      continue
+    rest = key[len(SCANNED_BLOCK):]
+    for i in range(value.shape[0]):
+      out[f"Transformer/encoderblock_{i}/{rest}"] = (
+          jax.ShapeDtypeStruct(value.shape[1:], value.dtype)
+          if isinstance(value, jax.ShapeDtypeStruct) else value[i])
+  return out
+
+
+def scan_blocks(flat):
+  """unscan_blocks' inverse: stacks `encoderblock_{i}` arrays, i = 0, 1, ..."""
+  out, layers = {}, {}
+  for key, value in flat.items():
+    match = _BLOCK_KEY.fullmatch(key)
+    if match:
+      layers.setdefault(match.group(2), {})[int(match.group(1))] = value
+    else:
+      out[key] = value
+  for rest, by_layer in layers.items():
+    out[SCANNED_BLOCK + rest] = np.stack(
+        [by_layer[i] for i in range(len(by_layer))])
+  return out
+
+
+def _rename_big_vision_key(key):
+  if key == "pos_embedding":
+    return POSEMB_KEY
+  match = re.match(r"(Transformer/encoderblock_\d+/)([^/]+)(/.*)", key)
+  if match and match.group(2) in _BIG_VISION_BLOCK_NAMES:
+    prefix, module, rest = match.groups()
+    return prefix + _BIG_VISION_BLOCK_NAMES[module] + rest
+  return key

@@ -1,0 +1,262 @@
+"""Params to start a run from, to run on images, or to export.
+
+A source is any of
+  - an `.npz` in any layout `npz.load_npz` reads;
+  - a Hugging Face transformers ViT directory (config.json and
+    model.safetensors) or a timm `.safetensors` state dict
+    (vit_jax/weights/torch_files.py); PyTorch pickles are refused;
+  - a workdir of ours, `DIR` (its newest checkpoint) or `DIR:STEP`: its
+    Polyak average when it kept one, else its params.
+`load` reads any of them to host memory as numpy in the release layout,
+with the function it computes (models.FUNCTION_OPTIONS) and, where the
+source names them, its classes. `config.init_from` takes a source
+(`initial_params`, then `adaptation.adapt` fits it to the new model; the
+new run's optimizer starts fresh), and so does `for_inference`
+(vit_jax.predict, vit_jax.figures, vit_jax.export).
+"""
+
+import dataclasses
+import os
+import re
+
+import flax
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+from vit_jax import errors, models
+from vit_jax.runs import checkpoints
+from vit_jax.runs.store import read_config
+from vit_jax.weights import adaptation, npz, torch_files
+
+
+def parse_source(source):
+  """"DIR:STEP" -> (DIR, STEP); any other source -> (source, None)."""
+  match = re.fullmatch(r"(.+):(\d+)", source)
+  if match and not source.endswith(FILE_SUFFIXES):
+    return match.group(1), int(match.group(2))
+  return source, None
+
+
+FILE_SUFFIXES = (".npz", ".safetensors")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """A source's params (numpy, release layout) and what comes with them."""
+  params: dict
+  what: str  # where they came from, for messages
+  function: dict  # models.FUNCTION_OPTIONS values the source computes with
+  class_names: list | None = None  # an HF config's id2label
+  config: ml_collections.ConfigDict | None = None  # a run's
+
+
+def load(source, num_heads=None):
+  """The Checkpoint of `source`. `num_heads`: a timm file's head count,
+  where its width is none of the paper's variants'."""
+  path, step = parse_source(source)
+  if path.endswith(torch_files.PICKLE_SUFFIXES):
+    torch_files.refuse_pickle(path)
+  if step is not None and (path.endswith(FILE_SUFFIXES) or
+                           torch_files.is_hf_dir(path)):
+    raise errors.InputError(f"{source!r}: only a workdir has steps")
+  if path.endswith(".npz"):
+    params = npz.load_npz(path)
+    return Checkpoint(params, path, _function(flat_keys(params)))
+  if path.endswith(".safetensors") or torch_files.is_hf_dir(path):
+    read = (torch_files.read_timm(path, num_heads)
+            if path.endswith(".safetensors") else torch_files.read_hf(path))
+    return Checkpoint(flax.traverse_util.unflatten_dict(read.flat, sep="/"),
+                      path, read.function, read.class_names)
+  config = read_config(path)
+  params, what = load_run(path, step)
+  # A scanned run's stacked blocks, one per layer.
+  params = flax.traverse_util.unflatten_dict(npz.to_release_layout(
+      flax.traverse_util.flatten_dict(params, sep="/")), sep="/")
+  return Checkpoint(params, what, run_function(config), config=config)
+
+
+def flat_keys(params):
+  return flax.traverse_util.flatten_dict(params, sep="/").keys()
+
+
+def _function(keys):
+  """The function of release-layout params with these keys: the
+  release's, with final_norm "pooled" where they hold an fc_norm."""
+  return {**models.FUNCTION_OPTIONS,
+          "final_norm": "pooled" if any(k.endswith("fc_norm/scale")
+                                        for k in keys) else "tokens"}
+
+
+def run_function(config):
+  """The function a run of ours computes (runs recorded before the
+  options existed computed the release's)."""
+  return {key: config.model.get(key) if config.model.get(key) is not None
+          else default for key, default in models.FUNCTION_OPTIONS.items()}
+
+
+def function_of(source):
+  """What `load(source).function` says, reading only what tells it."""
+  path, _ = parse_source(source)
+  if path.endswith(torch_files.PICKLE_SUFFIXES):
+    torch_files.refuse_pickle(path)
+  if path.endswith(".npz"):
+    return _function(npz.npz_keys(path))
+  if path.endswith(".safetensors"):
+    return torch_files.timm_function(path)
+  if torch_files.is_hf_dir(path):
+    return torch_files.hf_function(path)
+  return run_function(read_config(path))
+
+
+def with_function(config, recorded=None):
+  """`config` with its model's FUNCTION_OPTIONS made explicit: those it
+  leaves unset (None) are the ones the run `recorded` when it started (its
+  config, or None for a new run: a resumed run does not read init_from
+  again), else its init_from's, so that a fine-tune computes its source's
+  function, else the release's. A value the config sets wins, with a
+  warning where the source differs."""
+  if recorded is not None:
+    source = run_function(recorded)
+  elif config.init_from:
+    try:
+      source = function_of(config.init_from)
+    except (errors.InputError, OSError) as e:
+      raise errors.ConfigError(
+          f"config.init_from={config.init_from!r}: {e}") from e
+  else:
+    source = {}
+  config = config.copy_and_resolve_references()
+  for key, default in models.FUNCTION_OPTIONS.items():
+    value = config.model.get(key)
+    if value is None:
+      with config.unlocked():
+        config.model[key] = source.get(key, default)
+    elif key in source and source[key] != value:
+      logging.warning("config.model.%s=%r, but init_from %s computes with "
+                      "%r", key, value, config.init_from, source[key])
+  return config
+
+
+def load_run(workdir, step=None):
+  """Params of step `step` (default: the newest) of the run in `workdir`:
+  its Polyak average when it kept one, else its params."""
+  directory = os.path.join(workdir, checkpoints.SUBDIR)
+  manager = ocp.CheckpointManager(
+      os.path.abspath(directory),
+      item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                     "progress": ocp.JsonCheckpointHandler()})
+  steps = manager.all_steps()
+  if not steps:
+    raise errors.InputError(
+        f"{workdir} holds no checkpoint (looked in {directory}); a source "
+        "is a workdir of ours, an .npz, an HF transformers directory or a "
+        "timm .safetensors file")
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise errors.InputError(
+        f"{workdir} has no checkpoint of step {step}; it has "
+        f"{sorted(steps)}")
+  saved = manager.item_metadata(step)["state"].tree
+  name = "polyak" if saved.get("polyak") else "params"
+  shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
+                        saved[name])
+  # As numpy on the host: the saved sharding belongs to another mesh.
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(
+          item={name: shapes}, partial_restore=True,
+          restore_args={name: jax.tree.map(
+              lambda _: ocp.RestoreArgs(restore_type=np.ndarray), shapes)})))
+  manager.close()
+  what = "Polyak average" if name == "polyak" else "params"
+  return restored.state[name], f"{workdir} step {step} ({what})"
+
+
+def initial_params(source, param_shapes, num_heads):
+  """Loads `source` and adapts it to a model with `num_heads` heads whose
+  params have the shapes (jax.ShapeDtypeStructs) `param_shapes`.
+
+  Returns a tree of numpy arrays, with the ShapeDtypeStructs of
+  `param_shapes` left where the new model keeps its own initialisation (a
+  new head). Raises a ConfigError naming the key and both shapes when the
+  checkpoint cannot fit. Nothing is compiled.
+  """
+  try:
+    loaded = load(source, num_heads)
+    logging.info("init_from: %s, %d params", loaded.what,
+                 sum(np.size(x) for x in jax.tree.leaves(loaded.params)))
+    return adaptation.adapt(loaded.params, param_shapes)
+  except (errors.InputError, OSError) as e:  # What the user gave, named.
+    raise errors.ConfigError(f"config.init_from={source!r}: {e}") from e
+
+
+def place(adapted, fresh_params, shardings):
+  """The adapted params as arrays sharded like `fresh_params`; the leaves
+  `adapted` left to the model's initialisation come from `fresh_params`."""
+  def put(value, fresh, sharding):
+    if isinstance(value, jax.ShapeDtypeStruct):
+      return fresh
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding,
+                                        lambda index: value[index])
+  return jax.tree.map(put, adapted, fresh_params, shardings,
+                      is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+
+
+@dataclasses.dataclass(frozen=True)
+class Inference:
+  """A model and its params, ready to run on images; `model, params =
+  inference` unpacks them."""
+  model: nn.Module  # float32, one module per block (no scan, no remat)
+  params: dict  # numpy arrays in the release layout
+  image_size: int  # the side its position embedding was trained at
+  what: str  # where the params came from, for messages
+  config: ml_collections.ConfigDict | None  # a run's; None for a file
+  class_names: list | None = None  # an HF config's
+
+  def __iter__(self):
+    return iter((self.model, self.params))
+
+  @property
+  def crop_fraction(self):
+    """How the run's evaluation resized images (1.0: plain resize)."""
+    return self.config.eval_crop_fraction if self.config else 1.0
+
+  def data(self, dataset="", data_dir=""):
+    """(dataset, data_dir or None): those given, else the run's."""
+    config = self.config
+    return (dataset or (config.dataset if config else ""),
+            data_dir or (config.data_dir if config else "") or None)
+
+
+def for_inference(source, num_heads=None):
+  """inference_of(load(source, num_heads))."""
+  return inference_of(load(source, num_heads))
+
+
+def inference_of(loaded):
+  """The model of a Checkpoint, with its params.
+
+  The architecture is read from the params' shapes (`models.from_params`),
+  so a file needs no config, and the function from the source. (An .npz
+  whose position embedding has no params, "sincos2d" or "none", needs its
+  run's workdir instead.) A source with no classification head (an HF
+  ViTModel, a timm model saved without one) is refused: fine-tune it with
+  init_from.
+  """
+  config = loaded.config
+  if "head" not in loaded.params:
+    raise errors.InputError(
+        f"{loaded.what} has no classification head (an HF ViTModel or a "
+        "headless timm model): give it to config.init_from to fine-tune one")
+  params = jax.tree.map(lambda x: np.asarray(x, np.float32), loaded.params)
+  model, image_size = models.from_params(
+      params, config.model.get("posemb") if config else None,
+      layer_norm_epsilon=loaded.function["layer_norm_epsilon"],
+      gelu=loaded.function["gelu"])
+  image_size = image_size or config.image_size
+  return Inference(model, params, image_size, loaded.what, config,
+                   loaded.class_names)

@@ -1,0 +1,318 @@
+"""ViT checkpoints of the PyTorch world, read and written as numpy.
+
+- A Hugging Face transformers directory: `config.json` and
+  `model.safetensors`, or shards listed in `model.safetensors.index.json`;
+  a `ViTModel` (its pooler is the pre-logits layer) or a
+  `ViTForImageClassification`. The architecture, the function (LayerNorm
+  epsilon, GELU) and the class names come from `config.json`.
+- A timm `VisionTransformer` state dict in one `.safetensors` file. Its
+  sizes come from the shapes; its head count from the hidden size of a
+  paper variant (or the caller); its function is timm's (epsilon 1e-6,
+  exact GELU, `fc_norm` for average-pool models).
+
+Files are read through safetensors' numpy API. PyTorch pickles (`.bin`,
+`.pt`, `.pth`) are refused: unpickling runs whatever code the file holds.
+torch_layouts.py holds the key names and array conversions.
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from vit_jax import errors, models
+from vit_jax.weights import torch_layouts
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+HF_WEIGHTS = "model.safetensors"
+HF_INDEX = "model.safetensors.index.json"
+HF_CONFIG = "config.json"
+# transformers' activation names -> our gelu. "gelu" is torch's exact GELU;
+# the other two are the tanh approximation the release computes.
+HF_GELU = {"gelu": "exact", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+TIMM_FUNCTION = {"layer_norm_epsilon": 1e-6, "gelu": "exact"}
+# What transformers 5 wants in a safetensors header to load the file.
+METADATA = {"format": "pt"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+  """A checkpoint read into the release layout."""
+  flat: dict  # {'a/b/c': numpy array}
+  function: dict  # models.FUNCTION_OPTIONS values it computes with
+  class_names: list | None = None
+
+
+def refuse_pickle(path):
+  """InputError for a PyTorch pickle, saying how to convert it."""
+  raise errors.InputError(
+      f"{path} is a PyTorch pickle, which vit_jax never loads (unpickling "
+      "runs the code a file holds); convert it once to safetensors where "
+      "you trust it.\n"
+      "An HF ViT: python -c \"import transformers; transformers."
+      "ViTForImageClassification.from_pretrained('DIR').save_pretrained("
+      "'NEW_DIR')\" (ViTModel for one without a head), then give NEW_DIR.\n"
+      "A timm or other state dict: python -c \"import torch, "
+      "safetensors.torch; safetensors.torch.save_file(torch.load('FILE', "
+      "map_location='cpu', weights_only=True), 'FILE.safetensors')\"")
+
+
+def is_hf_dir(path):
+  """Whether `path` is a directory of HF weights (a workdir of ours also
+  has a config.json, but never these)."""
+  return os.path.isdir(path) and any(
+      os.path.exists(os.path.join(path, name))
+      for name in (HF_WEIGHTS, HF_INDEX, "pytorch_model.bin"))
+
+
+def read_safetensors(path):
+  """{name: numpy array} of a .safetensors file."""
+  try:
+    return safetensors.numpy.load_file(path)
+  except (safetensors.SafetensorError, OSError) as e:
+    if isinstance(e, FileNotFoundError):
+      raise errors.InputError(f"{path} does not exist") from e
+    raise errors.InputError(f"{path} is not a .safetensors file: {e}") from e
+
+
+def write_safetensors(tensors, path):
+  # Written beside, then renamed: a failed write leaves no half file.
+  safetensors.numpy.save_file(tensors, path + ".tmp", metadata=METADATA)
+  os.replace(path + ".tmp", path)
+
+
+def heads_for_width(hidden_size):
+  """The head count of the paper's variant of this width (Ti..H)."""
+  for sizes in models.VARIANTS.values():
+    if sizes["hidden_size"] == hidden_size:
+      return sizes["num_heads"]
+  raise errors.InputError(
+      f"hidden size {hidden_size} is none of the paper's variants, so its "
+      "head count is unknown: give it (--num_heads)")
+
+
+def _read_json(path):
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError as e:
+    raise errors.InputError(f"{path} does not exist") from e
+  except json.JSONDecodeError as e:
+    raise errors.InputError(f"{path} is not JSON: {e}") from e
+
+
+def _hf_config(directory):
+  config = _read_json(os.path.join(directory, HF_CONFIG))
+  if config.get("model_type") != "vit":
+    raise errors.InputError(
+        f"{directory}: model_type {config.get('model_type')!r}; vit_jax reads "
+        "HF ViT models (model_type 'vit')")
+  act = config.get("hidden_act", "gelu")
+  if act not in HF_GELU:
+    raise errors.InputError(f"{directory}: hidden_act {act!r}; vit_jax "
+                            f"computes {sorted(HF_GELU)}")
+  return config
+
+
+def hf_function(directory):
+  """The function an HF ViT directory's config.json says it computes."""
+  return _hf_function(_hf_config(directory))
+
+
+def _hf_function(config):
+  # transformers' defaults where the config is silent.
+  return {"layer_norm_epsilon": float(config.get("layer_norm_eps", 1e-12)),
+          "gelu": HF_GELU[config.get("hidden_act", "gelu")],
+          "final_norm": "tokens"}
+
+
+def timm_function(path):
+  """What a timm file computes: timm's function, with the pooled features
+  normalised where it has an fc_norm. Reads only the file's header."""
+  try:
+    with safetensors.safe_open(path, framework="np") as f:
+      return _timm_function(f.keys())
+  except (safetensors.SafetensorError, OSError) as e:
+    if isinstance(e, FileNotFoundError):
+      raise errors.InputError(f"{path} does not exist") from e
+    raise errors.InputError(f"{path} is not a .safetensors file: {e}") from e
+
+
+def _timm_function(keys):
+  return {**TIMM_FUNCTION,
+          "final_norm": "pooled" if "fc_norm.weight" in keys else "tokens"}
+
+
+def read_hf(directory):
+  """The ViT in an HF transformers directory."""
+  config = _hf_config(directory)
+  tensors = {}
+  for path in _hf_weight_files(directory):
+    tensors.update(read_safetensors(path))
+  prefix = "vit." if any(k.startswith("vit.") for k in tensors) else ""
+  layout = "hf5" if any(k.startswith(prefix + "layers.") for k in tensors) \
+      else "hf"
+  if config.get("num_channels", 3) != 3:
+    raise errors.InputError(f"{directory}: {config['num_channels']} input "
+                            "channels; vit_jax's models take RGB")
+  if f"{prefix}pooler.dense.weight" in tensors and config.get(
+      "pooler_act", "tanh") != "tanh":
+    raise errors.InputError(f"{directory}: pooler_act "
+                            f"{config['pooler_act']!r}; the pre-logits "
+                            "layer is tanh")
+  heads = config.get("num_attention_heads", 12)
+  if not config.get("qkv_bias", True):  # Zero biases compute the same.
+    for key in torch_layouts.qkv_weights(layout, torch_layouts.num_layers_of(
+        tensors, layout, prefix), prefix):
+      if key in tensors:
+        tensors[key[:-len("weight")] + "bias"] = np.zeros(
+            tensors[key].shape[0], tensors[key].dtype)
+  flat = torch_layouts.to_release(tensors, layout, heads, prefix)
+  names = None
+  if "head/kernel" in flat and config.get("id2label"):
+    labels = config["id2label"]
+    names = [labels.get(str(i), str(i)) for i in
+             range(flat["head/kernel"].shape[1])]
+  return Read(flat, _hf_function(config), names)
+
+
+def _hf_weight_files(directory):
+  index = os.path.join(directory, HF_INDEX)
+  if os.path.exists(index):
+    shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
+    return [os.path.join(directory, shard) for shard in shards]
+  single = os.path.join(directory, HF_WEIGHTS)
+  if os.path.exists(single):
+    return [single]
+  pickles = [name for name in sorted(os.listdir(directory))
+             if name.endswith(PICKLE_SUFFIXES)]
+  if pickles:
+    refuse_pickle(os.path.join(directory, pickles[0]))
+  raise errors.InputError(f"{directory} has {HF_CONFIG} but neither "
+                          f"{HF_WEIGHTS} nor {HF_INDEX}")
+
+
+def read_timm(path, num_heads=None):
+  """The ViT of a timm state dict in a .safetensors file."""
+  tensors = read_safetensors(path)
+  if any(k.startswith(("vit.", "embeddings.")) for k in tensors):
+    raise errors.InputError(
+        f"{path} holds an HF transformers ViT: give the directory it lies "
+        f"in, with its {HF_CONFIG}")
+  if "patch_embed.proj.weight" not in tensors:
+    raise errors.InputError(
+        f"{path} is no timm VisionTransformer (no patch_embed.proj.weight); "
+        f"first keys: {sorted(tensors)[:6]}")
+  hidden = tensors["patch_embed.proj.weight"].shape[0]
+  num_heads = num_heads or heads_for_width(hidden)
+  has_class_token = "cls_token" in tensors
+  if has_class_token and "fc_norm.weight" in tensors:
+    raise errors.InputError(
+        f"{path} has a class token and fc_norm: timm then pools the mean of "
+        "the patch tokens beside the class token, which vit_jax's "
+        "classifiers ('token', 'gap') do not compute")
+  posemb = tensors.get("pos_embed")
+  if has_class_token and posemb is not None and _is_square(posemb.shape[1]):
+    # timm's no_embed_class: the class token gets no position embedding,
+    # which is the same as a zero one.
+    tensors["pos_embed"] = np.concatenate(
+        [np.zeros_like(posemb[:, :1]), posemb], axis=1)
+  function = _timm_function(tensors)
+  return Read(torch_layouts.to_release(tensors, "timm", num_heads), function)
+
+
+def _is_square(n):
+  return int(round(np.sqrt(n))) ** 2 == n
+
+
+def _check_writable(flat, layout, what):
+  """InputError unless `flat` is a ViT the layout can hold."""
+  cannot = []
+  if "conv_root/kernel" in flat:
+    cannot.append("a hybrid's ResNet stem")
+  if models.POSEMB_KEY not in flat:
+    cannot.append("a position embedding other than 'learn'")
+  if "mpp_head/kernel" in flat or "head/kernel" not in flat:
+    cannot.append("no classification head")
+  if "pre_logits/kernel" in flat:
+    cannot.append("a pre-logits layer (fine-tuned models have none)")
+  if layout == "hf" and "cls" not in flat:
+    cannot.append("no class token (classifier 'gap')")
+  if layout == "hf" and "fc_norm/scale" in flat:
+    cannot.append("final_norm 'pooled'")
+  if cannot:
+    raise errors.InputError(
+        f"{what} cannot be written for {layout}: the model has "
+        f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+
+
+def _sizes(flat):
+  patch, _, _, hidden = flat["embedding/kernel"].shape
+  tokens = flat[models.POSEMB_KEY].shape[1] - ("cls" in flat)
+  query = flat[torch_layouts.BLOCK.format(0) + torch_layouts.ATTENTION +
+               "/query/kernel"]
+  return dict(
+      patch_size=int(patch), hidden_size=int(hidden),
+      num_heads=int(query.shape[1]),
+      num_layers=len({k.split("/")[1] for k in flat
+                      if k.startswith("Transformer/encoderblock_")}),
+      mlp_dim=int(flat[torch_layouts.BLOCK.format(0) +
+                       "MlpBlock_3/Dense_0/kernel"].shape[1]),
+      num_classes=int(flat["head/kernel"].shape[1]),
+      image_size=models.grid_side(tokens, models.POSEMB_KEY) * int(patch))
+
+
+def write_hf(directory, flat, function, class_names, what):
+  """An HF transformers ViTForImageClassification directory."""
+  _check_writable(flat, "hf", what)
+  sizes = _sizes(flat)
+  hidden_act = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}[function["gelu"]]
+  names = class_names or [f"LABEL_{i}" for i in range(sizes["num_classes"])]
+  config = {
+      "architectures": ["ViTForImageClassification"], "model_type": "vit",
+      "hidden_size": sizes["hidden_size"],
+      "num_hidden_layers": sizes["num_layers"],
+      "num_attention_heads": sizes["num_heads"],
+      "intermediate_size": sizes["mlp_dim"], "hidden_act": hidden_act,
+      "layer_norm_eps": function["layer_norm_epsilon"],
+      "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+      "initializer_range": 0.02, "image_size": sizes["image_size"],
+      "patch_size": sizes["patch_size"], "num_channels": 3, "qkv_bias": True,
+      "encoder_stride": sizes["patch_size"],
+      "id2label": {str(i): name for i, name in enumerate(names)},
+      "label2id": {name: i for i, name in enumerate(names)},
+  }
+  os.makedirs(directory, exist_ok=True)
+  write_safetensors(torch_layouts.from_release(flat, "hf", prefix="vit."),
+                    os.path.join(directory, HF_WEIGHTS))
+  with open(os.path.join(directory, HF_CONFIG), "w") as f:
+    json.dump(config, f, indent=2)
+
+
+def write_timm(path, flat, function, what):
+  """A timm state dict; returns the Python lines that load it into timm's
+  VisionTransformer, whose arguments a state dict does not record."""
+  _check_writable(flat, "timm", what)
+  sizes = _sizes(flat)
+  write_safetensors(torch_layouts.from_release(flat, "timm"), path)
+  gap = "cls" not in flat
+  arguments = dict(
+      img_size=sizes["image_size"], patch_size=sizes["patch_size"],
+      embed_dim=sizes["hidden_size"], depth=sizes["num_layers"],
+      num_heads=sizes["num_heads"],
+      mlp_ratio=sizes["mlp_dim"] / sizes["hidden_size"],
+      num_classes=sizes["num_classes"], class_token=not gap,
+      global_pool="avg" if gap else "token",
+      fc_norm=function["final_norm"] == "pooled")
+  if function["gelu"] == "tanh":
+    arguments["act_layer"] = "gelu_tanh"
+  text = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
+  if function["layer_norm_epsilon"] != TIMM_FUNCTION["layer_norm_epsilon"]:
+    text += (", norm_layer=functools.partial(timm.layers.LayerNorm, "
+             f"eps={function['layer_norm_epsilon']!r})")
+  return ("import functools, safetensors.torch, timm\n"
+          f"model = timm.models.vision_transformer.VisionTransformer({text})\n"
+          f"model.load_state_dict(safetensors.torch.load_file({path!r}))")
