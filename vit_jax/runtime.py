@@ -6,67 +6,16 @@ none. `prepare` is what a tool does first, before JAX or TensorFlow loads:
 quiet libraries (QUIET_ENVIRONMENT, unless --verbose), the CPU as JAX's
 platform on a host with no TPU or GPU (else libtpu, installed with the
 `tpu` extra, probes for chips and logs its failure), and the CPU defaults
-below (`apply`). A process that trains then calls `prepare_to_train`
-(TensorFlow off the accelerators, the input pipeline's heap, the pod's
-processes joined); `compile_ahead_of_time` serves vit_jax.plan.
+(`apply`): TCMalloc, or glibc's malloc keeping freed memory in huge pages;
+YNNPACK for the dots; one CPU device per core. They make XLA:CPU's train
+step faster; docs/speed_on_cpu.md has the measurements behind each. None
+changes what is computed beyond float32 rounding (another matmul kernel, or
+a batch split over devices, sums in another order). A setting of the
+user's wins; VIT_JAX_CPU_DEFAULTS=0 leaves the process exactly as started.
 
-The CPU defaults make XLA:CPU's train step faster. Measured with
-benchmarks/train_step.py and explained with benchmarks/profile_step.py
-(docs/speed_on_cpu.md):
-
-- TCMalloc as the allocator, where JAX computes on the CPU and the host
-  has it (Debian and Ubuntu: `libtcmalloc-minimal4`), with freed memory
-  kept for reuse (`TCMALLOC_RELEASE_RATE=0`). XLA:CPU allocates each
-  step's temp buffers afresh and frees them after. With glibc's malloc
-  (even with the settings below) the heap kept growing: B/16 at batch 16
-  grew by a device's 1.6 GB buffer on 3 of its first 13 steps (8.9 ->
-  13.8 GB RSS, still growing), and each of those steps spent 6-7 s
-  faulting the new pages in. Ti/16's heap doubled over its first 6 steps.
-  With TCMalloc, RSS stayed flat from the first step (B/16 7.3 GB, Ti/16
-  3.1 GB against glibc's 6.1 GB) with no page faults after it. The
-  process keeps its peak until it exits. LD_PRELOAD takes effect only when
-  a process starts, so the command re-executes itself with it set.
-  Without TCMalloc, glibc's malloc gets the settings below.
-- Without TCMalloc (or with another library preloaded), transparent huge
-  pages for glibc's malloc (`hugetlb=1`). A step's temp buffer, served
-  with a fresh mmap, first-touched about half a million 4 KiB pages every
-  Ti/16 step: 1.6 s of kernel time per 3.8 s step. 2 MiB pages cut those
-  faults about 400-fold.
-- Without TCMalloc, where JAX computes on the CPU, freed memory kept in
-  glibc's heap: one arena (`arena_max=1`, so that XLA's threads allocate
-  in the heap that is kept), no mmap for large blocks (`mmap_max=0`) and no
-  trimming of the heap's top (`trim_threshold`). Even in 2 MiB pages,
-  B/16's buffers otherwise cost 1600 faults and 4-5 s of kernel time in
-  every 17-19 s step on this machine (a VM, where each fault of a 2 MiB
-  page took about 3 ms). The heap still grows over the first steps, as
-  above. Not on hosts with a TPU or GPU, whose step buffers are not in
-  this heap and whose many input threads would contend for the one arena.
-  glibc reads its tunables once, when a process starts, so the command
-  re-executes itself with them set.
-- YNNPACK for the dots it takes, Eigen for the rest, XLA's own code for
-  reductions (`--xla_cpu_use_xnnpack=false
-  --xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT`).
-  XNNPACK's kernels ran the step's dots more slowly than Eigen's (B/16:
-  16.1 -> 13.4 s per step). XLA's default for YNNPACK, XNNPACK's successor,
-  also hands it the layer norms' sums and the softmax's max, and the step
-  was slower with it than with Eigen alone (B/16 17.0 -> 15.7 s in an A/B in
-  one process). YNNPACK's dots alone, though, beat Eigen alone in every
-  A/B in one process (medians): Ti/16 3.09 -> 2.83 s and 2.99 -> 2.89 s,
-  B/16 13.5 -> 12.9 s and 19.3 -> 14.1 s. YNNPACK takes only dots whose
-  operands are row-major; Eigen runs the rest.
-- One CPU device per core (`--xla_force_host_platform_device_count`, the
-  largest power of two not above the cores this process may use). With one
-  device, XLA:CPU splits each op over the cores, and the step's many small
-  ops and its memory-bound passes keep them waiting on one another. With a
-  device per core, the batch is split over the data axis of the mesh and
-  each core runs its own share of the step (B/16: 18.8 -> 15.1 s). A power
-  of two so that the usual batch sizes divide among the devices; on a TPU
-  or GPU host this only shapes the unused CPU backend.
-
-None changes what is computed beyond float32 rounding (another matmul
-kernel, or a batch split over devices, sums in another order). A flag,
-tunable, preloaded library or TCMalloc setting of the user's wins;
-VIT_JAX_CPU_DEFAULTS=0 leaves the process exactly as started.
+A process that trains then calls `prepare_to_train` (TensorFlow off the
+accelerators, the input pipeline's heap, the pod's processes joined);
+`compile_ahead_of_time` serves vit_jax.plan.
 """
 
 import ctypes
@@ -87,16 +36,27 @@ QUIET_ENVIRONMENT = {
     "GRPC_VERBOSITY": "ERROR",
     "TF_ENABLE_ONEDNN_OPTS": "0",  # Its notice, and TF computes no model here.
 }
+# The allocator where JAX computes on the CPU: XLA:CPU allocates each step's
+# temp buffers afresh and frees them after, and glibc's heap kept growing
+# under that, each step that grew it faulting its new pages in.
 TCMALLOC = "tcmalloc_minimal"
 # TCMalloc's environment: freed memory kept for reuse, and no report on
 # stderr of every step buffer over 1 GiB.
 TCMALLOC_SETTINGS = {"TCMALLOC_RELEASE_RATE": "0",
                      "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40)}
+# Without TCMalloc: 2 MiB pages, for far fewer faults on a step's first touch
+# of its buffers.
 HUGE_PAGES = {"glibc.malloc.hugetlb": "1"}
 # glibc malloc tunables that keep freed memory in the heap: name -> value.
+# One arena, so that XLA's threads allocate in the heap that is kept; only
+# where JAX computes on the CPU, as on a TPU or GPU host the step buffers
+# are not in this heap and many input threads would contend for the arena.
 KEEP_MEMORY = {"glibc.malloc.arena_max": "1", "glibc.malloc.mmap_max": "0",
                "glibc.malloc.trim_threshold": str(1 << 40)}
-# XLA flags for the matmul and reduction kernels: name -> value.
+# XLA flags for the matmul and reduction kernels: name -> value. YNNPACK
+# for the dots it takes (both operands row-major), Eigen for the other dots,
+# XLA's own code for reductions: faster than XNNPACK, than Eigen alone and
+# than YNNPACK's default, which also takes the reductions.
 KERNEL_FLAGS = {"--xla_cpu_use_xnnpack": "false",
                 "--xla_cpu_experimental_ynn_fusion_type":
                     "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
@@ -217,7 +177,12 @@ def huge_pages_possible():
 
 
 def cpu_device_count():
-  """The largest power of two not above the cores this process may use."""
+  """The largest power of two not above the cores this process may use.
+
+  A device per core runs its own share of the batch, where one device
+  splits each op over the cores; a power of two, so that the usual batch
+  sizes divide among the devices.
+  """
   cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
            else os.cpu_count() or 1)
   return 1 << (cores.bit_length() - 1)
@@ -293,7 +258,8 @@ def apply():
   re-executes with `allocator_environment` if it changes the environment.
 
   Call it first thing in a `__main__` block, before JAX is imported,
-  anything is printed or any thread is started.
+  anything is printed or any thread is started: the loader reads LD_PRELOAD
+  and glibc its tunables only when a process starts.
   """
   if os.environ.get("VIT_JAX_CPU_DEFAULTS") == "0":
     return
