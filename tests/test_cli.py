@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint, cli, errors, models
+from vit_jax import cli, errors, models
+from vit_jax.weights import npz as npz_lib
 from tests.util import REPO
 
 DIGITS = ["vit_jax.main", "--config=configs/digits.py"]
@@ -77,10 +78,10 @@ MISTAKES = {
         "holds no run"),
     "predict without images": (
         ["vit_jax.predict", "--workdir={tmp}/empty"], "no images"),
-    "inspect a missing workdir": (
-        ["vit_jax.inspect", "--workdir={tmp}/nowhere"], "nowhere"),
-    "inspect an npz without --out": (
-        ["vit_jax.inspect", "--from={tmp}/cut.npz"], "--out"),
+    "figures of a missing workdir": (
+        ["vit_jax.figures", "--workdir={tmp}/nowhere"], "nowhere"),
+    "figures of an npz without --out": (
+        ["vit_jax.figures", "--from={tmp}/cut.npz"], "--out"),
     "unknown VTAB task": (
         ["vit_jax.vtab", "--config=configs/vtab.py:L/16", "--workdir={tmp}/v",
          "--tasks=natural,imagenet"], "imagenet"),
@@ -113,7 +114,7 @@ def scratch(tmp_path_factory):
                         num_heads=2)
   params = model.init(jax.random.key(0), np.zeros((1, 8, 8, 3), np.float32),
                       train=False)["params"]
-  checkpoint.save_npz(params, str(tmp / "small.npz"))
+  npz_lib.save_npz(params, str(tmp / "small.npz"))
   return str(tmp)
 
 
@@ -168,6 +169,72 @@ def test_verbose_shows_a_mistakes_traceback_too():
   assert done.returncode == 2
   assert "Traceback" in done.stderr and "error: config.batch_size" in (
       done.stderr)
+
+
+# A tool of a config file alone, so that what its message says about a file
+# that does not load is checked apart from training.
+CONFIG_TOOL = """
+from vit_jax import cli
+cli.prepare()
+from absl import flags
+from ml_collections import config_flags
+config_flags.DEFINE_config_file("config", None, "A config file.")
+def main(argv):
+  print(flags.FLAGS.config.total_steps)
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config=configs/nothere.py"], "--config=configs/nothere.py: no such "
+     "file"),
+    # The override fails first, on the config that did not load.
+    (["--config", "configs/nothere.py", "--config.total_steps=3"],
+     "--config=configs/nothere.py: no such file"),
+    (["--config=configs"], "--config=configs: Is a directory"),
+    (["--config=configs/digits.py:x"], "--config=configs/digits.py:x: "
+     "get_config() takes 0 positional arguments"),
+])
+def test_a_config_file_that_does_not_load_is_named(args, message):
+  done = subprocess.run([sys.executable, "-c", CONFIG_TOOL, *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == cli.EXIT_USER_ERROR, done.stderr
+  assert done.stderr.startswith(f"error: {message}"), done.stderr
+
+
+# A tool whose main leaves a tensorstore future's callback to an event loop
+# that is closed, as a failed checkpoint write leaves orbax's, then raises
+# another error where nothing can catch it.
+CLOSED_LOOP_TOOL = """
+from vit_jax import cli
+cli.prepare()
+import asyncio
+import tensorstore as ts
+class Doomed:
+  def __del__(self):
+    raise KeyError("another unraisable error")
+def main(argv):
+  promise, future = ts.Promise.new()
+  async def wait():
+    await future
+  loop = asyncio.new_event_loop()
+  loop.create_task(wait())
+  loop.run_until_complete(asyncio.sleep(0.01))
+  loop.close()
+  promise.set_result(None)
+  Doomed()
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_callbacks_to_a_closed_event_loop_are_quiet(verbose):
+  done = subprocess.run(
+      [sys.executable, "-c", CLOSED_LOOP_TOOL, *["--verbose"] * verbose],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert ("Event loop is closed" in done.stderr) == verbose
+  assert "KeyError: 'another unraisable error'" in done.stderr
 
 
 def test_user_errors_are_told_by_kind():

@@ -27,6 +27,7 @@ import traceback
 import warnings
 
 from absl import app, flags, logging
+from ml_collections.config_flags import config_flags as ml_config_flags
 
 from vit_jax import errors, runtime
 
@@ -71,25 +72,92 @@ def run(main, positional=False):
 def _parse_flags(argv):
   try:
     rest = flags.FLAGS(argv)
-    _check_config_files()
+    for name in _config_file_flags():
+      flag = flags.FLAGS[name]
+      error = _load_error(flag.value)
+      if error is not None:
+        raise errors.InputError(_config_file_message(
+            name, ml_config_flags.get_config_filename(flag), error))
     return rest
   except Exception as e:  # pylint: disable=broad-except
     # A flag or a config override that does not parse, a config file that
     # is missing or fails: the user's command line in every case.
     if verbose_requested(argv):
       traceback.print_exc()
-    _exit_with_message(_flag_error_message(e, argv))
+    _exit_with_message(_config_file_failure(argv) or
+                       _flag_error_message(e, argv))
 
 
-def _check_config_files():
-  """ml_collections defers a config file's load error to the first use of
-  the config: raise it now, with the path."""
-  for name, value in flags.FLAGS.flag_values_dict().items():
-    if type(value).__name__ == "_ErrorConfig":
-      path = flags.FLAGS[name].serialize().split("=", 1)[-1].split(":")[0]
-      reason = ("no such file" if not os.path.exists(path)
-                else "it does not load as a Python config file")
-      raise errors.InputError(f"--{name}={path}: {reason}")
+def _config_file_flags():
+  """The names of the flags that take an ml_collections config file."""
+  return [name for name in flags.FLAGS if isinstance(
+      flags.FLAGS[name].parser, ml_config_flags.ConfigFileFlagParser)]
+
+
+def _load_error(config):
+  """The error of a config file that did not load, or None.
+
+  For a file that is missing or raises an OSError, ml_collections' parser
+  returns, in place of the config, a stand-in whose every attribute access
+  raises an OSError caused by the load's error; a config that loaded lets
+  this lookup of a name it lacks fall back to the default.
+  """
+  try:
+    getattr(config, "_vit_jax_no_such_field", None)
+  except OSError as e:
+    return e.__cause__ or e
+  return None
+
+
+def _config_file_failure(argv):
+  """Why a config file named on the command line does not load, or None.
+
+  Parsing stops at the first error, which may come from the failed config
+  (an override of a config that did not load) or hide it: each file is
+  loaded again here, so that its own error is the one reported.
+  """
+  for name in _config_file_flags():
+    for argument in _flag_arguments(argv, name):
+      try:
+        error = _load_error(flags.FLAGS[name].parser.parse(argument))
+      except (TypeError, ValueError) as e:
+        # ml_collections re-raises these with the config's traceback as
+        # the message (for absl, which keeps only the message); the
+        # config's own error is what it re-raised.
+        error = e.__context__ or e
+      except Exception as e:  # pylint: disable=broad-except
+        error = e  # The config's own, as raised (a SyntaxError, ...).
+      if error is not None:
+        return _config_file_message(name, argument, error)
+  return None
+
+
+def _flag_arguments(argv, name):
+  """The values given to flag `name` in argv (`--name=V` or `--name V`)."""
+  values = []
+  for i, arg in enumerate(argv[1:], 1):
+    flag, equals, value = arg.lstrip("-").partition("=")
+    if arg.startswith("-") and flag == name:
+      if equals:
+        values.append(value)
+      elif i + 1 < len(argv):
+        values.append(argv[i + 1])
+  return values
+
+
+def _config_file_message(name, argument, error):
+  """`--NAME=ARGUMENT: why` for a config file that does not load."""
+  path = argument.split(":", 1)[0]
+  if not os.path.exists(path):
+    return f"--{name}={path}: no such file"
+  if isinstance(error, OSError) and error.strerror:
+    # The file's own (a directory) or one of a file that the config reads,
+    # which is then named.
+    reason = (error.strerror if error.filename in (None, path)
+              else _os_error_message(error))
+  else:
+    reason = str(error) or type(error).__name__
+  return f"--{name}={argument}: {reason}"
 
 
 def _call(main, argv):
@@ -156,12 +224,6 @@ def _flag_error_message(e, argv):
              and key in arg.split("=")[0]]
     message = (f"{given[0] if given else key}: the config has no key {key!r}"
                " (its keys: configs/base.py)")
-  elif "Error whilst parsing config file" in message:
-    # ml_collections puts the config's whole traceback into the message:
-    # its last line is what went wrong.
-    flag = message.split(": Error whilst")[0]
-    last = [line for line in message.splitlines() if line.strip()][-1]
-    message = f"{flag}: {last.split(': ', 1)[-1]}"
   return f"{message}\n(--helpfull lists every flag)"
 
 
@@ -172,57 +234,51 @@ def _configure_logging(verbose):
   _native_stdout_to_null()
   warnings.filterwarnings("ignore")
   logging.set_verbosity(logging.WARNING)
+  # absl sends every library's records (orbax, clu, ...) and vit_jax's
+  # through one logger, "absl", so no logger's level tells them apart: only
+  # the file that logged does.
   logging.get_absl_handler().addFilter(_own_records)
   # TensorFlow's Python logger has a handler of its own.
   std_logging.getLogger("tensorflow").setLevel(std_logging.ERROR)
-  sys.stderr = _WithoutClosedLoopTracebacks(sys.stderr)
+  sys.unraisablehook = _without_closed_loop_errors(sys.unraisablehook)
 
 
-class _WithoutClosedLoopTracebacks:
-  """`stream` (sys.stderr) less the tracebacks that end in "RuntimeError:
-  Event loop is closed". A checkpoint write that fails (a full disk) ends
-  orbax's event loop while tensorstore's other writes are under way; each
-  of their callbacks then prints one, dozens in all around the one error
-  that matters. Python prints them straight to sys.stderr, past
-  sys.excepthook."""
+def _without_closed_loop_errors(hook):
+  """`hook` (sys.unraisablehook) less the errors of callbacks that hand a
+  result to an event loop that is closed.
 
-  def __init__(self, stream):
-    self._stream = stream
-    self._partial = ""  # Of a line not yet ended.
-    self._traceback = []  # The lines of one being held back.
+  A checkpoint write that fails (a full disk) ends orbax's event loop while
+  tensorstore's other writes are under way. As each completes, tensorstore
+  calls the loop's call_soon_threadsafe from its own thread; the closed loop
+  raises RuntimeError there, which tensorstore hands to
+  PyErr_WriteUnraisable: dozens of tracebacks around the one error that
+  matters, each telling only that the loop is gone.
+  """
+  def quieter(unraisable):
+    if not _from_a_closed_loop(unraisable):
+      hook(unraisable)
+  return quieter
 
-  def write(self, text):
-    *lines, self._partial = (self._partial + text).split("\n")
-    for line in lines:
-      self._write_line(line + "\n")
-    return len(text)
 
-  def _write_line(self, line):
-    if not self._traceback and not line.startswith("Traceback ("):
-      self._stream.write(line)
-      return
-    self._traceback.append(line)
-    if line.startswith((" ", "Traceback (")):
-      return  # Its frames; the exception's own line ends it.
-    held, self._traceback = "".join(self._traceback), []
-    if line.strip() != "RuntimeError: Event loop is closed":
-      self._stream.write(held)
-
-  def flush(self):
-    if self._partial and not self._traceback:
-      self._stream.write(self._partial)
-      self._partial = ""
-    self._stream.flush()
-
-  def __getattr__(self, name):  # fileno, isatty, encoding, ...
-    return getattr(self._stream, name)
+def _from_a_closed_loop(unraisable):
+  """True for a RuntimeError raised by an event loop's (asyncio's, uvloop's)
+  closed check within its call_soon_threadsafe."""
+  if (unraisable.exc_type is not RuntimeError
+      or unraisable.exc_traceback is None):
+    return False
+  names = [frame.name.rsplit(".", 1)[-1]  # uvloop's: "uvloop.loop.Loop.x"
+           for frame in traceback.extract_tb(unraisable.exc_traceback)]
+  return names[-1] == "_check_closed" and "call_soon_threadsafe" in names
 
 
 def _native_stdout_to_null():
   """Python's prints keep the terminal; what native code writes to file
   descriptor 1 goes nowhere. Gloo, the CPU collectives of a pod emulated by
   several processes, prints a line per device and peer there, from several
-  threads at once, so that its lines come out interleaved."""
+  threads at once, so that its lines come out interleaved. It writes them
+  with std::cout whatever its settings (tcp::Context::printConnectivityInfo,
+  which no environment variable or log level guards), so only the file
+  descriptor can be quieted."""
   sys.stdout.flush()
   terminal = os.dup(1)
   null = os.open(os.devnull, os.O_WRONLY)
