@@ -17,12 +17,15 @@ if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 # The matmul and reduction kernels that `python -m vit_jax.main` picks on a
 # CPU (vit_jax/runtime.py), here too: the tests compare their own runs
 # with those of the processes they start.
-from vit_jax import runtime  # pylint: disable=g-import-not-at-top
+from vit_jax import runtime
 os.environ["XLA_FLAGS"] += " " + runtime.kernel_flags(
     os.environ["XLA_FLAGS"])
 # test_plan.py compiles for TPU slices in the pytest processes.
 runtime.compile_ahead_of_time()
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The libraries as quiet as the tools make them (some CPUs get a notice from
+# TensorFlow's oneDNN at import otherwise), in the processes tests start too.
+for name, value in runtime.QUIET_ENVIRONMENT.items():
+  os.environ.setdefault(name, value)
 # One XLA compilation cache for the session, shared by the pytest workers and
 # every process the tests start: many tests compile the same small programs,
 # each in a fresh process (a fifth of some files' time).
@@ -43,7 +46,7 @@ import pytest  # pylint: disable=g-import-not-at-top
 def digits_data_dir(tmp_path_factory):
   """A TFDS data_dir with `digits` prepared once for the whole session."""
   # Imported here so that runs needing no data don't load TensorFlow.
-  from vit_jax import input_pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import sources
   data_dir = str(tmp_path_factory.mktemp("tensorflow_datasets"))
-  input_pipeline.get_builder("digits", data_dir)
+  sources.get_builder("digits", data_dir)
   return data_dir
