@@ -166,7 +166,7 @@ def test_export_writes_the_polyak_average_and_gives_the_same_logits(
   mesh = sharding.make_mesh(config.mesh)
   program = step_lib.build(config, mesh, 10)
   manager = checkpoints_lib.manager(os.path.join(workdir, "checkpoints"), 3)
-  state, _ = checkpoints_lib.restore_latest(manager, program.state_shapes)
+  state, _ = checkpoints_lib.restore_newest_whole(manager, program.state_shapes)
   exported = npz_lib.load_npz(npz)
   assert_trees_equal(exported, jax.device_get(state.polyak))
   images = np.random.default_rng(0).uniform(-1, 1, (4, 8, 8, 3))

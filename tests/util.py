@@ -197,7 +197,7 @@ def latest_checkpoint(workdir, config):
   mesh = sharding.make_mesh(config.mesh)
   program = step_lib.build(config, mesh, num_classes=10)
   manager = checkpoints_lib.manager(os.path.join(workdir, "checkpoints"), 3)
-  state, progress = checkpoints_lib.restore_latest(manager,
+  state, progress = checkpoints_lib.restore_newest_whole(manager,
                                                    program.state_shapes)
   return int(state.step), jax.device_get(state.params), progress
 

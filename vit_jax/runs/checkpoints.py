@@ -10,11 +10,14 @@ import functools
 import os
 
 import jax
-from etils import epath
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
 
-from vit_jax.runs import storage
+from vit_jax import errors
+from vit_jax.runs import fingerprints, storage
 
 
 # Where a run keeps its orbax checkpoints, under its workdir.
@@ -44,21 +47,27 @@ def _register_array_handler():
     logging.set_verbosity(verbosity)
 
 
-def manager(directory, keep):
+def manager(directory, keep, read_only=False):
   """An orbax CheckpointManager keeping the newest `keep` steps. A save that
   a crash or a full disk left half-written is deleted when the next run
-  makes its manager."""
+  makes its manager (the run that holds the workdir, runs/lock.py).
+  `read_only`: one that writes and deletes nothing, to read a finished
+  run (also from a read-only copy of its workdir)."""
   _register_array_handler()
-  return ocp.CheckpointManager(
-      os.path.abspath(directory),
-      options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                           cleanup_tmp_directories=True))
+  if read_only:
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+  else:
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           cleanup_tmp_directories=True)
+  return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
 def save(checkpoints, step, state, progress):
   """Starts saving `state` (a pytree of jax.Arrays) and `progress` (JSON) at
   `step`, in the background; first raises a RunError if an earlier save
   failed for want of storage."""
+  # Computed where the arrays are: a few bytes an array reach the host.
+  progress = {**progress, "fingerprints": fingerprints.of(state)}
   with _storage_errors(checkpoints, f"save the checkpoint of step {step}"):
     checkpoints.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
@@ -102,16 +111,101 @@ def _storage_errors(checkpoints, what):
   return storage.stops_on_failure(f"{what} in {checkpoints.directory}", kept)
 
 
-def restore_latest(checkpoints, state_shapes):
-  """(state, progress) of the newest step, or None when there is none.
+# What orbax writes after a step's arrays: a step directory without them
+# was never finished, or has lost them since.
+COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "state/_METADATA")
+# A checkpoint that fails its checks is renamed to this (never deleted),
+# a name orbax does not take for a step.
+SET_ASIDE = "{step}.corrupt"
+
+
+def restore_newest_whole(checkpoints, state_shapes, set_aside=True):
+  """(state, progress) of the newest checkpoint that is whole and unaltered,
+  or None when there is none at all.
 
   `state_shapes` holds jax.ShapeDtypeStructs with shardings: each array is
-  read straight into its shards on the current mesh.
+  read straight into its shards on the current mesh. A checkpoint whose
+  commit markers are missing, whose arrays do not read, or whose arrays'
+  fingerprints differ from those saved with them is named in one warning,
+  renamed aside (SET_ASIDE) and the next older one tried; the processes of
+  a pod agree on each verdict. When every checkpoint fails, a RunError
+  names each and what failed. `set_aside=False` (a read-only manager)
+  only skips them.
   """
-  step = checkpoints.latest_step()
-  if step is None:
+  failed = []
+  for step in sorted(checkpoints.all_steps(), reverse=True):
+    restored, problem = _read_verified(checkpoints, step, state_shapes)
+    problem = _agreed(problem)
+    if problem is None:
+      if failed and set_aside:
+        checkpoints.reload()  # It still lists the steps set aside.
+      return restored.state, restored.progress
+    if set_aside:
+      aside = _set_aside(checkpoints.directory, step)
+      logging.warning("The checkpoint of step %d %s: set aside as %s; "
+                      "trying the one before it", step, problem, aside)
+    else:
+      logging.warning("The checkpoint of step %d %s; trying the one before "
+                      "it", step, problem)
+    failed.append(f"step {step} {problem}")
+  if failed:
+    raise errors.RunError(
+        f"no checkpoint in {checkpoints.directory} can be resumed from: "
+        f"{'; '.join(failed)}" + (
+            ". Each was renamed *.corrupt, not deleted; run the same command "
+            "again to start the run afresh" if set_aside else ""))
+  return None
+
+
+def _read_verified(checkpoints, step, state_shapes):
+  """(what orbax restored, None), or (None, what is wrong with it)."""
+  directory = epath.Path(checkpoints.directory) / str(step)
+  missing = [m for m in COMMIT_MARKERS if not (directory / m).exists()]
+  if missing:
+    return None, f"lacks its commit markers ({', '.join(missing)})"
+  try:
+    restored = checkpoints.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(state_shapes),
+        progress=ocp.args.JsonRestore()))
+  except Exception as e:  # pylint: disable=broad-except
+    # Any failure to read what was written is this checkpoint's; the
+    # message's first line says which (orbax adds pages of context).
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else (
+        type(e).__name__)
+    return None, f"does not read ({reason[:200]})"
+  expected = restored.progress.get("fingerprints")
+  if expected is not None:  # Checkpoints saved before they existed: none.
+    changed = fingerprints.mismatches(expected, restored.state)
+    if changed:
+      return None, (f"has arrays that differ from those saved "
+                    f"({', '.join(changed[:3])}"
+                    f"{', ...' if len(changed) > 3 else ''})")
+  return restored, None
+
+
+def _agreed(problem):
+  """`problem`, or on a pod the first process's problem when any has one:
+  a checkpoint is resumed from by all processes or by none."""
+  if jax.process_count() == 1:
+    return problem
+  flags = multihost_utils.process_allgather(np.int32(problem is not None))
+  if not np.any(flags):
     return None
-  restored = checkpoints.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(state_shapes),
-      progress=ocp.args.JsonRestore()))
-  return restored.state, restored.progress
+  return problem or "fails its checks on another process"
+
+
+def _set_aside(directory, step):
+  """Renames the checkpoint of `step` to a name orbax ignores (process 0;
+  the others wait for it); returns the new path."""
+  source = epath.Path(directory) / str(step)
+  target = epath.Path(directory) / SET_ASIDE.format(step=step)
+  number = 1
+  while target.exists():  # An earlier run's set-aside step of this number.
+    number += 1
+    target = epath.Path(directory) / (SET_ASIDE.format(step=step) +
+                                      f"-{number}")
+  if jax.process_index() == 0:
+    source.rename(target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
+  return target

@@ -14,20 +14,35 @@ import numpy as np
 
 from vit_jax import errors
 from vit_jax.data import broken_records, pipeline, shares
-from vit_jax.runs import checkpoints, store
+from vit_jax.runs import checkpoints, lock, store
 from vit_jax.training import (evaluators, polyak, preemption, reporting,
-                              step as step_lib)
+                              step as step_lib, timing)
+
+
+# A loss that turns NaN this soon after a restore points at the checkpoint.
+RECENT_RESTORE_STEPS = 10
 
 
 def train_and_evaluate(run):
   """Trains the resolved `run`, resuming from its workdir's latest
-  checkpoint. Returns the last metrics written (the evaluators' last
-  results and `core_days` among them), and `stopped_at_step` when a signal
-  stopped the run early."""
+  checkpoint, while it holds the workdir (runs/lock.py). Returns the last
+  metrics written (the evaluators' last results and `core_days` among
+  them), and `stopped_at_step` when a signal stopped the run early. A run
+  already finished is only evaluated and reported, writing nothing, so a
+  read-only copy of its workdir serves too."""
+  program = step_lib.build(run.config, run.mesh, run.num_classes)
+  directory = os.path.join(run.workdir, checkpoints.SUBDIR)
+  if max(checkpoints.complete_steps(directory), default=0) >= (
+      run.config.total_steps):
+    return report_finished(run, program, directory)
+  with lock.WorkdirLock(run.workdir):
+    return train(run, program, directory)
+
+
+def train(run, program, directory):
+  """The loop itself: steps, evaluations and saves from the latest step."""
   config, total = run.config, run.config.total_steps
-  program = step_lib.build(config, run.mesh, run.num_classes)
-  manager = checkpoints.manager(os.path.join(run.workdir, checkpoints.SUBDIR),
-                                config.keep_checkpoints)
+  manager = checkpoints.manager(directory, config.keep_checkpoints)
   state, saved, resumed = resume_or_start(manager, program, config)
   store.record(config, run.workdir, {
       **run.changes, **store.devices_change(saved.get("mesh"), run.mesh)})
@@ -46,14 +61,14 @@ def train_and_evaluate(run):
         # the running one: the CPU runtime deadlocks its collectives when
         # many are queued, and on TPU one queued step hides the dispatch.
         if previous is not None:
-          ensure_finite(previous, step - 1)
+          ensure_finite(previous, step - 1, start_step if resumed else None)
         previous = metrics
         stopping = stop_requested(step)
         log_now = stopping or reporting.due(step, config.log_every, total)
         save_now = stopping or reporting.due(step, config.checkpoint_every,
                                              total)
         if log_now or save_now or evaluate.any_due(step):
-          ensure_finite(metrics, step)
+          ensure_finite(metrics, step, start_step if resumed else None)
         report.step(step, metrics, log_now)
         with report.paused():  # Evaluation and saving are not steps.
           report.evaluated(step, evaluate.run_due(
@@ -69,16 +84,25 @@ def train_and_evaluate(run):
     # resumes from it rather than from an older step.
     checkpoints.finish(manager)
     report.close()
-  if start_step >= total:  # Finished in an earlier run: report, not train.
-    report.finished_earlier(evaluate.run_all(polyak.eval_params(state)))
   return report.last
+
+
+def report_finished(run, program, directory):
+  """The evaluators' results on a finished run's last checkpoint, and the
+  core-days it cost; reads the workdir and writes nothing."""
+  manager = checkpoints.manager(directory, keep=None, read_only=True)
+  state, saved = checkpoints.restore_newest_whole(
+      manager, program.state_shapes, set_aside=False)
+  results = evaluators.Evaluators(run, program).run_all(
+      polyak.eval_params(state))
+  return {**results, "core_days": timing.core_days(saved["train_seconds"])}
 
 
 def resume_or_start(manager, program, config):
   """(state, saved, whether it resumed): the latest checkpoint's state and
   what it carried (training seconds, skipped examples, mesh), or a new
   run's."""
-  restored = checkpoints.restore_latest(manager, program.state_shapes)
+  restored = checkpoints.restore_newest_whole(manager, program.state_shapes)
   if restored:
     state, saved = restored
     return state, {"skipped_examples": 0, **saved}, True
@@ -100,12 +124,21 @@ def train_batches(run, start_step):
                               f"{config.train_split}", config.broken_images)
 
 
-def ensure_finite(metrics, step):
-  """Stops the run at a non-finite loss, before anything of it is saved."""
+def ensure_finite(metrics, step, resumed_at=None):
+  """Stops the run at a non-finite loss, before anything of it is saved.
+  `resumed_at`: the step this run resumed from, if it did."""
   loss = float(metrics["train_loss"])
-  if not np.isfinite(loss):
+  if np.isfinite(loss):
+    return
+  if resumed_at is not None and step - resumed_at <= RECENT_RESTORE_STEPS:
     raise errors.RunError(
-        f"train_loss is {loss} at step {step}: stopped before saving any "
-        "state of that step, so the workdir keeps its last good checkpoint. "
-        "A lower optimizer.learning_rate, a longer warm-up or "
-        "optimizer.grad_clip_norm may help.")
+        f"train_loss is {loss} at step {step}, {step - resumed_at} steps after "
+        f"resuming from the checkpoint of step {resumed_at}: stopped before "
+        "saving any state of that step. So soon after a restore, suspect the "
+        f"checkpoint: move checkpoints/{resumed_at} aside and run the same "
+        "command to resume from the one before it.")
+  raise errors.RunError(
+      f"train_loss is {loss} at step {step}: stopped before saving any "
+      "state of that step, so the workdir keeps its last good checkpoint. "
+      "A lower optimizer.learning_rate, a longer warm-up or "
+      "optimizer.grad_clip_norm may help.")

@@ -77,10 +77,5 @@ class Report:
             "skipped_examples": self._skipped.total(),
             "mesh": dict(self._mesh.shape)}
 
-  def finished_earlier(self, results):
-    """The result of a run that had nothing left to train: `results` of
-    its evaluators now."""
-    self.last = {**results, "core_days": self._clock.core_days()}
-
   def close(self):
     self._writer.flush()

@@ -68,4 +68,10 @@ class RunClock:
     return self._earlier + time.time() - self._start
 
   def core_days(self):
-    return self.seconds() * self._num_devices / flops.SECONDS_PER_DAY
+    return core_days(self.seconds(), self._num_devices)
+
+
+def core_days(seconds, num_devices=None):
+  """Device-days of `seconds` on `num_devices` (default: all JAX sees)."""
+  num_devices = num_devices or jax.device_count()
+  return seconds * num_devices / flops.SECONDS_PER_DAY

@@ -148,7 +148,8 @@ def load_run(workdir, step=None):
   manager = ocp.CheckpointManager(
       os.path.abspath(directory),
       item_handlers={"state": ocp.PyTreeCheckpointHandler(),
-                     "progress": ocp.JsonCheckpointHandler()})
+                     "progress": ocp.JsonCheckpointHandler()},
+      options=ocp.CheckpointManagerOptions(read_only=True, create=False))
   steps = manager.all_steps()
   if not steps:
     raise errors.InputError(
