@@ -1,9 +1,11 @@
 """A workdir guards its run: a restart must use the config it was started with.
 
-`config.json` in the workdir is the config of the run. A restart with a
-config that differs in anything but CHANGEABLE_KEYS is refused (`check`)
-before anything in the workdir is written; allowed changes are appended to
-`config_changes.jsonl` and `config.json` is updated (`record`).
+`config.json` in the workdir is the config of the run, and this is the one
+module that reads or writes it. A restart with a config that differs in
+anything but CHANGEABLE_KEYS is refused (`differences_allowed`, called by
+vit_jax/run.py) before anything in the workdir is written; allowed changes
+are appended to `config_changes.jsonl` and `config.json` is updated
+(`record`).
 """
 
 import fnmatch
@@ -76,7 +78,7 @@ def changeable(key):
 
 def record(config, workdir, changes):
   """Writes `config` as the run's config.json, logging `changes` (from
-  `check`) to config_changes.jsonl. Only process 0 writes."""
+  `differences_allowed`) to config_changes.jsonl. Only process 0 writes."""
   if jax.process_index() > 0:
     return
   os.makedirs(workdir, exist_ok=True)
