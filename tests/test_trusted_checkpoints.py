@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import time
 
 import jax.numpy as jnp
@@ -152,15 +153,20 @@ def test_a_held_workdir_refuses_a_second_run_and_is_left_as_it_was(
   original, _, config = saved_run
   workdir = str(tmp_path / "run")
   shutil.copytree(original, workdir)
-  holder = {"host": socket.gethostname(), "pid": os.getpid(),
-            "since": time.time(), "renewed": time.time()}
-  with open(os.path.join(workdir, lock.LOCK_FILE), "w") as f:
-    json.dump(holder, f)
-  before = snapshot(workdir)
-  with pytest.raises(errors.RunError, match=f"in use by process {os.getpid()}"
-                     f" on host {socket.gethostname()}"):
-    run_training(config, workdir)
-  assert snapshot(workdir) == before
+  other_run = subprocess.Popen(["sleep", "300"])  # Alive, on this host.
+  try:
+    holder = {"host": socket.gethostname(), "pid": other_run.pid,
+              "since": time.time(), "renewed": time.time()}
+    with open(os.path.join(workdir, lock.LOCK_FILE), "w") as f:
+      json.dump(holder, f)
+    before = snapshot(workdir)
+    with pytest.raises(errors.RunError, match=f"in use by process "
+                       f"{other_run.pid} on host {socket.gethostname()}"):
+      run_training(config, workdir)
+    assert snapshot(workdir) == before
+  finally:
+    other_run.kill()
+    other_run.wait()
 
 
 def test_a_lock_left_by_kill_9_is_taken_over(digits_data_dir, tmp_path):
