@@ -7,15 +7,13 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from vit_jax import errors
-from vit_jax.training import step as step_lib
 from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
-                        main_flags, metric_rows, run_training, small_config,
-                        start_main, wait_for_step)
+                        main_flags, metric_rows, poison_step, run_training,
+                        small_config, start_main, wait_for_step)
 
 LONG = {"total_steps": 60, "log_every": 1, "evaluators.test.every": 30,
         "checkpoint_every": 25}
@@ -111,20 +109,7 @@ def test_kill_9_during_a_save_keeps_the_previous_checkpoint(
 
 def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
     digits_data_dir, tmp_path, monkeypatch):
-  real_make_train_step = step_lib.make_train_step
-
-  def poisoned_at_step_5(*args, **kwargs):
-    train_step = real_make_train_step(*args, **kwargs)
-
-    def step(state, batch):
-      state, metrics = train_step(state, batch)
-      poison = jnp.where(state.step == 5, jnp.nan, 1.0)
-      state = state.replace(
-          params=jax.tree.map(lambda p: p * poison, state.params))
-      return state, {**metrics, "train_loss": metrics["train_loss"] * poison}
-    return step
-
-  monkeypatch.setattr(step_lib, "make_train_step", poisoned_at_step_5)
+  poison_step(monkeypatch, 5)
   config = small_config(digits_data_dir, total_steps=12, log_every=1,
                         checkpoint_every=2,
                         **{"evaluators.test.every": 12})

@@ -11,16 +11,15 @@ import socket
 import subprocess
 import time
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from vit_jax import errors
 from vit_jax.runs import fingerprints, lock
-from vit_jax.training import step as step_lib
 from tests.util import (assert_trees_equal, finish, latest_checkpoint,
-                        made_once, main_flags, metric_rows, run_training,
-                        small_config, start_main, wait_for_step)
+                        made_once, main_flags, metric_rows, poison_step,
+                        run_training, small_config, start_main,
+                        wait_for_step)
 
 # Checkpoints at 4, 6 and 8 are kept (the 100/150/200, in small).
 SAVED = {"total_steps": 8, "checkpoint_every": 2, "keep_checkpoints": 3,
@@ -204,6 +203,21 @@ def test_a_second_run_started_later_loses_no_save_and_no_row(
   assert saved == list(range(1, 41))
 
 
+def test_a_finished_run_whose_last_checkpoint_is_damaged_trains_it_again(
+    saved_run, digits_data_dir, tmp_path):
+  original, _, _ = saved_run
+  config = small_config(digits_data_dir, **SAVED)
+  expected = latest_checkpoint(original, config)[1]
+  workdir = str(tmp_path / "run")
+  shutil.copytree(original, workdir)
+  truncate(os.path.join(workdir, "checkpoints", "8"))
+  run_training(config, workdir)
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "8.corrupt"))
+  step, params, _ = latest_checkpoint(workdir, config)
+  assert step == 8
+  assert_trees_equal(params, expected)
+
+
 def test_a_finished_run_is_reported_without_writing_to_its_workdir(
     saved_run, digits_data_dir, tmp_path):
   original, _, _ = saved_run
@@ -221,18 +235,7 @@ def test_a_loss_that_turns_nan_soon_after_a_restore_blames_the_checkpoint(
   workdir = str(tmp_path / "run")
   shutil.copytree(original, workdir)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "8"))
-  real_make_train_step = step_lib.make_train_step
-
-  def nan_at_step_8(*args, **kwargs):
-    train_step = real_make_train_step(*args, **kwargs)
-
-    def step(state, batch):
-      state, metrics = train_step(state, batch)
-      poison = jnp.where(state.step == 8, jnp.nan, 1.0)
-      return state, {**metrics, "train_loss": metrics["train_loss"] * poison}
-    return step
-
-  monkeypatch.setattr(step_lib, "make_train_step", nan_at_step_8)
+  poison_step(monkeypatch, 8)
   with pytest.raises(errors.RunError, match="train_loss is nan at step 8, 2 "
                      "steps after resuming from the checkpoint of step 6"):
     run_training(config, workdir)

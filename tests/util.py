@@ -95,6 +95,27 @@ def check_config(config):
   return mesh
 
 
+def poison_step(monkeypatch, at_step):
+  """Makes the train step of the runs built from now on turn their params
+  and loss into NaN at step `at_step`."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  real_make_train_step = step_lib.make_train_step
+
+  def poisoned(*args, **kwargs):
+    train_step = real_make_train_step(*args, **kwargs)
+
+    def step(state, batch):
+      state, metrics = train_step(state, batch)
+      poison = jnp.where(state.step == at_step, jnp.nan, 1.0)
+      state = state.replace(
+          params=jax.tree.map(lambda p: p * poison, state.params))
+      return state, {**metrics, "train_loss": metrics["train_loss"] * poison}
+    return step
+
+  monkeypatch.setattr(step_lib, "make_train_step", poisoned)
+
+
 def train_steps(program, state, config, num_steps, augment=()):
   """(the losses, the state) after `num_steps` steps of `program` on digits
   batches of `config`'s size."""

@@ -119,7 +119,16 @@ COMMIT_MARKERS = ("_CHECKPOINT_METADATA", "state/_METADATA")
 SET_ASIDE = "{step}.corrupt"
 
 
-def restore_newest_whole(checkpoints, state_shapes, set_aside=True):
+def restore_if_whole(checkpoints, step, state_shapes):
+  """(state, progress) of `step`, or None when it fails the checks of
+  restore_newest_whole (which then names and sets it aside)."""
+  restored, problem = _read_verified(checkpoints, step, state_shapes)
+  if _agreed(problem) is not None:
+    return None
+  return restored.state, restored.progress
+
+
+def restore_newest_whole(checkpoints, state_shapes):
   """(state, progress) of the newest checkpoint that is whole and unaltered,
   or None when there is none at all.
 
@@ -129,31 +138,25 @@ def restore_newest_whole(checkpoints, state_shapes, set_aside=True):
   fingerprints differ from those saved with them is named in one warning,
   renamed aside (SET_ASIDE) and the next older one tried; the processes of
   a pod agree on each verdict. When every checkpoint fails, a RunError
-  names each and what failed. `set_aside=False` (a read-only manager)
-  only skips them.
+  names each and what failed.
   """
   failed = []
   for step in sorted(checkpoints.all_steps(), reverse=True):
     restored, problem = _read_verified(checkpoints, step, state_shapes)
     problem = _agreed(problem)
     if problem is None:
-      if failed and set_aside:
+      if failed:
         checkpoints.reload()  # It still lists the steps set aside.
       return restored.state, restored.progress
-    if set_aside:
-      aside = _set_aside(checkpoints.directory, step)
-      logging.warning("The checkpoint of step %d %s: set aside as %s; "
-                      "trying the one before it", step, problem, aside)
-    else:
-      logging.warning("The checkpoint of step %d %s; trying the one before "
-                      "it", step, problem)
+    aside = _set_aside(checkpoints.directory, step)
+    logging.warning("The checkpoint of step %d %s: set aside as %s; trying "
+                    "the one before it", step, problem, aside)
     failed.append(f"step {step} {problem}")
   if failed:
     raise errors.RunError(
         f"no checkpoint in {checkpoints.directory} can be resumed from: "
-        f"{'; '.join(failed)}" + (
-            ". Each was renamed *.corrupt, not deleted; run the same command "
-            "again to start the run afresh" if set_aside else ""))
+        f"{'; '.join(failed)}. Each was renamed *.corrupt, not deleted; "
+        "run the same command again to start the run afresh")
   return None
 
 

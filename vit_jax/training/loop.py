@@ -32,9 +32,9 @@ def train_and_evaluate(run):
   read-only copy of its workdir serves too."""
   program = step_lib.build(run.config, run.mesh, run.num_classes)
   directory = os.path.join(run.workdir, checkpoints.SUBDIR)
-  if max(checkpoints.complete_steps(directory), default=0) >= (
-      run.config.total_steps):
-    return report_finished(run, program, directory)
+  finished = report_finished(run, program, directory)
+  if finished is not None:
+    return finished
   with lock.WorkdirLock(run.workdir):
     return train(run, program, directory)
 
@@ -88,11 +88,18 @@ def train(run, program, directory):
 
 
 def report_finished(run, program, directory):
-  """The evaluators' results on a finished run's last checkpoint, and the
-  core-days it cost; reads the workdir and writes nothing."""
+  """When the run's checkpoint of its last step is whole, the evaluators'
+  results on it and the core-days the run cost, else None (train, and set
+  a damaged one aside then). Reads the workdir and writes nothing."""
+  newest = max(checkpoints.complete_steps(directory), default=0)
+  if newest < run.config.total_steps:
+    return None
   manager = checkpoints.manager(directory, keep=None, read_only=True)
-  state, saved = checkpoints.restore_newest_whole(
-      manager, program.state_shapes, set_aside=False)
+  restored = checkpoints.restore_if_whole(manager, newest,
+                                          program.state_shapes)
+  if restored is None:
+    return None
+  state, saved = restored
   results = evaluators.Evaluators(run, program).run_all(
       polyak.eval_params(state))
   return {**results, "core_days": timing.core_days(saved["train_seconds"])}
