@@ -59,11 +59,12 @@ class Run:
 def resolve(config, workdir, devices=None):
   """The Run of `config` in `workdir` over `devices` (default: all)."""
   recorded = store.read_config(workdir) if store.has_run(workdir) else None
-  config = pretrained.with_function(config, recorded)
+  config = pretrained.with_function(config, recorded)  # The run's own copy.
   mesh = resolve_program(config, devices)
   data = sources.Sources(config.dataset, config.data_dir)
   check_data(config, data)
-  config = with_input_shares(config, recorded, mesh, data)
+  with config.unlocked():
+    config.input_shares = input_shares(config, recorded, mesh, data)
   changes = store.differences_allowed(config, recorded, workdir)
   return Run(config, workdir, mesh, data, changes)
 
@@ -176,10 +177,10 @@ def check_data(config, data):
     raise errors.ConfigError(str(e)) from e
 
 
-def with_input_shares(config, recorded, mesh, data):
-  """`config` with input_shares set: as the run `recorded` it, else as the
-  config sets it, else `shares.default`; refused when the mesh's
-  data-parallel devices cannot split it."""
+def input_shares(config, recorded, mesh, data):
+  """The run's input_shares: as the run `recorded` it, else as the config
+  sets it, else `shares.default`; refused when the mesh's data-parallel
+  devices cannot split it."""
   data_parallel = sharding.data_parallel_size(mesh)
   count = config.get("input_shares")
   if count is None and recorded is not None:
@@ -199,7 +200,4 @@ def with_input_shares(config, recorded, mesh, data):
         f"multiple of data x fsdp and divide the batch. A resumed run keeps "
         f"the count it started with: resume it on a mesh whose data x fsdp "
         f"divides {count}")
-  config = config.copy_and_resolve_references()
-  with config.unlocked():
-    config.input_shares = count
-  return config
+  return count

@@ -48,6 +48,7 @@ def train(run, program, directory):
       **run.changes, **store.devices_change(saved.get("mesh"), run.mesh)})
   evaluate = evaluators.Evaluators(run, program)
   start_step = int(state.step)
+  restored_at = start_step if resumed else None  # For ensure_finite's advice.
   report = reporting.Report(run, program, start_step, saved, resumed)
   batches = train_batches(run, start_step)
   previous = None
@@ -61,14 +62,14 @@ def train(run, program, directory):
         # the running one: the CPU runtime deadlocks its collectives when
         # many are queued, and on TPU one queued step hides the dispatch.
         if previous is not None:
-          ensure_finite(previous, step - 1, start_step if resumed else None)
+          ensure_finite(previous, step - 1, restored_at)
         previous = metrics
         stopping = stop_requested(step)
         log_now = stopping or reporting.due(step, config.log_every, total)
         save_now = stopping or reporting.due(step, config.checkpoint_every,
                                              total)
         if log_now or save_now or evaluate.any_due(step):
-          ensure_finite(metrics, step, start_step if resumed else None)
+          ensure_finite(metrics, step, restored_at)
         report.step(step, metrics, log_now)
         with report.paused():  # Evaluation and saving are not steps.
           report.evaluated(step, evaluate.run_due(

@@ -29,7 +29,6 @@ class Report:
     config = run.config
     self._mesh = run.mesh
     self._start_step = start_step
-    self._log_every, self._total = config.log_every, config.total_steps
     self._writer = writers.create(run.workdir, start_step)
     self._printer = progress.Progress(config.total_steps, start_step,
                                       config.batch_size, config.log_every,
