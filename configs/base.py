@@ -22,6 +22,10 @@ def get_config():
   # Comma-separated: flip, shift, inception_crop, random_crop (resize to 7/6
   # of image_size, crop back: the fine-tuning recipe).
   config.augment = ""
+  # RandAugment "N,M": N ops a image at magnitude M of 10, after the crop
+  # and the resize (docs/randaugment.md); "" for none. "2,10" is the plain
+  # ImageNet baseline's (configs/from_scratch/plain_vit.py).
+  config.randaugment = ""
   # Evaluation resizes to image_size; f < 1 resizes to image_size / f and
   # takes the central crop (0.875: 256 -> 224).
   config.eval_crop_fraction = 1.0
@@ -37,6 +41,8 @@ def get_config():
   # layer_norm_epsilon, gelu ("tanh", "exact") and final_norm ("tokens",
   # "pooled"): unset, they are init_from's (an HF or timm model's own),
   # else the release's (1e-6, "tanh", "tokens"); the run records them.
+  # head_bias_init: the head's initial bias; -10 starts a sigmoid loss
+  # with every class improbable (big_vision's ImageNet-21k configs).
   config.model = ml_collections.ConfigDict(dict(
       name="", classifier="token",
       representation_size=ml_collections.config_dict.placeholder(int),
@@ -44,7 +50,16 @@ def get_config():
       remat_policy="", scan_layers=False, posemb="learn", mpp=False,
       layer_norm_epsilon=ml_collections.config_dict.placeholder(float),
       gelu=ml_collections.config_dict.placeholder(str),
-      final_norm=ml_collections.config_dict.placeholder(str)))
+      final_norm=ml_collections.config_dict.placeholder(str),
+      head_bias_init=0.0))
+  # The targets and the loss (vit_jax/training/targets.py): "softmax" or
+  # "sigmoid" cross-entropy; label smoothing; Mixup and CutMix, each
+  # drawn for a whole batch with probability prob and its ratio from
+  # Beta(alpha, alpha); their probs add up to at most 1.
+  config.loss = "softmax"
+  config.label_smoothing = 0.0
+  config.mixup = ml_collections.ConfigDict(dict(prob=0.0, alpha=0.2))
+  config.cutmix = ml_collections.ConfigDict(dict(prob=0.0, alpha=1.0))
   config.batch_size = 0
   config.accum_steps = 1  # Raise it where a batch does not fit in memory.
   config.total_steps = 0

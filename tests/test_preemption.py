@@ -15,8 +15,12 @@ from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
                         main_flags, metric_rows, poison_step, run_training,
                         small_config, start_main, wait_for_step)
 
+# With the from-scratch recipe's draws, keyed by (seed, example) and
+# (seed, step): a resume must draw them as they were.
+# (tests/test_elastic.py resumes runs without them.)
 LONG = {"total_steps": 60, "log_every": 1, "evaluators.test.every": 30,
-        "checkpoint_every": 25}
+        "checkpoint_every": 25, "randaugment": "2,10", "mixup.prob": 0.4,
+        "cutmix.prob": 0.4, "label_smoothing": 0.1}
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +36,7 @@ def uninterrupted(digits_data_dir, tmp_path_factory):
 
 def test_sigterm_saves_at_the_next_step_and_resumes_bitwise(
     digits_data_dir, tmp_path, uninterrupted):
+  """With RandAugment, Mixup, CutMix and label smoothing on."""
   config, expected = uninterrupted
   workdir = str(tmp_path)
   args = main_flags(workdir, digits_data_dir, **LONG)

@@ -77,6 +77,7 @@ SPLITS = {
     "oxford_flowers102": {"train": 1_020, "validation": 1_020,
                           "test": 6_149},
     "imagenet2012_real": {"validation": 50_000},
+    "imagenet_v2": {"test": 10_000},
 }
 # Not in the catalog: (train images, classes). JFT-300M has 18,291 classes,
 # big_vision's ImageNet-21k 21,843.
@@ -230,7 +231,7 @@ def test_pretrain_is_table3(arg):
       representation_size=expected["width"], dropout_rate=expected["dropout"],
       attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="",
       scan_layers=True, posemb="learn", mpp=False, layer_norm_epsilon=None,
-      gelu=None, final_norm=None)
+      gelu=None, final_norm=None, head_bias_init=0.0)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
@@ -305,7 +306,7 @@ def test_finetune_is_table4(arg):
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16",
       remat_policy="dots_with_no_batch_dims_saveable", scan_layers=True,
       posemb="learn", mpp=False, layer_norm_epsilon=None, gelu=None,
-      final_norm=None)
+      final_norm=None, head_bias_init=0.0)
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
   # 2% of the train split held out: the minival that picks the lr.
   assert config.train_split == "train[:98%]"

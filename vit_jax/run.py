@@ -32,7 +32,7 @@ from jax.sharding import Mesh
 from vit_jax import errors, models, sharding
 from vit_jax.data import preprocess, shares, sources
 from vit_jax.runs import store
-from vit_jax.training import evaluators, optimizer
+from vit_jax.training import evaluators, optimizer, targets
 from vit_jax.weights import pretrained
 
 
@@ -130,7 +130,12 @@ def check_values(config):
     preprocess.parse_augmentations(config.augment)
   except errors.InputError as e:
     raise errors.ConfigError(f"config.augment: {e}") from e
+  try:
+    preprocess.parse_randaugment(config.randaugment)
+  except errors.InputError as e:
+    raise errors.ConfigError(f"config.{e}") from e  # It names the key.
   optimizer.create(config.optimizer, config.total_steps)  # Its own checks.
+  targets.check(config)
 
 
 def _get(config, dotted):

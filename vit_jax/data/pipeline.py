@@ -41,34 +41,9 @@ READ_BUFFER_BYTES = 1 << 20
 _FOREVER = 2**62  # Epochs in an "infinite" stream.
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def train_dataset(source, split, *, batch_size, image_size, augment=(),
-                  seed=0, start_step=0, shares=(0,), num_shares=1,
+                  randaugment="", seed=0, start_step=0, shares=(0,),
+                  num_shares=1,
                   shuffle_records=SHUFFLE_RECORDS) -> tf.data.Dataset:
   """Infinite, reproducible stream of this process's rows of every batch.
 
@@ -77,7 +52,8 @@ def train_dataset(source, split, *, batch_size, image_size, augment=(),
   shuffled anew each epoch. A process reads only the shares in `shares` (the
   consecutive shares of the devices it drives) and yields their blocks
   concatenated: {"image": uint8 [rows, image_size, image_size, 3]
-  (preprocess.py), "label": int32 [rows], "mask": float32 [rows], "index":
+  (preprocess.py; `randaugment` "N,M" after the resize), "label": int32
+  [rows], "mask": float32 [rows], "index":
   int32 [rows]}, rows = batch_size / num_shares * len(shares). "mask" is 0.0
   for an example whose image does not decode, a row of zeros, and "index" is
   each record's position in the split (broken_records.py).
@@ -96,6 +72,7 @@ def train_dataset(source, split, *, batch_size, image_size, augment=(),
   `shuffle_records` however many shares it reads.
   """
   names = preprocess.parse_augmentations(augment)
+  preprocess.parse_randaugment(randaugment)  # Its error, before reading.
   block = _block_size(batch_size, image_size, shares, num_shares)
   source.num_examples(split)  # A missing split's error.
   table = _ShareTable(source, split, num_shares)
@@ -132,7 +109,8 @@ def train_dataset(source, split, *, batch_size, image_size, augment=(),
     example_seed = tf.random.experimental.stateless_fold_in(key, position)
     image = preprocess.decode_and_augment(record[1][source.image_key], names,
                                           example_seed, image_size)
-    return {"image": preprocess.resize(image, image_size),
+    image = preprocess.resize(image, image_size)
+    return {"image": preprocess.randaugment(image, randaugment, example_seed),
             "label": source.label(record[1])}
 
   # Block b of share s, then of share s + 1, ...: the process's rows of a

@@ -25,6 +25,12 @@ applied in the order given, to the decoded image, before the final resize:
                   image_size x image_size crop, so the final resize is a no-op.
                   Usually followed by flip: "random_crop,flip".
 
+RandAugment (config.randaugment "N,M", vit_jax/data/randaugment.py) comes
+after them and after the final resize, at the model's resolution, as in
+big_vision's recipe; it draws from a seed of its own folded off the
+example's, so that turning it on leaves the other augmentations' draws as
+they were.
+
 Evaluation resizes to the image size, or with a crop fraction f < 1 resizes
 to round(image_size / f) and takes the central image_size square (the
 ImageNet-style f = 0.875: 256 -> 224); see `eval_resize`.
@@ -33,6 +39,7 @@ ImageNet-style f = 0.875: 256 -> 224); see `eval_resize`.
 import tensorflow as tf
 
 from vit_jax import errors
+from vit_jax.data import randaugment as randaugment_lib
 
 SHIFT_DIVISOR = 8  # "shift" moves by at most ceil(side / SHIFT_DIVISOR).
 INCEPTION_AREA_RANGE = (0.05, 1.0)
@@ -224,3 +231,33 @@ def decode_and_augment(encoded, names, seed, image_size):
   crop_seed = tf.random.experimental.stateless_split(seed, num=len(names))[0]
   image = decode_and_inception_crop(encoded, crop_seed)
   return augment_image(image, names, seed, image_size, done=1)
+
+
+# Folded into an example's seed for RandAugment's draws.
+RANDAUGMENT_STREAM = 0x7261  # "ra"
+
+
+def parse_randaugment(spec):
+  """"N,M" -> (N, M): N ops an image at magnitude M; "" -> (0, 0.0)."""
+  if not spec:
+    return 0, 0.0
+  try:
+    layers, magnitude = str(spec).split(",")
+    layers, magnitude = int(layers), float(magnitude)
+  except ValueError:
+    raise errors.InputError(
+        f"randaugment must be 'N,M' (N ops per image at magnitude M of "
+        f"{randaugment_lib.MAX_MAGNITUDE:g}, e.g. '2,10'), or '' for none; "
+        f"got {spec!r}") from None
+  randaugment_lib.check(layers, magnitude)
+  return layers, magnitude
+
+
+def randaugment(image, spec, seed):
+  """RandAugment as `spec` ("N,M") says, with a seed folded off the
+  example's `seed`; the image as it is for ""."""
+  layers, magnitude = parse_randaugment(spec)
+  if not layers:
+    return image
+  seed = tf.random.experimental.stateless_fold_in(seed, RANDAUGMENT_STREAM)
+  return randaugment_lib.randaugment(image, seed, layers, magnitude)

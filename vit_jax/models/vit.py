@@ -14,10 +14,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from vit_jax import errors, sharding
-from vit_jax.models import masked_patches as mpp_lib, resnet
+from vit_jax.models import losses, masked_patches as mpp_lib, resnet
 
 Dtype = Any
 
@@ -77,6 +76,9 @@ class ViTConfig:
     (vit_jax/weights/torch_layouts.py). final_norm "pooled" normalises what
     the head reads instead of every token, and keeps the last LayerNorm's
     params as `fc_norm`.
+  head_bias_init: the classifier head's initial bias, for every class: 0
+    (the release's), or e.g. -10 for a sigmoid loss, which then starts
+    from every class improbable rather than at probability 1/2.
   """
   patch_size: int
   hidden_size: int
@@ -97,6 +99,7 @@ class ViTConfig:
   layer_norm_epsilon: float = 1e-6
   gelu: str = "tanh"
   final_norm: str = "tokens"
+  head_bias_init: float = 0.0
 
   @property
   def class_token(self):
@@ -309,6 +312,15 @@ class Encoder(nn.Module):
     return _layer_norm("encoder_norm", config)(x)
 
 
+def unit_range(images):
+  """uint8 images, as the input pipeline ships them, scaled to [-1, 1] in
+  float32 (the released checkpoints' range); float images are taken to be
+  in that range already."""
+  if images.dtype == jnp.uint8:
+    return images.astype(jnp.float32) / 127.5 - 1
+  return images
+
+
 class ImageEncoder(nn.Module):
   """Images to encoded tokens [N, tokens, D], what every head reads.
 
@@ -323,9 +335,7 @@ class ImageEncoder(nn.Module):
   @nn.compact
   def __call__(self, images, *, train, corruption=None):
     config = self.config
-    if images.dtype == jnp.uint8:  # As the input pipeline ships them.
-      images = images.astype(jnp.float32) / 127.5 - 1
-    x = images.astype(config.dtype)
+    x = unit_range(images).astype(config.dtype)
     if config.resnet_stages is not None:
       x = resnet.stem(x, stages=config.resnet_stages,
                       width=config.resnet_width, dtype=config.dtype,
@@ -381,11 +391,12 @@ class ClassifierHead(nn.Module):
     # What the head reads (the pre-logits): few-shot evaluation fits its own
     # linear classifiers to these.
     self.sow("intermediates", "features", x)
-    # Zero-initialised: a fresh head starts from uniform predictions.
+    # A zero kernel: a fresh head predicts the same for every image.
     logits = nn.Dense(
         self.num_classes, dtype=config.dtype, param_dtype=config.param_dtype,
         kernel_init=_init(nn.initializers.zeros, (None, "classes")),
-        bias_init=_init(nn.initializers.zeros, ("classes",)),
+        bias_init=_init(nn.initializers.constant(config.head_bias_init),
+                        ("classes",)),
         name="head")(x)
     return logits.astype(jnp.float32)
 
@@ -460,14 +471,14 @@ class VisionTransformer(nn.Module):
     return self.classify(self.encoder(images, train=train))
 
   @nn.nowrap
-  def loss(self, params, images, labels, weights, key):
-    """The training loss: the examples' cross-entropies summed with
-    `weights` (1/n each for the mean over n; 0 leaves a row out); `key` draws
-    the dropout."""
+  def loss(self, params, images, targets, weights, key, kind="softmax"):
+    """The training loss: the examples' cross-entropies (`kind`, with
+    integer labels or rows of class weights: losses.py) summed with
+    `weights` (1/n each for the mean over n; 0 leaves a row out); `key`
+    draws the dropout."""
     logits = self.apply({"params": params}, images, train=True,
                         rngs={"dropout": key})
-    return (weights * optax.softmax_cross_entropy_with_integer_labels(
-        logits, labels)).sum()
+    return (weights * losses.cross_entropy(kind, logits, targets)).sum()
 
   @nn.nowrap
   def check_options(self):
@@ -553,9 +564,9 @@ class MaskedPatchViT(VisionTransformer):
                                      corruption=corruption))
 
   @nn.nowrap
-  def loss(self, params, images, labels, weights, key):
+  def loss(self, params, images, targets, weights, key, kind="softmax"):
     """Each image's mean cross-entropy over its corrupted patches, summed
-    with `weights` as VisionTransformer.loss; labels are not used. `key`
-    draws the corruption and the dropout."""
-    del labels
+    with `weights` as VisionTransformer.loss; the targets are the patches'
+    colours, not the labels. `key` draws the corruption and the dropout."""
+    del targets, kind
     return mpp_lib.loss(self, params, images, weights, *jax.random.split(key))

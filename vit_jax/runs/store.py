@@ -43,7 +43,10 @@ ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
               "model.posemb": "learn", "model.mpp": False,
               "broken_images": "skip", "model.layer_norm_epsilon": 1e-6,
               "model.gelu": "tanh", "model.final_norm": "tokens",
-              "input_shares": RESOLVED}
+              "input_shares": RESOLVED, "model.head_bias_init": 0.0,
+              "loss": "softmax", "label_smoothing": 0.0, "mixup.prob": 0.0,
+              "mixup.alpha": 0.2, "cutmix.prob": 0.0, "cutmix.alpha": 1.0,
+              "randaugment": ""}
 
 
 def differences_allowed(config, recorded, workdir):

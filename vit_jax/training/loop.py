@@ -124,7 +124,8 @@ def train_batches(run, start_step):
   config = run.config
   batches = pipeline.train_dataset(
       run.source, config.train_split, batch_size=config.batch_size,
-      image_size=config.image_size, augment=config.augment, seed=config.seed,
+      image_size=config.image_size, augment=config.augment,
+      randaugment=config.randaugment, seed=config.seed,
       start_step=start_step,
       shares=shares.process_shares(run.mesh, config.input_shares),
       num_shares=config.input_shares).as_numpy_iterator()

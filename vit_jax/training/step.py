@@ -17,7 +17,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from vit_jax import models, sharding
-from vit_jax.training import optimizer, polyak
+from vit_jax.training import optimizer, polyak, targets
 from vit_jax.weights import pretrained
 
 
@@ -54,9 +54,10 @@ def abstract_state(model, tx, image_size, polyak_decay, mesh):
 
 
 def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
-                    unroll=False):
+                    recipe, unroll=False):
   """state, batch -> state, metrics; the gradient of the batch's mean loss,
-  summed over micro-batches.
+  summed over micro-batches. `recipe` (targets.py) makes the batch's
+  targets, smoothed and mixed, before it is split.
 
   unroll: trace the micro-batch loop unrolled, for vit_jax.plan (XLA's cost
   analysis counts a loop's body once); runs keep the loop, which compiles
@@ -65,10 +66,16 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
 
   def loss_and_grads(params, batch, weights, key):
     return jax.value_and_grad(model.loss)(params, batch["image"],
-                                          batch["label"], weights, key)
+                                          batch["target"], weights, key,
+                                          recipe.loss)
 
   def train_step(state, batch):
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
+    mix_key = jax.random.fold_in(
+        jax.random.fold_in(jax.random.key(seed), targets.MIX_STREAM),
+        state.step)
+    images, target = recipe(batch["image"], batch["label"], mix_key)
+    batch = {"image": images, "target": target, "mask": batch["mask"]}
     # The mean over the batch's examples, without the rows whose image did
     # not decode (mask 0, broken_records.py): each example weighs 1 / count.
     mask = batch["mask"]
@@ -131,7 +138,9 @@ def build(config, mesh, num_classes, unroll=False):
   train_step = jax.jit(
       sharding.constrained(
           make_train_step(model, tx, schedule, config.accum_steps,
-                          config.seed, config.polyak_decay, unroll), mesh),
+                          config.seed, config.polyak_decay,
+                          targets.Recipe.from_config(config, num_classes),
+                          unroll), mesh),
       in_shardings=(state_shardings, batch_shard),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)

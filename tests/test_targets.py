@@ -1,0 +1,202 @@
+"""Targets and losses: label smoothing, softmax and sigmoid cross-entropy,
+Mixup and CutMix, checked against values worked out by hand; today's step
+unchanged when they are off."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from vit_jax import errors, sharding
+from vit_jax.models import losses
+from vit_jax.training import step as step_lib, targets
+from tests.util import check_config, small_config
+
+LOGITS = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]], np.float32)
+
+
+def test_softmax_cross_entropy_by_hand():
+  # Row 0, label 0: -log(e^2 / (e^2 + 1 + e^-1)).
+  row0 = -(2.0 - math.log(math.exp(2) + 1 + math.exp(-1)))
+  row1 = -(3.0 - math.log(2 * math.exp(0.5) + math.exp(3)))
+  np.testing.assert_allclose(
+      losses.cross_entropy("softmax", LOGITS, np.array([0, 2])),
+      [row0, row1], rtol=1e-6)
+  # Soft targets: the weighted sum of the classes' -log p.
+  soft = np.array([[0.5, 0.5, 0.0], [0.0, 0.25, 0.75]], np.float32)
+  log_z0 = math.log(math.exp(2) + 1 + math.exp(-1))
+  log_z1 = math.log(2 * math.exp(0.5) + math.exp(3))
+  expected = [0.5 * (log_z0 - 2) + 0.5 * (log_z0 - 0),
+              0.25 * (log_z1 - 0.5) + 0.75 * (log_z1 - 3)]
+  np.testing.assert_allclose(losses.cross_entropy("softmax", LOGITS, soft),
+                             expected, rtol=1e-6)
+
+
+def test_sigmoid_cross_entropy_by_hand():
+  def bce(z, t):  # One class's binary cross-entropy.
+    p = 1 / (1 + math.exp(-z))
+    return -(t * math.log(p) + (1 - t) * math.log(1 - p))
+
+  labels = np.array([0, 2])
+  expected = [bce(2, 1) + bce(0, 0) + bce(-1, 0),
+              bce(0.5, 0) + bce(0.5, 0) + bce(3, 1)]
+  np.testing.assert_allclose(losses.cross_entropy("sigmoid", LOGITS, labels),
+                             expected, rtol=1e-6)
+  # Multi-hot rows: every class its own problem, summed.
+  multi = np.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]], np.float32)
+  expected = [bce(2, 1) + bce(0, 1) + bce(-1, 0),
+              bce(0.5, 0) + bce(0.5, 0) + bce(3, 0)]
+  np.testing.assert_allclose(losses.cross_entropy("sigmoid", LOGITS, multi),
+                             expected, rtol=1e-6)
+
+
+def test_label_smoothing_by_hand_and_rows_sum_to_one():
+  smoothed = targets.smooth(jnp.array([2, 0]), 4, 0.1)
+  np.testing.assert_allclose(smoothed, [[0.025, 0.025, 0.925, 0.025],
+                                        [0.925, 0.025, 0.025, 0.025]],
+                             rtol=1e-6)
+  np.testing.assert_allclose(smoothed.sum(axis=1), 1, rtol=1e-6)
+  # The loss with smoothed targets, by hand: 0.9 of the label's -log p and
+  # 0.1 of the mean over the classes.
+  loss = losses.cross_entropy("softmax", LOGITS[:1],
+                              targets.smooth(jnp.array([0]), 3, 0.1))
+  log_z = math.log(math.exp(2) + 1 + math.exp(-1))
+  log_p = [2 - log_z, 0 - log_z, -1 - log_z]
+  expected = -(0.9 + 0.1 / 3) * log_p[0] - 0.1 / 3 * (log_p[1] + log_p[2])
+  np.testing.assert_allclose(loss, [expected], rtol=1e-6)
+
+
+def constant_images(values, size=4):
+  """uint8 images [n, size, size, 3], image i filled with values[i]."""
+  return jnp.broadcast_to(jnp.array(values, jnp.uint8)[:, None, None, None],
+                          (len(values), size, size, 3))
+
+
+def test_mixup_mixes_images_and_targets_by_one_ratio():
+  recipe = targets.Recipe(num_classes=4, mixup_prob=1.0, mixup_alpha=0.2,
+                          groups=2)
+  images = constant_images([0, 51, 102, 153, 204, 255, 25, 76])
+  labels = jnp.array([0, 1, 2, 3, 0, 1, 2, 3])
+  mixed, soft = recipe(images, labels, jax.random.key(3))
+  again, soft_again = recipe(images, labels, jax.random.key(3))
+  np.testing.assert_array_equal(mixed, again)  # Keyed: deterministic.
+  np.testing.assert_array_equal(soft, soft_again)
+  np.testing.assert_allclose(soft.sum(axis=1), 1, rtol=1e-6)
+  # Partners: the next row within each block of four, the last the first.
+  partner = np.array([1, 2, 3, 0, 5, 6, 7, 4])
+  ratio = float(soft[0, 0])  # Row 0 is label 0 mixed with label 1.
+  assert 0 < ratio < 1
+  unit = np.asarray(images, np.float32) / 127.5 - 1
+  np.testing.assert_allclose(mixed, ratio * unit + (1 - ratio) * unit[partner],
+                             atol=1e-6)
+  onehot = np.eye(4)[np.asarray(labels)]
+  np.testing.assert_allclose(soft,
+                             ratio * onehot + (1 - ratio) * onehot[partner],
+                             atol=1e-6)
+  _, other = recipe(images, labels, jax.random.key(4))
+  assert not np.array_equal(other, soft)  # Another step, another ratio.
+
+
+def test_cutmix_pastes_a_box_and_weighs_targets_by_its_area():
+  recipe = targets.Recipe(num_classes=2, cutmix_prob=1.0, cutmix_alpha=1.0)
+  images = constant_images([0, 255], size=16)
+  labels = jnp.array([0, 1])
+  for seed in range(5):
+    mixed, soft = recipe(images, labels, jax.random.key(seed))
+    # Image 0 (all -1) keeps its own pixels outside the box, takes image
+    # 1's (all +1) inside: the same box in both images.
+    from_partner = np.asarray(mixed[0, :, :, 0]) == 1.0
+    assert np.all(np.asarray(mixed[1, :, :, 0])[from_partner] == -1.0)
+    assert set(np.unique(mixed)) <= {-1.0, 1.0}
+    kept = 1 - from_partner.mean()
+    np.testing.assert_allclose(soft[0], [kept, 1 - kept], atol=1e-6)
+    np.testing.assert_allclose(soft[1], [1 - kept, kept], atol=1e-6)
+    if 0 < kept < 1:  # A box: rows and columns of one rectangle.
+      rows, cols = np.nonzero(from_partner)
+      assert from_partner.sum() == (np.ptp(rows) + 1) * (np.ptp(cols) + 1)
+
+
+def test_one_draw_picks_mixup_cutmix_or_neither():
+  recipe = targets.Recipe(num_classes=2, mixup_prob=0.3, mixup_alpha=1.0,
+                          cutmix_prob=0.3, cutmix_alpha=1.0)
+  images = constant_images([0, 255], size=8)
+  labels = jnp.array([0, 1])
+  kinds = []
+  for seed in range(200):
+    mixed, soft = recipe(images, labels, jax.random.key(seed))
+    values = set(np.unique(np.asarray(mixed)).tolist())
+    if float(soft[0, 0]) == 1.0:
+      kinds.append("none")
+      np.testing.assert_array_equal(mixed, np.asarray(images) / 127.5 - 1)
+    elif values <= {-1.0, 1.0}:
+      kinds.append("cutmix")
+    else:
+      kinds.append("mixup")
+  counts = {kind: kinds.count(kind) for kind in ("none", "mixup", "cutmix")}
+  # 0.4 / 0.3 / 0.3 of 200 draws; a cutmix box can come out empty, which
+  # counts as none.
+  assert 50 <= counts["mixup"] <= 80, counts
+  assert 40 <= counts["cutmix"] <= 80, counts
+  assert 60 <= counts["none"] <= 110, counts
+
+
+def test_softmax_with_one_hot_rows_is_the_integer_loss():
+  labels = jnp.array([1, 0])
+  np.testing.assert_allclose(
+      losses.cross_entropy("softmax", LOGITS, targets.smooth(labels, 3, 0.0)),
+      losses.cross_entropy("softmax", LOGITS, labels), rtol=1e-6)
+
+
+def test_defaults_give_todays_step_bitwise(digits_data_dir):
+  """Mixup and CutMix at probability 0, no smoothing, softmax: the step is
+  today's, computed here from its parts (integer-label cross-entropy)."""
+  config = small_config(digits_data_dir, **{
+      "mixup.prob": 0.0, "cutmix.prob": 0.0, "label_smoothing": 0.0,
+      "loss": "softmax", "mesh.data": 1, "mesh.model": 1})
+  assert not targets.Recipe.from_config(config, 10).soft
+  mesh = sharding.make_mesh(config.mesh, devices=jax.devices()[:1])
+  program = step_lib.build(config, mesh, num_classes=10)
+  tx, _ = step_lib.optimizer.create(config.optimizer, config.total_steps)
+  rng = np.random.default_rng(0)
+  batch = {"image": rng.integers(0, 256, (32, 8, 8, 3), dtype=np.uint8),
+           "label": rng.integers(0, 10, 32).astype(np.int32),
+           "mask": np.ones(32, np.float32)}
+
+  @jax.jit
+  def todays_step(state, batch):
+    key = jax.random.fold_in(jax.random.key(config.seed), state.step)
+
+    def loss(params):
+      logits = program.model.apply({"params": params}, batch["image"],
+                                   train=True, rngs={"dropout": key})
+      weights = batch["mask"] / batch["mask"].sum()
+      return (weights * optax.softmax_cross_entropy_with_integer_labels(
+          logits, batch["label"])).sum()
+
+    value, grads = jax.value_and_grad(loss)(state.params)
+    updates, _ = tx.update(grads, state.opt_state, state.params)
+    return value, optax.apply_updates(state.params, updates)
+
+  state = program.init(jax.random.key(0))
+  expected_loss, expected = todays_step(state, batch)
+  state, metrics = program.train_step(state, batch)
+  assert float(metrics["train_loss"]) == float(expected_loss)
+  jax.tree.map(np.testing.assert_array_equal, state.params, expected)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"loss": "hinge"}, "config.loss"),
+    ({"label_smoothing": 1.0}, "config.label_smoothing"),
+    ({"mixup.prob": 1.5}, "config.mixup.prob"),
+    ({"cutmix.prob": 0.5, "cutmix.alpha": 0.0}, "config.cutmix.alpha"),
+    ({"mixup.prob": 0.6, "cutmix.prob": 0.6}, "at most 1"),
+    ({"randaugment": "2"}, "randaugment"),
+    ({"randaugment": "2,11"}, "randaugment"),
+])
+def test_bad_settings_are_refused_by_name(digits_data_dir, overrides,
+                                          message):
+  with pytest.raises(errors.ConfigError, match=message):
+    check_config(small_config(digits_data_dir, **overrides))
