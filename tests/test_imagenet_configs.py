@@ -1,0 +1,97 @@
+"""configs/imagenet: the paper's ImageNet-1k pre-training and the plain ViT
+baseline, their numbers typed from the papers (docs/paper.md's Table 3; the
+plain baselines' report), checked at full size and run for two steps,
+shrunk, on random examples (tests/test_table2.py's mock TFDS)."""
+
+import pytest
+
+from configs.imagenet import paper, plain
+from vit_jax.data import sources
+from tests.test_table2 import (flat_keys, metadata_dir, mock_tfds,  # pylint: disable=unused-import
+                               shrunk, small_split)
+from tests.util import check_config, run_training
+
+# ImageNet-1k's train split less the 1% held out: TFDS rounds 1,281,167 x
+# 0.99 to 1,268,355.
+TRAIN_IMAGES = 1_268_355
+
+
+def test_paper_is_table3s_imagenet_row():
+  for model in ("B/32", "B/16", "L/32", "L/16"):
+    config = paper.get_config(model)
+    assert config.batch_size == 4096 and config.image_size == 224
+    assert config.total_steps == 92_898  # ceil(300 * TRAIN_IMAGES / 4096)
+    assert config.optimizer.to_dict() | {"momentum": None} == dict(
+        name="adam", learning_rate=3e-3, warmup_steps=10_000,
+        decay="cosine", weight_decay=0.3, grad_clip_norm=1.0, b1=0.9,
+        b2=0.999, momentum=None)
+    assert config.model.dropout_rate == 0.1
+    assert config.model.representation_size == {"B": 768, "L": 1024}[
+        model[0]]
+    assert config.model.classifier == "token"
+    assert config.label_smoothing == 0.1
+    assert config.mixup.prob == 0 and config.randaugment == ""
+
+
+@pytest.mark.parametrize("epochs, steps", [(90, 111_477), (150, 185_795),
+                                           (300, 371_589)])
+def test_plain_is_the_big_vision_recipe(epochs, steps):
+  for model, width in (("S/16", 384), ("B/16", 768)):
+    config = plain.get_config(f"{model},{epochs}")
+    assert config.total_steps == steps  # ceil(epochs * TRAIN_IMAGES / 1024)
+    assert config.batch_size == 1024
+    assert config.optimizer.to_dict() | {"momentum": None} == dict(
+        name="adam", learning_rate=1e-3, warmup_steps=10_000,
+        decay="cosine", weight_decay=0.1, grad_clip_norm=1.0, b1=0.9,
+        b2=0.999, momentum=None)
+    assert (config.model.classifier, config.model.posemb) == ("gap",
+                                                              "sincos2d")
+    assert config.model.representation_size == width
+    assert config.model.dropout_rate == 0.0 and config.label_smoothing == 0
+    assert config.augment == "inception_crop,flip"
+    assert config.randaugment == "2,10"
+    assert config.mixup.to_dict() == dict(prob=1.0, alpha=0.2)
+    assert config.cutmix.prob == 0
+
+
+def test_the_split_sizes_are_tfds_own(mock_tfds):
+  source = sources.lookup("imagenet2012", None)
+  assert source.num_examples("train[:99%]") == TRAIN_IMAGES
+  assert source.num_examples("train[99%:]") == 1_281_167 - TRAIN_IMAGES
+
+
+NAMES = ["paper:B/32", "paper:B/16", "paper:L/32", "paper:L/16",
+         "plain:S/16,90", "plain:B/16,300"]
+
+
+def get(name):
+  file, _, arg = name.partition(":")
+  return {"paper": paper, "plain": plain}[file].get_config(arg)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_full_size_config_passes_its_checks(mock_tfds, name):
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  config = get(name)
+  sizes = {"model.hidden_size", "model.num_layers", "model.mlp_dim",
+           "model.num_heads"}
+  assert flat_keys(config) == flat_keys(digits.get_config()) - sizes
+  check_config(config)
+
+
+def test_bad_arguments_show_the_usage():
+  with pytest.raises(ValueError, match="MODEL, one of"):
+    paper.get_config("S/16")
+  with pytest.raises(ValueError, match="EPOCHS one of"):
+    plain.get_config("S/16,100")
+
+
+def test_plain_runs_two_steps_with_its_augmentations(mock_tfds, tmp_path):
+  """RandAugment, Mixup, GAP and sin-cos position embeddings, every
+  evaluator (minival, validation, ReaL, v2), on a tiny model."""
+  config = shrunk(get("plain:S/16,90"), image_size=32)
+  for evaluator in config.evaluators.values():
+    evaluator.split = small_split(evaluator.split)
+  result = run_training(config, str(tmp_path))
+  assert {"minival_accuracy", "val_accuracy", "real_accuracy",
+          "v2_accuracy"} <= set(result)
