@@ -1,6 +1,6 @@
 """Training input pipeline throughput on ImageNet-sized JPEGs, per CPU core.
 
-  python benchmarks/input_pipeline.py [--num_images=512] [--batches=40] [--json]
+  python benchmarks/input_pipeline.py [--num_images=512] [--batches=40] [--randaugment=2,10] [--json]
 
 Generates --num_images distinct JPEGs shaped like ImageNet's (500x375, one in
 four 375x500; quality 90, 4:2:0; smooth random colours plus --noise, about
@@ -43,6 +43,9 @@ flags.DEFINE_integer("num_shares", 8, "Input shares of the batch "
                      "(config.input_shares), all read by this process.")
 flags.DEFINE_integer("image_size", 224, "Model resolution.")
 flags.DEFINE_string("augment", "inception_crop,flip", "Augmentations.")
+flags.DEFINE_string("randaugment", "", "Also time the stream with this "
+                    "RandAugment ('N,M', e.g. the plain baseline's 2,10) "
+                    "after the augmentations, on the same records.")
 flags.DEFINE_float("noise", 16, "Standard deviation (of 255) of the noise on "
                    "the colour fields: it sets the JPEGs' size, and so the "
                    "decoding cost (16: about 90 KB; ImageNet's average is "
@@ -154,14 +157,16 @@ def measure(data_dir):
   sizes = [os.path.getsize(os.path.join(folder, name))
            for folder, _, names in os.walk(os.path.join(root, "train"))
            for name in names]
-  batches = pipeline_lib.train_dataset(sources.lookup(dataset, data_dir),
-                                       "train",
-                                       batch_size=FLAGS.batch_size,
-                                       image_size=FLAGS.image_size,
-                                       augment=FLAGS.augment,
-                                       shares=tuple(range(FLAGS.num_shares)),
-                                       num_shares=FLAGS.num_shares)
-  rate, per_cpu_second = img_per_sec(batches, FLAGS.batches,
+  def stream(randaugment=""):
+    return pipeline_lib.train_dataset(sources.lookup(dataset, data_dir),
+                                      "train", batch_size=FLAGS.batch_size,
+                                      image_size=FLAGS.image_size,
+                                      augment=FLAGS.augment,
+                                      randaugment=randaugment,
+                                      shares=tuple(range(FLAGS.num_shares)),
+                                      num_shares=FLAGS.num_shares)
+
+  rate, per_cpu_second = img_per_sec(stream(), FLAGS.batches,
                                      FLAGS.warmup_batches)
   result = {
       "img_per_sec_per_core": rate / cores(),
@@ -169,6 +174,11 @@ def measure(data_dir):
       "img_per_sec": rate,
       "img_per_cpu_sec": per_cpu_second,
   }
+  if FLAGS.randaugment:
+    rate, per_cpu_second = img_per_sec(stream(FLAGS.randaugment),
+                                       FLAGS.batches, FLAGS.warmup_batches)
+    result["randaugment_img_per_sec_per_core"] = rate / cores()
+    result["randaugment_img_per_cpu_sec"] = per_cpu_second
   if FLAGS.baseline:
     base, base_per_cpu_second = img_per_sec(
         baseline_batches(builder, FLAGS.batch_size, FLAGS.image_size),
@@ -178,6 +188,7 @@ def measure(data_dir):
   result.update(
       batch_size=FLAGS.batch_size, num_shares=FLAGS.num_shares,
       image_size=FLAGS.image_size, augment=FLAGS.augment,
+      randaugment=FLAGS.randaugment,
       batches=FLAGS.batches, num_images=FLAGS.num_images, noise=FLAGS.noise,
       mean_jpeg_kb=sum(sizes) / len(sizes) / 1e3,
       load_average_1min=os.getloadavg()[0])

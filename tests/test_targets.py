@@ -200,3 +200,45 @@ def test_bad_settings_are_refused_by_name(digits_data_dir, overrides,
                                           message):
   with pytest.raises(errors.ConfigError, match=message):
     check_config(small_config(digits_data_dir, **overrides))
+
+
+def test_a_multi_label_dataset_trains_with_the_sigmoid_loss(tmp_path):
+  """TFDS voc/2007's "labels" is a set of classes: its examples' labels
+  are multi-hot rows, the sigmoid loss trains on them and accuracy counts
+  a top class that is one of an image's. (Random examples served as the
+  metadata's splits say, tests/util.py's mocked_tfds.)"""
+  import os  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
+  from tests.test_table2 import _split_dict  # pylint: disable=g-import-not-at-top
+  from tests.util import mocked_tfds, run_training  # pylint: disable=g-import-not-at-top
+
+  data_dir = str(tmp_path / "data")
+  builder = tfds.builder("voc/2007", data_dir=data_dir)
+  builder.info.set_splits(_split_dict({"train": 64, "test": 32}))
+  os.makedirs(builder.data_path)
+  builder.info.write_to_directory(builder.data_path)
+
+  def records(builder, split, **_):
+    del builder, split
+    rng = np.random.default_rng(0)
+    images = [tf.io.encode_png(rng.integers(0, 256, (8, 8, 3),
+                                            dtype=np.uint8)).numpy()
+              for _ in range(16)]
+    labels = [[i % 20, (i + 3) % 20] for i in range(16)]
+    return tf.data.Dataset.from_tensor_slices({"image": images,
+                                               "labels": labels})
+
+  with mocked_tfds(data_dir, records):
+    source = sources.lookup("voc/2007", data_dir)
+    assert source.multi_label and source.num_classes == 20
+    row = source.label({"labels": tf.constant([3, 5, 3])})
+    np.testing.assert_array_equal(row, np.isin(np.arange(20), [3, 5]))
+    config = small_config(data_dir, dataset="voc/2007", loss="sigmoid",
+                          **{"evaluators.test.split": "test"})
+    with pytest.raises(errors.ConfigError, match="loss='sigmoid'"):
+      check_config(small_config(data_dir, dataset="voc/2007"))
+    result = run_training(config, str(tmp_path / "run"))
+  assert 0 <= result["test_accuracy"] <= 1
+  assert np.isfinite(result["train_loss"])

@@ -42,6 +42,10 @@ VTAB_PREFIX = "vtab:"
 # Datasets whose class label is not the feature "label": ImageNet ReaL's
 # validation images carry the original ImageNet label beside the ReaL sets.
 LABEL_FEATURES = {"imagenet2012_real": "original_label"}
+# Without a "label", a "labels" feature that is a set of classes (a TFDS
+# Sequence of ClassLabel, as in voc or bigearthnet) makes a dataset
+# multi-label: each example's label is a multi-hot row of its classes.
+MULTI_LABEL_FEATURE = "labels"
 
 
 def get_builder(dataset: str, data_dir: str | None):
@@ -174,9 +178,12 @@ class Source:
   name: str  # as the config names it: "digits", "folder:PATH", "vtab:dtd"
   builder: tfds.core.DatasetBuilder
   num_classes: int
-  label: Callable  # TFDS example (image still encoded) -> int32 class
+  # TFDS example (image still encoded) -> int32 class, or for a
+  # multi-label dataset a float32 multi-hot row [num_classes].
+  label: Callable
   image_key: str = "image"
   fix_image: Callable | None = None  # encoded image -> encoded image
+  multi_label: bool = False
 
   def num_examples(self, split: str) -> int:
     """Examples in `split`, which may be a slice such as "train[:90%]"."""
@@ -204,13 +211,38 @@ def lookup(dataset: str, data_dir: str | None) -> Source:
     return Source(dataset, builder, task.num_classes, label, task.image_key,
                   task.image)
   builder = get_builder(dataset, data_dir)
+  features = builder.info.features
   key = LABEL_FEATURES.get(builder.name, "label")
-  return Source(dataset, builder, builder.info.features[key].num_classes,
-                _feature(key))
+  if key not in features and MULTI_LABEL_FEATURE in features and (
+      _is_class_set(features[MULTI_LABEL_FEATURE])):
+    num_classes = features[MULTI_LABEL_FEATURE].feature.num_classes
+    return Source(dataset, builder, num_classes,
+                  _multi_hot(MULTI_LABEL_FEATURE, num_classes),
+                  multi_label=True)
+  if key not in features:
+    raise errors.InputError(
+        f"dataset {dataset!r} has no {key!r} feature (nor a "
+        f"{MULTI_LABEL_FEATURE!r} set of classes) to train on; its features "
+        f"are {sorted(features.keys())}")
+  return Source(dataset, builder, features[key].num_classes, _feature(key))
 
 
 def _feature(key):
   return lambda example: tf.cast(example[key], tf.int32)
+
+
+def _is_class_set(feature):
+  return isinstance(feature, tfds.features.Sequence) and isinstance(
+      feature.feature, tfds.features.ClassLabel)
+
+
+def _multi_hot(key, num_classes):
+  def label(example):
+    # Summed and capped rather than maxed: an example with no class sums to
+    # a row of zeros, where a max over nothing would be -inf.
+    classes = tf.one_hot(example[key], num_classes, dtype=tf.float32)
+    return tf.minimum(tf.reduce_sum(classes, axis=0), 1.0)
+  return label
 
 
 class Sources:

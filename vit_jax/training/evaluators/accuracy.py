@@ -13,8 +13,15 @@ DEFAULTS = dict(dataset="", split="test")
 
 
 def counts(logits, batch):
-  """Correct top-1 predictions and examples in a masked batch."""
-  hits = (jnp.argmax(logits, axis=-1) == batch["label"]) * batch["mask"]
+  """Correct top-1 predictions and examples in a masked batch. With
+  multi-hot labels (a multi-label dataset) the top class is correct when it
+  is one of the example's."""
+  top = jnp.argmax(logits, axis=-1)
+  if batch["label"].ndim == 2:
+    hits = jnp.take_along_axis(batch["label"], top[:, None], axis=1)[:, 0] > 0
+  else:
+    hits = top == batch["label"]
+  hits = hits * batch["mask"]
   return {"correct": hits.sum(), "count": batch["mask"].sum()}
 
 
