@@ -172,11 +172,11 @@ def check_data(config, data):
   the broken-image policy, the evaluators' datasets and splits. What they
   find is the config's to fix (its dataset, data_dir or splits): a
   ConfigError."""
-  if data().multi_label and config.loss != "sigmoid":
-    raise errors.ConfigError(
-        f"{config.dataset} is multi-label (each image a set of classes): "
-        f"train it with config.loss='sigmoid', one binary problem a class")
   try:
+    if data().multi_label and config.loss != "sigmoid":
+      raise errors.ConfigError(
+          f"{config.dataset} is multi-label (each image a set of classes): "
+          f"train it with config.loss='sigmoid', one binary problem a class")
     data().num_examples(config.train_split)
     sources.check_broken_images(data(), config.broken_images)
     evaluators.check(config, data)
