@@ -28,6 +28,12 @@ def define_training():
                       "host:port of process 0, e.g. 127.0.0.1:12345.")
   flags.DEFINE_integer("num_processes", None, "How many processes in all.")
   flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
+  flags.DEFINE_string(
+      "compilation_cache", None,
+      "Where compiled programs are kept between runs, so that a restart "
+      "does not compile its step again: a directory or a gs:// path; '' "
+      "turns it off. Default: $JAX_COMPILATION_CACHE_DIR, else "
+      f"{runtime.DEFAULT_COMPILATION_CACHE}.")
   flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -35,7 +41,8 @@ def prepare_to_train():
   """runtime.prepare_to_train with the flags of define_training."""
   f = flags.FLAGS
   runtime.prepare_to_train(f.distributed, f.coordinator_address,
-                           f.num_processes, f.process_id)
+                           f.num_processes, f.process_id,
+                           f.compilation_cache)
 
 
 def define_model_source(verb, verb_from="use"):

@@ -61,6 +61,11 @@ KERNEL_FLAGS = {"--xla_cpu_use_xnnpack": "false",
                 "--xla_cpu_experimental_ynn_fusion_type":
                     "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 DEVICES_FLAG = "--xla_force_host_platform_device_count"
+# Where the tools that train keep XLA's compiled programs between runs
+# (JAX's persistent compilation cache), unless --compilation_cache or
+# JAX_COMPILATION_CACHE_DIR names another place. JAX keeps there only
+# programs that took at least a second to compile.
+DEFAULT_COMPILATION_CACHE = "~/.cache/vit_jax/compilation"
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 # Device nodes of TPUs (v2-v4: accel, v5 and later: vfio), which JAX's own
 # TPU detection looks for too, and of NVIDIA GPUs.
@@ -121,12 +126,35 @@ def keep_freed_memory():
 
 
 def prepare_to_train(distributed="auto", coordinator_address=None,
-                     num_processes=None, process_id=None):
+                     num_processes=None, process_id=None,
+                     compilation_cache=None):
   """What a process that trains does after `prepare`: accelerators for JAX
-  alone, the input pipeline's heap kept, and the pod's processes joined."""
+  alone, the input pipeline's heap kept, compiled programs kept between
+  runs, and the pod's processes joined."""
   hide_accelerators_from_tensorflow()
   keep_freed_memory()
+  use_compilation_cache(compilation_cache)
   join_pod(distributed, coordinator_address, num_processes, process_id)
+
+
+def use_compilation_cache(directory=None):
+  """JAX's persistent compilation cache in `directory`: a restart, a
+  resume or a second run of the same program loads its compiled step
+  instead of compiling it again. None: JAX_COMPILATION_CACHE_DIR if set,
+  else DEFAULT_COMPILATION_CACHE; "": off. A gs:// path serves a pod's
+  hosts from one bucket. Returns the directory used, or None."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if directory is None:
+    directory = os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                               DEFAULT_COMPILATION_CACHE)
+  if not directory:
+    jax.config.update("jax_enable_compilation_cache", False)
+    return None
+  if "://" not in directory:
+    directory = os.path.abspath(os.path.expanduser(directory))
+  jax.config.update("jax_enable_compilation_cache", True)
+  jax.config.update("jax_compilation_cache_dir", directory)
+  return directory
 
 
 def join_pod(mode="auto", coordinator_address=None, num_processes=None,

@@ -1,0 +1,63 @@
+"""Compiled programs are kept between runs (JAX's persistent compilation
+cache): where --compilation_cache says, and not at all when it is ''."""
+
+import glob
+import os
+import subprocess
+import sys
+
+from tests.util import REPO, finish, main_flags, start_main
+
+# Compiles one program in a fresh process with the cache in argv[1]; prints
+# how many compiled programs it loaded from the cache.
+COMPILE_ONCE = """
+import sys
+from vit_jax import runtime
+runtime.use_compilation_cache(sys.argv[1])
+import jax, jax.numpy as jnp
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **kw: hits.append(event) if event.endswith("cache_hits")
+    else None)
+jax.jit(lambda x: jnp.sin(x) @ x.T)(jnp.ones((64, 64))).block_until_ready()
+print(len(hits))
+"""
+
+
+def cache_hits(directory):
+  done = subprocess.run([sys.executable, "-c", COMPILE_ONCE, directory],
+                        cwd=REPO, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return int(done.stdout.split()[-1])
+
+
+def test_a_second_process_loads_the_program_instead_of_compiling(tmp_path):
+  directory = str(tmp_path / "cache")
+  assert cache_hits(directory) == 0
+  assert os.listdir(directory)
+  # The jitted function and the small programs around it (jnp.ones).
+  assert cache_hits(directory) >= 1
+
+
+def test_main_keeps_its_train_step_where_the_flag_says(digits_data_dir,
+                                                       tmp_path):
+  directory = tmp_path / "cache"
+  args = main_flags(str(tmp_path / "run"), digits_data_dir,
+                    total_steps=2, **{"optimizer.warmup_steps": 1})
+  code, _, stderr = finish(start_main(
+      [*args, f"--compilation_cache={directory}"]))
+  assert code == 0, stderr[-3000:]
+  assert glob.glob(str(directory / "jit_train_step-*"))
+
+
+def test_an_empty_flag_turns_the_cache_off(digits_data_dir, tmp_path,
+                                           monkeypatch):
+  # Not even JAX's own variable is used then.
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "env"))
+  args = main_flags(str(tmp_path / "run"), digits_data_dir,
+                    total_steps=2, **{"optimizer.warmup_steps": 1})
+  code, _, stderr = finish(start_main([*args, "--compilation_cache="]))
+  assert code == 0, stderr[-3000:]
+  assert not os.path.exists(tmp_path / "env") or not os.listdir(
+      tmp_path / "env")
