@@ -14,7 +14,6 @@ the multi-hot rows of a multi-label dataset.
 """
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from vit_jax import errors
@@ -39,12 +38,3 @@ def cross_entropy(kind, logits, targets):
     return optax.softmax_cross_entropy(logits, targets)
   return optax.sigmoid_binary_cross_entropy(logits, targets).sum(axis=-1)
 
-
-def zero_loss_logit(kind, num_classes):
-  """The head bias at which an untrained model predicts each class with
-  probability 1 / num_classes: 0 for softmax (any constant), and
-  log(1 / (num_classes - 1)) for sigmoid, where a bias of 0 would predict
-  every class at 0.5 and start the loss at num_classes * log 2."""
-  if kind == "softmax" or num_classes < 2:
-    return 0.0
-  return float(-jnp.log(num_classes - 1.0))
