@@ -104,7 +104,7 @@ def test_a_crashed_run_resumes_to_the_uninterrupted_result(
                                                 config)
   assert step_a == step_b == 6
   jax.tree.map(np.testing.assert_array_equal, resumed, straight)
-  assert progress["train_seconds"] > 0
+  assert progress["seconds"]["train"] > 0
   rows = metric_rows(tmp_path / "resumed")
   core_days = [r["core_days"] for r in rows if "core_days" in r]
   assert core_days == sorted(core_days)  # Cumulative across the restart.
@@ -139,11 +139,11 @@ def test_a_vit_learns_digits(digits_data_dir, tmp_path):
       logged["img_per_sec_per_device"] * logged["flops_per_step"] / 64 / 1e12)
   # Against the measured matmul rate of the CPUs the 8 devices share.
   assert 0 < logged["mfu"] < 1.5
-  # Core-days: the loop's wall time (the first step's compile, evaluations
-  # and saves included) times the 8 devices, as saved for the next restart.
+  # Core-days: the run's wall time (its compiles, evaluations and saves
+  # included) times the 8 devices, as saved for the next restart.
   _, _, progress = latest_checkpoint(str(tmp_path), config)
   assert result["core_days"] == pytest.approx(
-      progress["train_seconds"] * 8 / 86_400, rel=0.02)
+      sum(progress["seconds"].values()) * 8 / 86_400, rel=0.02)
   assert 0.5 * wall_seconds < result["core_days"] * 86_400 / 8 < wall_seconds
   assert all(r["step"] > 0 for r in rows)
 
@@ -157,7 +157,8 @@ OUTPUT_LINES = [
     r"step 2/4 \| loss \d\.\d{4} \| [\d,]+ img/s \| ETA \d+s",
     r"step 4/4 \| loss \d\.\d{4} \| [\d,]+ img/s \| ETA 0s",
     r"step 4/4 \| test_accuracy \d\.\d{4} \| test_examples 360",
-    r"test_accuracy \d\.\d{4} \| test_examples 360 \| core_days \d\.\d+ \| TensorBoard: "
+    r"test_accuracy \d\.\d{4} \| test_examples 360 \| core_days \d\.\d+ "
+    r"\(\w+ [\d,]+s \(\d+%\).*\) \| TensorBoard: "
     r"tensorboard --logdir .*",
 ]
 

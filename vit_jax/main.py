@@ -17,7 +17,7 @@ import jax
 from absl import flags, logging
 
 from vit_jax import cli, cli_flags, run
-from vit_jax.training import loop, progress as progress_lib
+from vit_jax.training import goodput, loop, progress as progress_lib
 
 cli_flags.define_training()
 
@@ -26,7 +26,8 @@ def main(argv):
   del argv  # cli.run refuses positional arguments.
   cli_flags.prepare_to_train()
   workdir = flags.FLAGS.workdir
-  result = loop.train_and_evaluate(run.resolve(flags.FLAGS.config, workdir))
+  result = loop.train_and_evaluate(run.resolve(flags.FLAGS.config, workdir),
+                                   started=goodput.process_start())
   logging.info("final metrics: %s", result)
   if jax.process_index() > 0:
     return
@@ -40,7 +41,8 @@ def main(argv):
   scores = progress_lib.scores({key: value for key, value in
                                 sorted(result.items())
                                 if key.startswith(prefixes)})
-  print(" | ".join([*scores, f"core_days {result['core_days']:.6f}",
+  print(" | ".join([*scores, f"core_days {result['core_days']:.6f} "
+                    f"({goodput.describe(result['time'])})",
                     f"TensorBoard: tensorboard --logdir "
                     f"{os.path.abspath(workdir)}"]))
 

@@ -140,25 +140,34 @@ CURVES = (
     ("Learning rate", "learning rate", ("learning_rate",), False),
     ("Accuracy", "top-1", ("accuracy",), False),
     ("Throughput", "images / s / device", ("img_per_sec_per_device",), False),
-    ("Cost", "core-days", ("core_days",), False),
+    ("Cost", "core-days", ("core_days",), False),  # By bucket when logged.
     ("Gradient norm", "global norm", ("grad_norm",), True),
 )
 
 
+# The goodput buckets in metrics rows (training/goodput.py's names).
+TIME_PREFIX = "time/"
+
+
 def training_curves(rows, run_name, path):
   """Six panels of a run's metrics.jsonl rows against the step: loss,
-  learning rate, every *accuracy metric, throughput, core-days, gradient
-  norm. Panels of metrics the run did not log are left empty and say so."""
+  learning rate, every *accuracy metric, throughput, core-days (stacked by
+  where the time went, when the rows have its buckets), gradient norm.
+  Panels of metrics the run did not log are left empty and say so."""
   figure, axes = _subplots(2, 3, figsize=(10.5, 5.6))
   names = sorted({key for row in rows for key in row if key != "step"})
   for ax, (panel, unit, wanted, log_scale) in zip(axes.flat, CURVES):
     drawn = [name for name in names
              if name in wanted or name.endswith(wanted)]
-    for name in drawn:
-      steps = [row["step"] for row in rows if name in row]
-      values = [row[name] for row in rows if name in row]
-      ax.plot(steps, values, marker="o" if len(steps) < 20 else None,
-              markersize=3, label=name)
+    buckets = [name for name in names if name.startswith(TIME_PREFIX)]
+    if panel == "Cost" and buckets and "core_days" in drawn:
+      _stack_core_days(ax, rows, buckets)
+    else:
+      for name in drawn:
+        steps = [row["step"] for row in rows if name in row]
+        values = [row[name] for row in rows if name in row]
+        ax.plot(steps, values, marker="o" if len(steps) < 20 else None,
+                markersize=3, label=name)
     if not drawn:
       ax.text(0.5, 0.5, "not logged", ha="center", va="center",
               transform=ax.transAxes, color="grey")
@@ -174,3 +183,17 @@ def training_curves(rows, run_name, path):
   figure.suptitle(f"Training curves: {run_name}", fontsize=10)
   figure.tight_layout()
   _save(figure, path)
+
+
+def _stack_core_days(ax, rows, buckets):
+  """The core-days of each row, as areas of the buckets that hold them
+  (the rows' seconds, in the proportion that core_days has to them)."""
+  rows = [row for row in rows if "core_days" in row and buckets[0] in row]
+  steps = [row["step"] for row in rows]
+  seconds = np.array([[row.get(b, 0.0) for row in rows] for b in buckets])
+  total = seconds.sum(axis=0)
+  per_second = np.array([row["core_days"] for row in rows]) / np.maximum(
+      total, 1e-12)
+  ax.stackplot(steps, seconds * per_second,
+               labels=[b[len(TIME_PREFIX):] for b in buckets])
+  ax.legend(fontsize=6, frameon=False, loc="upper left", ncol=2)

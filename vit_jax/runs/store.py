@@ -19,7 +19,7 @@ import ml_collections
 from absl import logging
 
 from vit_jax import errors, sharding
-from vit_jax.runs import writers
+from vit_jax.runs import storage, writers
 
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
@@ -92,7 +92,7 @@ def record(config, workdir, changes):
       writers.append_line(f, json.dumps({"time": time.time(), "changes": {
           key: {"old": old, "new": new} for key, (old, new) in
           changes.items()}}))
-  _write_atomically(os.path.join(workdir, CONFIG_FILE),
+  storage.write_atomically(os.path.join(workdir, CONFIG_FILE),
                     json.dumps(_as_json(config), indent=2))
 
 
@@ -148,10 +148,3 @@ def _flatten(tree, prefix=""):
   for key, value in tree.items():
     flat.update(_flatten(value, f"{prefix}{key}."))
   return flat
-
-
-def _write_atomically(path, text):
-  # Other processes of a pod may read it while it is replaced.
-  with open(path + ".tmp", "w") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)

@@ -15,48 +15,59 @@ import numpy as np
 from vit_jax import errors
 from vit_jax.data import broken_records, pipeline, shares
 from vit_jax.runs import checkpoints, lock, store
-from vit_jax.training import (evaluators, polyak, preemption, reporting,
-                              step as step_lib, timing)
+from vit_jax.training import (evaluators, goodput, polyak, preemption,
+                              reporting, step as step_lib, timing)
 
 
 # A loss that turns NaN this soon after a restore points at the checkpoint.
 RECENT_RESTORE_STEPS = 10
 
 
-def train_and_evaluate(run):
+def train_and_evaluate(run, started=None):
   """Trains the resolved `run`, resuming from its workdir's latest
   checkpoint, while it holds the workdir (runs/lock.py). Returns the last
-  metrics written (the evaluators' last results and `core_days` among
-  them), and `stopped_at_step` when a signal stopped the run early. A run
-  already finished is only evaluated and reported, writing nothing, so a
-  read-only copy of its workdir serves too."""
-  program = step_lib.build(run.config, run.mesh, run.num_classes)
-  directory = os.path.join(run.workdir, checkpoints.SUBDIR)
-  finished = report_finished(run, program, directory)
-  if finished is not None:
-    return finished
-  with lock.WorkdirLock(run.workdir):
-    return train(run, program, directory)
+  metrics written (the evaluators' last results, `core_days` and the
+  buckets of `time` among them), and `stopped_at_step` when a signal
+  stopped the run early. A run already finished is only evaluated and
+  reported, writing nothing, so a read-only copy of its workdir serves too.
+  `started`: when the run began (time.time()), for its startup time;
+  default now."""
+  accounts = goodput.Accounts(since=started)
+  try:
+    program = step_lib.build(run.config, run.mesh, run.num_classes)
+    directory = os.path.join(run.workdir, checkpoints.SUBDIR)
+    finished = report_finished(run, program, directory)
+    if finished is not None:
+      return finished
+    with lock.WorkdirLock(run.workdir):
+      return train(run, program, directory, accounts)
+  finally:
+    accounts.close()
 
 
-def train(run, program, directory):
+def train(run, program, directory, accounts):
   """The loop itself: steps, evaluations and saves from the latest step."""
   config, total = run.config, run.config.total_steps
   manager = checkpoints.manager(directory, config.keep_checkpoints)
-  state, saved, resumed = resume_or_start(manager, program, config)
+  state, saved, resumed = resume_or_start(manager, program, config, accounts)
   store.record(config, run.workdir, {
       **run.changes, **store.devices_change(saved.get("mesh"), run.mesh)})
   evaluate = evaluators.Evaluators(run, program)
   start_step = int(state.step)
+  accounts.carry(goodput.carried(goodput.saved(saved), start_step,
+                                 goodput.read_record(run.workdir)))
   restored_at = start_step if resumed else None  # For ensure_finite's advice.
-  report = reporting.Report(run, program, start_step, saved, resumed)
+  report = reporting.Report(run, program, start_step, saved, resumed,
+                            accounts)
   batches = train_batches(run, start_step)
   previous = None
+  accounts.switch("train")
   try:
     with preemption.StopRequest() as stop_requested:
       for step in range(start_step + 1, total + 1):
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
-          batch = pipeline.to_global(next(batches), program.batch_sharding)
+          with report.counting("input"):
+            batch = pipeline.to_global(next(batches), program.batch_sharding)
           state, metrics = program.train_step(state, batch)
         # Waiting for the previous step keeps at most one step queued behind
         # the running one: the CPU runtime deadlocks its collectives when
@@ -71,10 +82,11 @@ def train(run, program, directory):
         if log_now or save_now or evaluate.any_due(step):
           ensure_finite(metrics, step, restored_at)
         report.step(step, metrics, log_now)
-        with report.paused():  # Evaluation and saving are not steps.
-          report.evaluated(step, evaluate.run_due(
-              step, polyak.eval_params(state)))
-          if save_now:
+        with report.paused("eval"):
+          results = evaluate.run_due(step, polyak.eval_params(state))
+        report.evaluated(step, results)
+        if save_now:
+          with report.paused("checkpoint"):
             checkpoints.save(manager, step, state, report.saved_progress())
         checkpoints.check_saves(manager)  # A failed save stops the run now.
         if stopping:
@@ -83,7 +95,8 @@ def train(run, program, directory):
   finally:
     # Even when a step fails, the save under way completes: the run
     # resumes from it rather than from an older step.
-    checkpoints.finish(manager)
+    with report.counting("checkpoint"):
+      checkpoints.finish(manager)
     report.close()
   return report.last
 
@@ -103,19 +116,21 @@ def report_finished(run, program, directory):
   state, saved = restored
   results = evaluators.Evaluators(run, program).run_all(
       polyak.eval_params(state))
-  return {**results, "core_days": timing.core_days(saved["train_seconds"])}
+  seconds = goodput.saved(saved)
+  return {**results, "time": seconds,
+          "core_days": timing.core_days(goodput.total(seconds))}
 
 
-def resume_or_start(manager, program, config):
+def resume_or_start(manager, program, config, accounts):
   """(state, saved, whether it resumed): the latest checkpoint's state and
-  what it carried (training seconds, skipped examples, mesh), or a new
-  run's."""
-  restored = checkpoints.restore_newest_whole(manager, program.state_shapes)
+  what it carried (seconds, skipped examples, mesh), or a new run's."""
+  with accounts.counting("checkpoint"):
+    restored = checkpoints.restore_newest_whole(manager, program.state_shapes)
   if restored:
     state, saved = restored
     return state, {"skipped_examples": 0, **saved}, True
   return (step_lib.initial_state(program, config),
-          {"train_seconds": 0.0, "skipped_examples": 0}, False)
+          {"seconds": goodput.zeros(), "skipped_examples": 0}, False)
 
 
 def train_batches(run, start_step):

@@ -1,11 +1,14 @@
 """What a run reports while it trains, in one object the loop calls.
 
-`Report` keeps the run's clocks (timing.py), its count of skipped examples
+`Report` keeps the run's clocks (timing.py's window of steps, goodput.py's
+buckets of wall time), its count of skipped examples
 (data/broken_records.py), its progress lines (progress.py) and its metrics
 writer (runs/writers.py), and decides what goes in each metrics row: one
 row per step at most, so that metrics.jsonl holds each value once. What it
 has written last is `last`, the run's result.
 """
+
+import contextlib
 
 import jax
 from clu import parameter_overview
@@ -13,7 +16,7 @@ from clu import parameter_overview
 from vit_jax.data import broken_records
 from vit_jax.models import flops
 from vit_jax.runs import writers
-from vit_jax.training import progress, timing
+from vit_jax.training import goodput, progress, timing
 
 
 def due(step, every, last_step):
@@ -23,17 +26,19 @@ def due(step, every, last_step):
 
 class Report:
   """The loop's reporting, from `start_step` of a run whose checkpoint
-  carried `saved` (training seconds and skipped examples so far)."""
+  carried `saved` (skipped examples so far), with the run's `accounts`
+  (goodput.Accounts, the earlier runs' seconds carried)."""
 
-  def __init__(self, run, program, start_step, saved, resumed):
+  def __init__(self, run, program, start_step, saved, resumed, accounts):
     config = run.config
     self._mesh = run.mesh
-    self._start_step = start_step
+    self._workdir = run.workdir
+    self._start_step = self._step = start_step
+    self._accounts = accounts
     self._writer = writers.create(run.workdir, start_step)
     self._printer = progress.Progress(config.total_steps, start_step,
                                       config.batch_size, config.log_every,
                                       enabled=jax.process_index() == 0)
-    self._clock = timing.RunClock(saved["train_seconds"], jax.device_count())
     self._skipped = broken_records.Count(saved["skipped_examples"])
     self._window = timing.Window(config.batch_size, jax.device_count(),
                                  flops.Throughput(config, run.num_classes))
@@ -49,6 +54,7 @@ class Report:
   def step(self, step, metrics, log_now):
     """After each step: its metrics (device arrays, not waited for), and
     whether the row of this step carries the training metrics."""
+    self._step = step
     self._skipped.add(metrics.pop("skipped_examples"))
     self._window.add(metrics, compiled=step == self._start_step + 1)
     if log_now:
@@ -56,9 +62,15 @@ class Report:
                    "train_skipped_examples": self._skipped.total()}
     self._printer.step(step, lambda: float(metrics["train_loss"]))
 
-  def paused(self):
-    """Time inside (evaluation, saving) is not the steps'."""
-    return self._window.paused()
+  def counting(self, bucket):
+    """Time inside goes to `bucket` (goodput.BUCKETS)."""
+    return self._accounts.counting(bucket)
+
+  @contextlib.contextmanager
+  def paused(self, bucket):
+    """Time inside goes to `bucket`, and is not the steps' (img/s)."""
+    with self._accounts.counting(bucket), self._window.paused():
+      yield
 
   def evaluated(self, step, results):
     """The evaluators' results at `step` ({} when none ran); writes the
@@ -66,15 +78,24 @@ class Report:
     self._printer.results(step, results)
     row, self._row = {**self._row, **results}, {}
     if row:
-      row["core_days"] = self._clock.core_days()
+      seconds = self._accounts.seconds()
+      row.update(goodput.metrics(seconds),
+                 core_days=timing.core_days(goodput.total(seconds)))
       self._writer.write_scalars(step, row)
+      goodput.write_record(self._workdir, step, seconds)
       self.last.update(row)
 
   def saved_progress(self):
     """What a checkpoint carries besides the state, for the next run."""
-    return {"train_seconds": self._clock.seconds(),
+    return {"seconds": self._accounts.seconds(),
             "skipped_examples": self._skipped.total(),
             "mesh": dict(self._mesh.shape)}
 
   def close(self):
+    """After the run's last save: the record of its time (goodput.py) and
+    the metrics, flushed."""
+    self._accounts.switch("other")
+    seconds = self._accounts.seconds()
+    self.last["time"] = seconds
+    goodput.write_record(self._workdir, self._step, seconds)
     self._writer.flush()

@@ -1,10 +1,10 @@
-"""The training loop's two clocks.
+"""The steps' clock, and the unit of a run's cost.
 
 `Window`: the steps since the last metrics row, their mean metrics and
 their images per second, counting neither the first step of a process
 (it compiles) nor time spent between steps (evaluation, checkpoints).
-`RunClock`: the training time of a workdir over all its runs, which the
-checkpoints carry, and the device-days it has cost.
+`core_days`: what seconds of wall time cost on the devices (goodput.py
+keeps a workdir's seconds).
 """
 
 import contextlib
@@ -56,18 +56,7 @@ class Window:
     return row
 
 
-class RunClock:
-  """Training seconds of a workdir: those of earlier runs plus this one's."""
-
-  def __init__(self, earlier_seconds, num_devices):
-    self._earlier = earlier_seconds
-    self._num_devices = num_devices
-    self._start = time.time()
-
-  def seconds(self):
-    return self._earlier + time.time() - self._start
-
-  def core_days(self):
+def core_days(self):
     return core_days(self.seconds(), self._num_devices)
 
 

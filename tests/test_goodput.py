@@ -1,0 +1,135 @@
+"""Every second of a run's wall time in one bucket (training/goodput.py),
+across restarts: SIGTERM twice, and kill -9 with steps redone."""
+
+import json
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from vit_jax.runs import checkpoints
+from vit_jax.training import goodput
+from tests.util import (finish, latest_checkpoint, main_flags, metric_rows,
+                        small_config, start_main, wait_for_step)
+
+RUN = {"total_steps": 40, "log_every": 1, "checkpoint_every": 10,
+       "evaluators.test.every": 20}
+
+
+def test_compiles_are_taken_out_of_the_bucket_they_happen_in():
+  accounts = goodput.Accounts()
+  try:
+    accounts.switch("train")
+    time.sleep(0.2)
+    # A program not compiled before in this process: its shape is new.
+    jax.jit(lambda x: jnp.sin(x) * 3.0 + 1)(jnp.ones((7, 13, 5)))
+    with accounts.counting("eval"):
+      time.sleep(0.1)
+    seconds = accounts.seconds()
+  finally:
+    accounts.close()
+  assert seconds["compile"] > 0.01
+  assert seconds["train"] >= 0.2
+  assert 0.1 <= seconds["eval"] < 0.2
+  assert seconds["lost"] == seconds["input"] == 0
+
+
+def test_what_a_run_did_after_its_checkpoint_is_carried_or_lost():
+  at_checkpoint = {**goodput.zeros(), "train": 100.0, "compile": 10.0}
+  later = {**at_checkpoint, "train": 130.0, "checkpoint": 2.0}
+  # The run trained past step 50 after saving it: those 32 s are redone.
+  assert goodput.carried(at_checkpoint, 50, {"step": 60, "seconds": later}
+                         ) == {**at_checkpoint, "lost": 32.0}
+  # It stopped at 50 and finished saving: each bucket keeps its part.
+  assert goodput.carried(at_checkpoint, 50, {"step": 50, "seconds": later}
+                         ) == later
+  # No record, an older one, or one that does not follow the checkpoint.
+  for record in (None, {"step": 40, "seconds": later},
+                 {"step": 60, "seconds": goodput.zeros()}):
+    assert goodput.carried(at_checkpoint, 50, record) == at_checkpoint
+  # A checkpoint from before the buckets carries one total.
+  assert goodput.saved({"train_seconds": 7.0}) == {**goodput.zeros(),
+                                                   "other": 7.0}
+
+
+def timed_run(args, stop_at=None, how=signal.SIGTERM, workdir=None):
+  """(wall seconds, stdout) of one `vit_jax.main` process, sent `how` once
+  it has logged step `stop_at` and its saves before it are complete."""
+  start = time.time()
+  process = start_main(args)
+  if stop_at is not None:
+    wait_for_step(workdir, stop_at, process)
+    saved = stop_at // RUN["checkpoint_every"] * RUN["checkpoint_every"]
+    while saved and saved not in checkpoints.complete_steps(
+        os.path.join(workdir, checkpoints.SUBDIR)):
+      time.sleep(0.01)
+    process.send_signal(how)
+  code, stdout, stderr = finish(process)
+  assert code == (-how if how == signal.SIGKILL and stop_at else 0), (
+      stderr[-3000:])
+  return time.time() - start, stdout
+
+
+def record(workdir):
+  with open(os.path.join(workdir, goodput.RECORD_FILE)) as f:
+    return json.load(f)
+
+
+def test_sigterm_twice_buckets_add_up_to_the_wall_time(digits_data_dir,
+                                                       tmp_path):
+  workdir = str(tmp_path / "run")
+  args = [*main_flags(workdir, digits_data_dir, **RUN),
+          f"--compilation_cache={tmp_path / 'cache'}"]
+  walls, compiles = [], []
+  for stop_at in (8, 23, None):
+    wall, stdout = timed_run(args, stop_at, workdir=workdir)
+    walls.append(wall)
+    compiles.append(record(workdir)["seconds"]["compile"]
+                    - sum(compiles))
+  seconds = record(workdir)["seconds"]
+  assert record(workdir)["step"] == RUN["total_steps"]
+  assert set(seconds) == set(goodput.BUCKETS)
+  assert goodput.total(seconds) == pytest.approx(sum(walls), rel=0.02)
+  # SIGTERM saves at the step it stops at: nothing is trained twice.
+  assert seconds["lost"] == 0
+  for bucket in ("startup", "compile", "train", "input", "checkpoint",
+                 "eval"):
+    assert seconds[bucket] > 0, bucket
+  # The two resumes read their programs from the cache the first wrote.
+  assert compiles[1] < compiles[0] and compiles[2] < compiles[0]
+  # The rows carry the buckets, cumulative across the restarts.
+  rows = [r for r in metric_rows(workdir) if "time/train" in r]
+  assert [r["step"] for r in rows] == list(range(1, 41))
+  totals = [sum(r[goodput.METRIC_PREFIX + b] for b in goodput.BUCKETS)
+            for r in rows]
+  assert totals == sorted(totals)
+  assert rows[-1]["core_days"] == pytest.approx(
+      totals[-1] * 8 / 86_400, rel=1e-6)
+  assert "train" in stdout.splitlines()[-1]  # The summary line.
+
+
+def test_steps_redone_after_kill_9_are_lost(digits_data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  args = main_flags(workdir, digits_data_dir, **RUN)
+  timed_run(args, 15, signal.SIGKILL, workdir)
+  config = small_config(digits_data_dir, **RUN)
+  saved_at, _, progress = latest_checkpoint(workdir, config)
+  last = record(workdir)
+  assert last["step"] > saved_at >= 10
+  # What the killed run's rows say it did after the checkpoint's row: its
+  # steps, and the save of the checkpoint with its compiles.
+  rows = {r["step"]: r for r in metric_rows(workdir)}
+  after = {b: rows[last["step"]][goodput.METRIC_PREFIX + b]
+           - rows[saved_at][goodput.METRIC_PREFIX + b]
+           for b in goodput.BUCKETS}
+  assert after["train"] > 0
+
+  timed_run(args)
+  seconds = record(workdir)["seconds"]
+  lost = goodput.total(last["seconds"]) - goodput.total(progress["seconds"])
+  assert seconds["lost"] == pytest.approx(lost, abs=1e-6)
+  # The checkpoint's seconds were read just after its row was written.
+  assert seconds["lost"] == pytest.approx(goodput.total(after), abs=0.2)
