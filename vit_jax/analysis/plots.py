@@ -10,6 +10,8 @@ import numpy as np
 # backend chosen for the rest of the process.
 from matplotlib.figure import Figure
 
+from vit_jax.training import goodput
+
 DPI = 100
 
 
@@ -145,10 +147,6 @@ CURVES = (
 )
 
 
-# The goodput buckets in metrics rows (training/goodput.py's names).
-TIME_PREFIX = "time/"
-
-
 def training_curves(rows, run_name, path):
   """Six panels of a run's metrics.jsonl rows against the step: loss,
   learning rate, every *accuracy metric, throughput, core-days (stacked by
@@ -159,7 +157,8 @@ def training_curves(rows, run_name, path):
   for ax, (panel, unit, wanted, log_scale) in zip(axes.flat, CURVES):
     drawn = [name for name in names
              if name in wanted or name.endswith(wanted)]
-    buckets = [name for name in names if name.startswith(TIME_PREFIX)]
+    buckets = [name for name in names
+               if name.startswith(goodput.METRIC_PREFIX)]
     if panel == "Cost" and buckets and "core_days" in drawn:
       _stack_core_days(ax, rows, buckets)
     else:
@@ -195,5 +194,5 @@ def _stack_core_days(ax, rows, buckets):
   per_second = np.array([row["core_days"] for row in rows]) / np.maximum(
       total, 1e-12)
   ax.stackplot(steps, seconds * per_second,
-               labels=[b[len(TIME_PREFIX):] for b in buckets])
+               labels=[b[len(goodput.METRIC_PREFIX):] for b in buckets])
   ax.legend(fontsize=6, frameon=False, loc="upper left", ncol=2)
