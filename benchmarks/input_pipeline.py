@@ -1,25 +1,31 @@
-"""Training input pipeline throughput on ImageNet-sized JPEGs, per CPU core.
+"""Training input pipeline throughput on ImageNet-sized JPEGs, per CPU core,
+for both readers on the same records.
 
-  python benchmarks/input_pipeline.py [--num_images=512] [--batches=40] [--randaugment=2,10] [--json]
+  python benchmarks/input_pipeline.py [--num_images=512] [--batches=40] [--rounds=3] [--randaugment=2,10] [--json]
 
 Generates --num_images distinct JPEGs shaped like ImageNet's (500x375, one in
 four 375x500; quality 90, 4:2:0; smooth random colours plus --noise, about
-90 KB each) into a folder dataset (`folder:PATH`), then times the training
-stream of one v3-8 host: `pipeline_lib.train_dataset` with augment
-"inception_crop,flip" at 224 px and a per-host batch of 256 in 8 shares, one
-per TPU core. Reading the TFDS records, decoding (only the crop: see
-`preprocess.decode_and_inception_crop`), flipping, resizing and batching run
-on every core of this machine, as on a TPU host. After --warmup_batches,
---batches are timed: images per second over the cores TensorFlow may use
-(the process's CPU affinity) is `img_per_sec_per_core`, the figure for a
-quiet machine. `img_per_cpu_sec` divides by the CPU time the process got
+90 KB each) into a folder dataset (`folder:PATH`), prepared twice: as
+ArrayRecord (read at random, vit_jax/data/random_access.py) and as TFRecord
+(streamed). It then times the training stream of one v3-8 host with each:
+`pipeline_lib.train_dataset` with augment "inception_crop,flip" at 224 px
+and a per-host batch of 256 in 8 shares, one per TPU core. Reading the
+records, decoding (only the crop: see `preprocess.decode_and_inception_crop`),
+flipping, resizing and batching run on every core of this machine, as on a
+TPU host. After --warmup_batches, --batches are timed, --rounds times per
+reader, alternated: images per second over the cores TensorFlow may use
+(the process's CPU affinity) is `*_img_per_sec_per_core`, the figure for a
+quiet machine. `*_img_per_cpu_sec` divides by the CPU time the process got
 instead: on a machine busy with other work it is what a free core would do.
+`random_over_streamed` is the ratio of the two readers' figures, and
+`*_record_bytes` what a record takes on disk in each format.
 
 `baseline_img_per_sec_per_core` is a plain tf.data pipeline over the same
-records, written out here: full JPEG decode, inception crop, resize, flip,
-batch of 256 in float32, one parallel map. The gap between the two is the
-cost of the project's pipeline (8 seeded shares, the per-host concat), less
-what decoding only the crop and batching uint8 save.
+TFRecord records, written out here: full JPEG decode, inception crop,
+resize, flip, batch of 256 in float32, one parallel map. The gap between it
+and the streamed reader is the cost of the project's pipeline (8 seeded
+shares, the per-host concat), less what decoding only the crop and
+batching uint8 save.
 """
 
 import contextlib
@@ -54,6 +60,10 @@ flags.DEFINE_bool("baseline", True, "Also time the plain tf.data pipeline.")
 flags.DEFINE_string("data_dir", None, "Where the JPEGs and their TFDS copy "
                     "go, and are reused from (default: a temporary "
                     "directory, removed at the end).")
+flags.DEFINE_list("grain_threads", [], "Also time the random-access work "
+                  "in Grain's threads, with each of these thread counts.")
+flags.DEFINE_integer("rounds", 3, "Timings of each reader, alternated; the "
+                     "median is shown.")
 flags.DEFINE_bool("json", False, "One JSON object instead of lines.")
 
 FLAGS = flags.FLAGS
@@ -148,40 +158,116 @@ def baseline_batches(builder, batch_size, image_size):
           .prefetch(2).with_options(options))
 
 
-def measure(data_dir):
-  from vit_jax.data import pipeline as pipeline_lib, sources
+def grain_batches(source, threads):
+  """The random-access reader's work done in Grain's threads instead of
+  tf.data's: each thread reads a record and runs the same TensorFlow
+  decode and augmentation (one traced function per example), Grain batches.
+  Not the project's reader: the alternative it was measured against."""
+  import grain  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import preprocess, random_access
+  records = random_access.Records(source, "train")
+  order = random_access.Order(records.size, seed=0)
+  names = preprocess.parse_augmentations(FLAGS.augment)
+
+  @tf.function(input_signature=[tf.TensorSpec([], tf.string),
+                                 tf.TensorSpec([], tf.int64)])
+  def decode(record, position):
+    example = records.parse(record)
+    seed = tf.random.experimental.stateless_fold_in(
+        tf.constant([0, -1], tf.int64), position)
+    image = preprocess.decode_and_augment(example["image"], names, seed,
+                                          FLAGS.image_size)
+    return {"image": preprocess.resize(image, FLAGS.image_size),
+            "label": source.label(example)}
+
+  def example(position):
+    record = records.read(order([position]))[0]
+    return {k: v.numpy() for k, v in decode(record, position).items()}
+
+  dataset = grain.MapDataset.range(0, 2**40).map(example).batch(
+      FLAGS.batch_size, drop_remainder=True)
+  iterator = dataset.to_iter_dataset(grain.ReadOptions(
+      num_threads=threads, prefetch_buffer_size=2 * FLAGS.batch_size))
+
+  class Batches:  # What img_per_sec reads.
+    def as_numpy_iterator(self):
+      return iter(iterator)
+  return Batches()
+
+
+def both_formats(data_dir):
+  """{"random": Source, "streamed": Source} of the generated JPEGs as a
+  folder dataset prepared as ArrayRecord and as TFRecord: the same records
+  in the same order."""
+  from vit_jax.data import sources
   root = write_images(data_dir, FLAGS.num_images, FLAGS.noise)
   dataset = sources.FOLDER_PREFIX + root
-  with contextlib.redirect_stdout(sys.stderr):  # TFDS prints as it prepares.
-    builder = sources.get_builder(dataset, data_dir)  # Prepare once.
+  found = {}
+  for name, fmt in (("random", "array_record"), ("streamed", "tfrecord")):
+    where = os.path.join(data_dir, fmt)
+    with contextlib.redirect_stdout(sys.stderr):  # TFDS prints as it prepares.
+      sources.get_builder(dataset, where, file_format=fmt)  # Prepare once.
+    found[name] = sources.lookup(dataset, where)
+  return found
+
+
+def record_bytes(source):
+  """Bytes of a split's record files, per record."""
+  builder = source.builder
+  names = [n for n in os.listdir(builder.data_dir) if "-train." in n]
+  total = sum(os.path.getsize(os.path.join(builder.data_dir, n))
+              for n in names)
+  return total / source.num_examples("train")
+
+
+def measure(data_dir):
+  from vit_jax.data import pipeline as pipeline_lib
+  readers = both_formats(data_dir)
+  root = write_images(data_dir, FLAGS.num_images, FLAGS.noise)
   sizes = [os.path.getsize(os.path.join(folder, name))
            for folder, _, names in os.walk(os.path.join(root, "train"))
            for name in names]
-  def stream(randaugment=""):
-    return pipeline_lib.train_dataset(sources.lookup(dataset, data_dir),
-                                      "train", batch_size=FLAGS.batch_size,
+
+  def stream(reader, randaugment=""):
+    return pipeline_lib.train_dataset(readers[reader], "train",
+                                      batch_size=FLAGS.batch_size,
                                       image_size=FLAGS.image_size,
                                       augment=FLAGS.augment,
                                       randaugment=randaugment,
                                       shares=tuple(range(FLAGS.num_shares)),
                                       num_shares=FLAGS.num_shares)
 
-  rate, per_cpu_second = img_per_sec(stream(), FLAGS.batches,
-                                     FLAGS.warmup_batches)
-  result = {
-      "img_per_sec_per_core": rate / cores(),
-      "cores": cores(),
-      "img_per_sec": rate,
-      "img_per_cpu_sec": per_cpu_second,
-  }
+  result = {"cores": cores()}
+  # Alternated, the median of --rounds each: drift on a shared machine hits
+  # both readers alike.
+  rates = {reader: [] for reader in ("streamed", "random")}
+  for _ in range(FLAGS.rounds):
+    for reader, measured in rates.items():
+      measured.append(img_per_sec(stream(reader), FLAGS.batches,
+                                  FLAGS.warmup_batches))
+  for reader, measured in rates.items():
+    rate, per_cpu_second = sorted(measured)[len(measured) // 2]
+    result[f"{reader}_img_per_sec_per_core"] = rate / cores()
+    result[f"{reader}_img_per_cpu_sec"] = per_cpu_second
+    result[f"{reader}_record_bytes"] = record_bytes(readers[reader])
+  result["random_over_streamed"] = (result["random_img_per_sec_per_core"] /
+                                    result["streamed_img_per_sec_per_core"])
+  for threads in map(int, FLAGS.grain_threads):
+    rate, per_cpu_second = img_per_sec(grain_batches(readers["random"],
+                                                     threads),
+                                       FLAGS.batches, FLAGS.warmup_batches)
+    result[f"grain_{threads}_threads_img_per_sec_per_core"] = rate / cores()
+    result[f"grain_{threads}_threads_img_per_cpu_sec"] = per_cpu_second
   if FLAGS.randaugment:
-    rate, per_cpu_second = img_per_sec(stream(FLAGS.randaugment),
+    rate, per_cpu_second = img_per_sec(stream("random", FLAGS.randaugment),
                                        FLAGS.batches, FLAGS.warmup_batches)
     result["randaugment_img_per_sec_per_core"] = rate / cores()
     result["randaugment_img_per_cpu_sec"] = per_cpu_second
   if FLAGS.baseline:
     base, base_per_cpu_second = img_per_sec(
-        baseline_batches(builder, FLAGS.batch_size, FLAGS.image_size),
+        baseline_batches(readers["streamed"].builder, FLAGS.batch_size,
+                         FLAGS.image_size),
         FLAGS.batches, FLAGS.warmup_batches)
     result["baseline_img_per_sec_per_core"] = base / cores()
     result["baseline_img_per_cpu_sec"] = base_per_cpu_second

@@ -50,3 +50,21 @@ def digits_data_dir(tmp_path_factory):
   data_dir = str(tmp_path_factory.mktemp("tensorflow_datasets"))
   sources.get_builder("digits", data_dir)
   return data_dir
+
+
+@pytest.fixture(scope="session")
+def digits_tfrecord_data_dir(tmp_path_factory):
+  """A data_dir with `digits` prepared as TFRecord, read by the streaming
+  reader (digits_data_dir's is ArrayRecord, read at random)."""
+  from vit_jax.data import sources
+  data_dir = str(tmp_path_factory.mktemp("tensorflow_datasets_tfrecord"))
+  sources.get_builder("digits", data_dir, file_format="tfrecord")
+  return data_dir
+
+
+@pytest.fixture(params=["array_record", "tfrecord"])
+def digits_any_format(request):
+  """digits prepared in each format the input pipeline reads."""
+  return request.getfixturevalue({
+      "array_record": "digits_data_dir",
+      "tfrecord": "digits_tfrecord_data_dir"}[request.param])

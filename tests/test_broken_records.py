@@ -1,17 +1,20 @@
 """TFDS records whose image does not decode: dropped, counted and named in
 training and evaluation, the same records after a resume."""
 
+import glob
 import logging
 import os
 import shutil
 import signal
 
+import grain
 import numpy as np
 import pytest
 import tensorflow as tf
+from array_record.python import array_record_module
 
 from vit_jax import errors
-from vit_jax.data import pipeline, sources
+from vit_jax.data import conversion, pipeline, sources
 from vit_jax.training import step as step_lib
 from tests.util import (assert_trees_equal, latest_checkpoint, made_once,
                         metric_rows, run_training, small_config)
@@ -25,31 +28,64 @@ EPOCH = {"train_split": "train[:256]", "total_steps": 8}
 
 
 def break_records(data_dir):
-  """Rewrites the prepared digits in `data_dir` with BROKEN's images."""
+  """Rewrites the prepared digits in `data_dir` with BROKEN's images, in the
+  format they are stored in."""
   folder = os.path.join(data_dir, "digits", "all", "1.0.0")
   for split, broken in BROKEN.items():
-    path = os.path.join(folder, f"digits-{split}.tfrecord-00000-of-00001")
-    records = [bytes(r) for r in tf.data.TFRecordDataset(path)
-               .as_numpy_iterator()]
+    path, = glob.glob(os.path.join(folder, f"digits-{split}.*-00000-of-00001"))
+    array_record = ".array_record-" in path
+    if array_record:
+      records = list(grain.sources.ArrayRecordDataSource([path]))
+    else:
+      records = [bytes(r) for r in tf.data.TFRecordDataset(path)
+                 .as_numpy_iterator()]
     for position, kind in broken.items():
       example = tf.train.Example.FromString(records[position])
       image = example.features.feature["image"].bytes_list.value
       image[0] = (b"not an image" if kind == "garbage"
                   else image[0][:len(image[0]) // 2])
       records[position] = example.SerializeToString()
-    with tf.io.TFRecordWriter(path) as writer:
+    if array_record:
+      writer = array_record_module.ArrayRecordWriter(
+          path, conversion.WRITER_OPTIONS)
       for record in records:
         writer.write(record)
+      writer.close()
+    else:
+      with tf.io.TFRecordWriter(path) as writer:
+        for record in records:
+          writer.write(record)
+
+
+def broken_copy(tmp_path_factory, name, data_dir):
+  def make(path):
+    shutil.copytree(os.path.join(data_dir, "digits"),
+                    os.path.join(path, "digits"))
+    break_records(path)
+  return made_once(tmp_path_factory, name, make)
 
 
 @pytest.fixture(scope="module")
 def broken_digits(digits_data_dir, tmp_path_factory):
-  """A data_dir whose digits hold the BROKEN records."""
-  def make(path):
-    shutil.copytree(os.path.join(digits_data_dir, "digits"),
-                    os.path.join(path, "digits"))
-    break_records(path)
-  return made_once(tmp_path_factory, "broken_digits", make)
+  """A data_dir whose digits (ArrayRecord) hold the BROKEN records."""
+  return broken_copy(tmp_path_factory, "broken_digits", digits_data_dir)
+
+
+@pytest.fixture(scope="module")
+def broken_tfrecord_digits(digits_tfrecord_data_dir, tmp_path_factory):
+  """The same, for digits stored as TFRecord (the streaming reader)."""
+  return broken_copy(tmp_path_factory, "broken_tfrecord_digits",
+                     digits_tfrecord_data_dir)
+
+
+@pytest.fixture(params=["array_record", "tfrecord"])
+def clean_and_broken(request):
+  """(intact data_dir, broken data_dir) in each format."""
+  if request.param == "array_record":
+    names = ("digits_data_dir", "broken_digits")
+  else:
+    names = ("digits_tfrecord_data_dir", "broken_tfrecord_digits")
+  return tuple(request.getfixturevalue(name) for name in names)
 
 
 def one_epoch(data_dir):
@@ -66,8 +102,8 @@ def one_epoch(data_dir):
 
 
 def test_training_rows_of_broken_records_are_masked_and_the_rest_kept(
-    digits_data_dir, broken_digits):
-  clean, broken = one_epoch(digits_data_dir), one_epoch(broken_digits)
+    clean_and_broken):
+  clean, broken = (one_epoch(data_dir) for data_dir in clean_and_broken)
   # Every record once, in the same places as in the intact dataset.
   np.testing.assert_array_equal(np.sort(broken["index"]), np.arange(256))
   np.testing.assert_array_equal(broken["index"], clean["index"])
@@ -83,9 +119,9 @@ def test_training_rows_of_broken_records_are_masked_and_the_rest_kept(
 
 
 def test_evaluation_rows_of_broken_records_are_masked_like_padding(
-    broken_digits):
+    clean_and_broken):
   rows = list(
-      pipeline.eval_dataset(sources.lookup("digits", broken_digits),
+      pipeline.eval_dataset(sources.lookup("digits", clean_and_broken[1]),
                             "test",
                             batch_size=64,
                             image_size=8,

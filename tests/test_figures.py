@@ -13,14 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from vit_jax import errors, models
 from vit_jax.analysis import attention as attention_lib, predictions
 from vit_jax.data import image_files, sources
 from vit_jax.runs import writers
 from vit_jax.weights import npz, pretrained
-from tests.util import REPO, made_once, randomize, run_training, small_config
+from tests.util import (REPO, made_once, randomize, run_training, small_config,
+                        stored_examples)
 
 FIGURES = ("embedding_filters.png", "position_embedding_similarity.png",
            "mean_attention_distance.png", "attention_rollout.png")
@@ -183,9 +183,7 @@ def digits_run(digits_data_dir, tmp_path_factory):
     pngs = os.path.join(workdir, "test_pngs")
     os.makedirs(pngs)
     builder = sources.get_builder("digits", digits_data_dir)
-    for i, example in enumerate(builder.as_dataset(
-        split="test", decoders={"image": tfds.decode.SkipDecoding()},
-        shuffle_files=False).as_numpy_iterator()):
+    for i, example in enumerate(stored_examples(builder, "test")):
       with open(os.path.join(pngs, f"{i:03d}_{example['label']}.png"),
                 "wb") as f:
         f.write(example["image"])

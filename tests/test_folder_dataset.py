@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 
 from vit_jax import errors
 from vit_jax.data import folder, pipeline as pipeline_lib, sources
-from tests.util import metric_rows, run_training, small_config
+from tests.util import metric_rows, run_training, small_config, stored_examples
 
 CLASSES = ["apple", "banana", "cherry"]
 # (split, class, file name, (height, width), mode): every image a solid
@@ -149,9 +149,8 @@ def test_images_are_stored_byte_for_byte(split_layout):
   dataset, data_dir, _ = split_layout
   root = dataset[len(folder.PREFIX):]
   builder = sources.get_builder(dataset, data_dir)
-  stored = builder.as_dataset(split="train",
-                              decoders={"image": tfds.decode.SkipDecoding()})
-  stored = sorted(example["image"] for example in tfds.as_numpy(stored))
+  stored = sorted(example["image"]
+                  for example in stored_examples(builder, "train"))
   files = []
   for split, name, file_name, _, _ in IMAGES:
     if split == "train":

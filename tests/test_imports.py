@@ -15,7 +15,8 @@ from vit_jax import runtime
 from tests.util import REPO
 
 # The commands users type, each a `python -m vit_jax.X`.
-COMMANDS = {"main", "plan", "export", "predict", "figures", "vtab"}
+COMMANDS = {"main", "plan", "export", "predict", "figures", "vtab",
+            "convert_dataset"}
 # The package's floors, lowest first: a module may import modules on its own
 # floor or below. A module of a wing package (vit_jax/<wing>/...) is on that
 # wing's floor.
@@ -40,6 +41,7 @@ SCRIPT = r"""
 import importlib, json, logging, os, pkgutil, sys, threading, warnings
 
 import absl.flags, absl.logging, clu.metric_writers, clu.parameter_overview, flax.linen
+import grain  # Defines absl flags of its own (and array_record's).
 import jax, jax.numpy, matplotlib, ml_collections.config_flags, optax
 import orbax.checkpoint as ocp, scipy.ndimage, sklearn.datasets
 import tensorflow, tensorflow_datasets

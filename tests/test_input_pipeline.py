@@ -13,6 +13,7 @@ import tensorflow_datasets as tfds
 from vit_jax import errors
 from vit_jax.data import (digits, pipeline as pipeline_lib, preprocess,
                           shares as shares_lib, sources)
+from tests.util import stored_examples
 
 
 def take(dataset, num_batches):
@@ -48,11 +49,12 @@ def sklearn_keys(indices=None):
 
 def stored_keys(data_dir, split):
   """Keys of a split as TFDS stores it: uint8 pixels mapped back to 0..16."""
-  builder = sources.get_builder("digits", data_dir)
-  stored = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1))
-  assert stored["image"].dtype == np.uint8
-  pixels = stored["image"][..., 0].astype(np.float64)  # uint8 * 16 overflows.
-  return example_keys(np.round(pixels * 16 / 255), stored["label"])
+  examples = stored_examples(sources.get_builder("digits", data_dir), split)
+  images = np.stack([preprocess.decode(e["image"]).numpy() for e in examples])
+  assert images.dtype == np.uint8
+  pixels = images[..., 0].astype(np.float64)  # uint8 * 16 overflows.
+  return example_keys(np.round(pixels * 16 / 255),
+                      np.array([e["label"] for e in examples]))
 
 
 def pipeline_keys(batches):
@@ -88,8 +90,8 @@ def test_digits_splits_are_disjoint_and_cover_sklearns_data(digits_data_dir):
   assert train + test == sklearn_keys()
 
 
-def test_train_batches_are_rgb_images_in_range(digits_data_dir):
-  batch, = train_batches(digits_data_dir, 1, augment=("shift", "flip"))
+def test_train_batches_are_rgb_images_in_range(digits_any_format):
+  batch, = train_batches(digits_any_format, 1, augment=("shift", "flip"))
   image, label = batch["image"], batch["label"]
   # uint8, a quarter of float32's bytes; the model scales it to [-1, 1].
   assert image.shape == (32, 8, 8, 3) and image.dtype == np.uint8
@@ -100,52 +102,53 @@ def test_train_batches_are_rgb_images_in_range(digits_data_dir):
   np.testing.assert_array_equal(image[..., 0], image[..., 2])
 
 
-def test_same_seed_same_batches_other_seed_other_order(digits_data_dir):
-  first = train_batches(digits_data_dir, 3, augment="shift,flip", seed=7)
-  again = train_batches(digits_data_dir, 3, augment="shift,flip", seed=7)
-  other = train_batches(digits_data_dir, 3, augment="shift,flip", seed=8)
+def test_same_seed_same_batches_other_seed_other_order(digits_any_format):
+  first = train_batches(digits_any_format, 3, augment="shift,flip", seed=7)
+  again = train_batches(digits_any_format, 3, augment="shift,flip", seed=7)
+  other = train_batches(digits_any_format, 3, augment="shift,flip", seed=8)
   assert_same_batches(again, first)
   assert not np.array_equal(np.concatenate([b["label"] for b in other]),
                             np.concatenate([b["label"] for b in first]))
 
 
-def test_every_epoch_is_a_new_permutation_of_the_split(digits_data_dir):
+def test_every_epoch_is_a_new_permutation_of_the_split(digits_any_format):
   # 1437 = 3 * 479: each epoch is exactly three batches.
-  batches = train_batches(digits_data_dir, 6, batch_size=479)
+  batches = train_batches(digits_any_format, 6, batch_size=479)
   first_epoch, second_epoch = batches[:3], batches[3:]
-  split = stored_keys(digits_data_dir, "train")
+  split = stored_keys(digits_any_format, "train")
   assert pipeline_keys(first_epoch) == split
   assert pipeline_keys(second_epoch) == split
   assert not np.array_equal(first_epoch[0]["label"], second_epoch[0]["label"])
 
 
-def test_resumed_stream_continues_the_uninterrupted_one(digits_data_dir):
+def test_resumed_stream_continues_the_uninterrupted_one(digits_any_format):
   # 64-example batches: step 22 crosses into the second epoch.
   settings = dict(batch_size=64, augment=("shift", "flip"), seed=3)
-  uninterrupted = train_batches(digits_data_dir, 26, **settings)
-  resumed = train_batches(digits_data_dir, 6, start_step=20, **settings)
+  uninterrupted = train_batches(digits_any_format, 26, **settings)
+  resumed = train_batches(digits_any_format, 6, start_step=20, **settings)
   assert_same_batches(resumed, uninterrupted[20:])
 
 
-def test_shares_are_disjoint_and_cover_the_split(digits_data_dir):
+def test_shares_are_disjoint_and_cover_the_split(digits_any_format):
   # 1437 examples in 3 shares of 479: one block of 479 is one epoch of a share.
   shares = [
-      pipeline_keys(train_batches(digits_data_dir, 1, batch_size=3 * 479,
+      pipeline_keys(train_batches(digits_any_format, 1, batch_size=3 * 479,
                                   shares=(share,), num_shares=3))
       for share in range(3)
   ]
   for a in range(3):
     for b in range(a + 1, 3):
       assert not set(shares[a]) & set(shares[b])
-  assert shares[0] + shares[1] + shares[2] == stored_keys(digits_data_dir,
+  assert shares[0] + shares[1] + shares[2] == stored_keys(digits_any_format,
                                                           "train")
 
 
 @pytest.mark.parametrize("start_step", [0, 21])  # 21: a share's 2nd epoch.
 def test_global_batches_do_not_depend_on_processes_or_devices(
-    digits_data_dir, start_step):
-  """16 input shares read by 1 process of 8 devices, 1 of 4, 2 of 2 and 4 of
-  1 make the same global batches, bit for bit."""
+    digits_any_format, start_step):
+  """16 input shares read by 1 process of 8 devices, 2 of 4, 4 of 2, 1 of 4,
+  2 of 2 and 4 of 1 make the same global batches, bit for bit, streamed or
+  read at random."""
   settings = dict(batch_size=64, num_shares=16, augment="shift,flip", seed=5,
                   start_step=start_step)
 
@@ -154,13 +157,13 @@ def test_global_batches_do_not_depend_on_processes_or_devices(
     for process in range(num_processes):
       blocks = tuple(range(process * devices, (process + 1) * devices))
       shares = shares_lib.shares_of(blocks, num_processes * devices, 16)
-      parts.append(train_batches(digits_data_dir, 3, shares=shares,
+      parts.append(train_batches(digits_any_format, 3, shares=shares,
                                  **settings))
     return [{key: np.concatenate([part[step][key] for part in parts])
              for key in ("image", "label", "index")} for step in range(3)]
 
   expected = global_batches(1, 8)
-  for layout in ((1, 4), (2, 2), (4, 1)):
+  for layout in ((2, 4), (4, 2), (1, 4), (2, 2), (4, 1)):
     got = global_batches(*layout)
     for batch, want in zip(got, expected):
       for key in want:
@@ -186,10 +189,13 @@ def records_read_before_first_batch(data_dir, start_step, monkeypatch):
 
 
 def test_resuming_late_costs_no_more_reading_than_resuming_early(
-    digits_data_dir, monkeypatch):
-  """Reading to the first batch is bounded by the epoch, not the step."""
-  early = records_read_before_first_batch(digits_data_dir, 100, monkeypatch)
-  late = records_read_before_first_batch(digits_data_dir, 10**7, monkeypatch)
+    digits_tfrecord_data_dir, monkeypatch):
+  """Streamed, reading to the first batch is bounded by the epoch, not the
+  step."""
+  early = records_read_before_first_batch(digits_tfrecord_data_dir, 100,
+                                          monkeypatch)
+  late = records_read_before_first_batch(digits_tfrecord_data_dir, 10**7,
+                                         monkeypatch)
   assert early > 0 and late > 0
   # The skip stays within one epoch; the shuffle buffer (here the whole
   # epoch) and read-ahead may fill from the next epoch: two at the most.
@@ -222,8 +228,8 @@ def eval_batches(data_dir, split, num_processes, batch_size):
   ]
 
 
-def test_eval_sees_every_example_once_in_equal_batch_counts(digits_data_dir):
-  per_process = eval_batches(digits_data_dir, "test", 3, batch_size=64)
+def test_eval_sees_every_example_once_in_equal_batch_counts(digits_any_format):
+  per_process = eval_batches(digits_any_format, "test", 3, batch_size=64)
   # ceil(ceil(360 / 3) / 64) batches each, the last one padded.
   assert [len(batches) for batches in per_process] == [2, 2, 2]
   assert sum(b["mask"].sum() for bs in per_process for b in bs) == 360
@@ -233,12 +239,13 @@ def test_eval_sees_every_example_once_in_equal_batch_counts(digits_data_dir):
       assert batch["image"].shape == (64, 8, 8, 3)
       assert batch["mask"].dtype == np.float32
     all_real += pipeline_keys(batches)
-  assert all_real == stored_keys(digits_data_dir, "test")
+  assert all_real == stored_keys(digits_any_format, "test")
 
 
-def test_eval_pads_a_short_share_with_a_fully_masked_batch(digits_data_dir):
+def test_eval_pads_a_short_share_with_a_fully_masked_batch(digits_any_format):
   # 33 examples over 2 processes: shares of 17 and 16, so 2 batches of 16.
-  first, second = eval_batches(digits_data_dir, "test[:33]", 2, batch_size=16)
+  first, second = eval_batches(digits_any_format, "test[:33]", 2,
+                               batch_size=16)
   assert len(first) == len(second) == 2
   assert [b["mask"].sum() for b in first] == [16, 1]
   assert [b["mask"].sum() for b in second] == [16, 0]
@@ -451,10 +458,8 @@ def test_random_crop_batches_are_the_image_size_and_in_range(
 
 def stored_test_images(data_dir, split):
   """The split's images decoded as the pipeline does, in file order."""
-  builder = sources.get_builder("digits", data_dir)
-  records = builder.as_dataset(split=split, shuffle_files=False,
-                               decoders={"image": tfds.decode.SkipDecoding()})
-  return [preprocess.decode(record["image"]) for record in records]
+  examples = stored_examples(sources.get_builder("digits", data_dir), split)
+  return [preprocess.decode(example["image"]) for example in examples]
 
 
 # 14 -> 16, a margin of 1 each side; 10 -> 11, the odd row and column go to

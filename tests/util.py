@@ -245,6 +245,17 @@ def logging_batches(path, train_batches):
   return batches
 
 
+def stored_examples(builder, split):
+  """A split's examples as numpy dicts in file order, images encoded, from
+  TFRecord or ArrayRecord files (TFDS's as_dataset reads only the first)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  decoders = {"image": tfds.decode.SkipDecoding()}
+  if builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD:
+    return list(builder.as_data_source(split, decoders=decoders))
+  return list(tfds.as_numpy(builder.as_dataset(
+      split=split, shuffle_files=False, decoders=decoders)))
+
+
 @contextlib.contextmanager
 def mocked_tfds(data_dir, records):
   """tfds.testing.mock_data over the metadata in `data_dir`, with

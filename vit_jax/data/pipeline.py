@@ -1,32 +1,37 @@
 """TFDS -> tf.data -> per-process batches -> global jax.Arrays.
 
-A split is read in `num_shares` shares (`tfds.even_splits`): share s feeds
-block s of every global batch. Training reads a fixed number of them
-(config.input_shares, vit_jax/data/shares.py), each data-parallel device a
-consecutive group; evaluation one per data-parallel device. A process reads
-only the shares of the devices it drives, so the shares of a pod's hosts
-are disjoint and cover the split, and the global batches depend neither on
-how many processes there are nor, in training, on how many devices.
-`to_global` assembles each process's rows into arrays over all devices.
+Training reads a split in one of two ways, by the format it is stored in:
 
-Training streams are deterministic functions of (seed, step): each epoch's
-shuffle has its own seed, augmentations are seeded per example, and
-`start_step` jumps to its epoch and skips encoded records within it, so a
-resumed run sees the same batches as an uninterrupted one. A process decodes
-a batch's rows of all its shares at once (broken_records.decode_blocks): an
+  - ArrayRecord, at random (random_access.py): epoch e is a permutation of
+    the whole split, the record at each position of the run's stream is
+    computed from (seed, epoch, position), and a process reads its rows of
+    each global batch. Resuming at step k starts reading at batch k.
+  - TFRecord, streamed in `num_shares` shares (`tfds.even_splits`): share s
+    feeds block s of every global batch, shuffled within a buffer of its
+    own (config.input_shares, vit_jax/data/shares.py). Resuming jumps to the
+    step's epoch and skips the records of that epoch before it.
+
+Either way a process reads only the rows of its data-parallel devices, the
+global batches depend neither on how many processes there are nor on how
+many devices, augmentations are seeded per example by its position in the
+stream, and a resumed run sees the same batches as an uninterrupted one. A
+process decodes a batch's rows at once (broken_records.decode_blocks): an
 image that does not decode becomes a masked row, in its place.
 
-The datasets come as `Source`s (vit_jax/data/sources.py), looked up once
-per run.
+Evaluation reads each data-parallel device's share of a split in order,
+from either format. `to_global` assembles each process's rows into arrays
+over all devices. The datasets come as `Source`s (vit_jax/data/sources.py),
+looked up once per run.
 """
 
 import jax
+from absl import logging
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import errors
-from vit_jax.data import broken_records, preprocess
+from vit_jax.data import broken_records, preprocess, random_access
 
 PREFETCH_BATCHES = 2
 # Records a process holds to shuffle, over all the shares it reads: a share
@@ -35,10 +40,17 @@ PREFETCH_BATCHES = 2
 SHUFFLE_RECORDS = 80_000
 # Shares read at once: their records come from files of their own.
 PARALLEL_SHARES = 16
+# A shuffle window below this many records (and below a share) earns the
+# hint to convert to ArrayRecord: ImageNet in 2,048 shares shuffles within
+# 39, in 8 within 10,000.
+SMALL_WINDOW = 10_000
 # Each share reads its files through a buffer of its own; a host may read
 # thousands of shares.
 READ_BUFFER_BYTES = 1 << 20
 _FOREVER = 2**62  # Epochs in an "infinite" stream.
+# The key of the random-access reader's one stream, where the streaming
+# reader's keys name its shares (0, 1, ...).
+WHOLE_SPLIT = -1
 
 
 def train_dataset(source, split, *, batch_size, image_size, augment=(),
@@ -47,40 +59,75 @@ def train_dataset(source, split, *, batch_size, image_size, augment=(),
                   shuffle_records=SHUFFLE_RECORDS) -> tf.data.Dataset:
   """Infinite, reproducible stream of this process's rows of every batch.
 
-  The global batch of `batch_size` examples is `num_shares` equal blocks:
-  block s of every batch comes from share s of the split (`tfds.even_splits`),
-  shuffled anew each epoch. A process reads only the shares in `shares` (the
-  consecutive shares of the devices it drives) and yields their blocks
-  concatenated: {"image": uint8 [rows, image_size, image_size, 3]
-  (preprocess.py; `randaugment` "N,M" after the resize), "label": int32
-  [rows], "mask": float32 [rows], "index":
-  int32 [rows]}, rows = batch_size / num_shares * len(shares). "mask" is 0.0
-  for an example whose image does not decode, a row of zeros, and "index" is
-  each record's position in the split (broken_records.py).
+  The global batch of `batch_size` examples is `num_shares` equal blocks,
+  and a process yields the blocks `shares` (the consecutive shares of the
+  devices it drives) concatenated: {"image": uint8 [rows, image_size,
+  image_size, 3] (preprocess.py; `randaugment` "N,M" after the resize),
+  "label": int32 [rows], "mask": float32 [rows], "index": int32 [rows]},
+  rows = batch_size / num_shares * len(shares). "mask" is 0.0 for an
+  example whose image does not decode, a row of zeros, and "index" is each
+  record's position in the split (broken_records.py).
 
-  Nothing here depends on the devices: share s is the same stream whoever
-  reads it, so the global batches are the same for any number of processes
-  and devices that divides `num_shares` (vit_jax/data/shares.py). Batch k of a
-  stream started at `start_step` equals batch start_step + k of one started
-  at 0, augmentations included. Resuming reads at most one epoch of each
-  share, however late the step: the epoch of `start_step` is computed rather
-  than replayed, and only the records of that epoch before the position are
-  skipped (read, not decoded).
+  An ArrayRecord split is read at random (module docstring): the blocks
+  only say which rows of each batch are the process's, and the batches do
+  not depend on `num_shares`. A TFRecord split is streamed: block s of
+  every batch comes from share s of the split, shuffled within a buffer of
+  shuffle_records / num_shares records (all of a share that is smaller),
+  so that a process holds at most `shuffle_records`; the batches are the
+  same for any number of processes and devices that divides `num_shares`
+  (vit_jax/data/shares.py).
 
-  Each share shuffles within a buffer of shuffle_records / num_shares
-  records (all of a share that is smaller), so that a process holds at most
-  `shuffle_records` however many shares it reads.
+  Batch k of a stream started at `start_step` equals batch start_step + k
+  of one started at 0, augmentations included. Resuming reads nothing
+  before the step's batch (ArrayRecord) or at most one epoch of each share
+  (TFRecord: the epoch of `start_step` is computed rather than replayed,
+  and only its records before the position are read, not decoded).
   """
   names = preprocess.parse_augmentations(augment)
   preprocess.parse_randaugment(randaugment)  # Its error, before reading.
   block = _block_size(batch_size, image_size, shares, num_shares)
   source.num_examples(split)  # A missing split's error.
+  if random_access.readable(source):
+    # Read at random: the rows are the process's, whatever the shares.
+    records = random_access.Records(source, split)
+    key = tf.constant([seed, WHOLE_SPLIT], tf.int64)
+    rows = random_access.stream(
+        records, seed=seed, batch_size=batch_size, start_step=start_step,
+        rows=(shares[0] * block, (shares[-1] + 1) * block)).map(
+            lambda position, record: (key, position, record))
+  else:
+    rows = _streamed_rows(source, split, seed, start_step, block, shares,
+                          num_shares, shuffle_records)
+
+  def train_example(key, position, record):
+    # Seeded by the example's position in its stream: the same pixels
+    # wherever the run (re)started, whoever reads it.
+    example_seed = tf.random.experimental.stateless_fold_in(key, position)
+    image = preprocess.decode_and_augment(record[1][source.image_key], names,
+                                          example_seed, image_size)
+    image = preprocess.resize(image, image_size)
+    return {"image": preprocess.randaugment(image, randaugment, example_seed),
+            "label": source.label(record[1])}
+
+  return _prefetched(broken_records.decode_blocks(
+      [rows], block * len(shares), train_example,
+      index=lambda key, position, record: record[0]))
+
+
+def _streamed_rows(source, split, seed, start_step, block, shares,
+                   num_shares, shuffle_records):
+  """(key, position, (index, example)) of the process's rows of each
+  batch, streamed from TFRecord files: share s's block of a batch, then
+  share s + 1's, ...; key names the share's stream, position is in it."""
   table = _ShareTable(source, split, num_shares)
   if min(table.sizes) == 0:
     raise errors.InputError(
         f"split {split!r} of {source.builder.name} has fewer examples than "
         f"the {num_shares} shares it is read in (config.input_shares)")
   buffer = max(1, shuffle_records // num_shares)
+  hint = shuffle_hint(source, split, buffer, max(table.sizes))
+  if hint and jax.process_index() == 0:
+    logging.warning(hint)
 
   def share_stream(share):
     size = table.size(share)
@@ -103,25 +150,25 @@ def train_dataset(source, split, *, batch_size, image_size, augment=(),
     examples = examples.skip(first - first_epoch * size)
     return examples.map(lambda position, record: (key, position, record))
 
-  def train_example(key, position, record):
-    # Seeded by the example's position in its share's stream: the same
-    # pixels wherever the run (re)started, whoever reads the share.
-    example_seed = tf.random.experimental.stateless_fold_in(key, position)
-    image = preprocess.decode_and_augment(record[1][source.image_key], names,
-                                          example_seed, image_size)
-    image = preprocess.resize(image, image_size)
-    return {"image": preprocess.randaugment(image, randaugment, example_seed),
-            "label": source.label(record[1])}
-
-  # Block b of share s, then of share s + 1, ...: the process's rows of a
-  # batch in the order of the global batch. The shares' reading overlaps.
-  rows = tf.data.Dataset.range(shares[0], shares[-1] + 1).interleave(
+  # The shares' reading overlaps.
+  return tf.data.Dataset.range(shares[0], shares[-1] + 1).interleave(
       share_stream, cycle_length=len(shares), block_length=block,
       num_parallel_calls=min(len(shares), PARALLEL_SHARES),
       deterministic=True)
-  return _prefetched(broken_records.decode_blocks(
-      [rows], block * len(shares), train_example,
-      index=lambda key, position, record: record[0]))
+
+
+def shuffle_hint(source, split, window, share_size):
+  """One line on converting `source` to ArrayRecord, where its TFRecord
+  shares shuffle within `window` records, fewer than SMALL_WINDOW and than
+  a share holds; else None."""
+  if window >= min(SMALL_WINDOW, share_size):
+    return None
+  return (f"{source.name} {split} is TFRecord: each share shuffles within "
+          f"{window} of its {share_size} records, so an epoch's batches are "
+          f"close to the last epoch's. Read at random, every epoch is a "
+          f"permutation of the split: python -m vit_jax.convert_dataset "
+          f"--dataset={source.name} --data_dir=DATA_DIR --out_data_dir=OUT "
+          f"and train with --config.data_dir=OUT")
 
 
 def eval_dataset(source, split, *, batch_size, image_size, shares=(0,),
@@ -181,11 +228,14 @@ class _ShareTable:
 
   def __init__(self, source, split, num_shares):
     builder = source.builder
-    if builder.info.file_format != tfds.core.FileFormat.TFRECORD:
+    self.random = None
+    if random_access.readable(source):
+      self.random = random_access.Records(source, split)
+    elif builder.info.file_format != tfds.core.FileFormat.TFRECORD:
       raise errors.InputError(
           f"{builder.name} is stored as {builder.info.file_format.value}; "
-          f"training reads TFRecord files, the format `tfds build` writes "
-          f"by default: prepare it again without --file_format")
+          f"vit_jax reads TFRecord files (streamed) and ArrayRecord files "
+          f"(at random): prepare it again as one of them")
     self.splits = tfds.even_splits(split, num_shares)
     instructions = [builder.info.splits[s].file_instructions
                     for s in self.splits]
@@ -193,7 +243,8 @@ class _ShareTable:
     width = max(len(share) for share in instructions)
     padded = [share + [None] * (width - len(share)) for share in instructions]
     self._sizes = tf.constant(self.sizes, tf.int64)
-    self._offsets = tf.constant(np.cumsum([0] + self.sizes[:-1]), tf.int64)
+    self.offsets = np.cumsum([0] + self.sizes[:-1])
+    self._offsets = tf.constant(self.offsets, tf.int64)
     self._files = tf.constant([[i.filename if i else "" for i in share]
                               for share in padded])
     self._skips = tf.constant([[i.skip if i else 0 for i in share]
@@ -206,12 +257,8 @@ class _ShareTable:
     return tf.gather(self._sizes, share)
 
   def examples(self, share):
-    """The examples of share `share` (an int or a scalar tensor) in file
-    order, the image left encoded (decoding is the pipeline's, which can
-    crop while decoding)."""
-    features = self.source.builder.info.features
-    decoders = {self.source.image_key: tfds.decode.SkipDecoding()}
-
+    """The examples of share `share` (an int or a scalar tensor) of TFRecord
+    files in file order, the image left encoded."""
     def read(filename, skip, take):
       return tf.data.TFRecordDataset(
           filename, buffer_size=READ_BUFFER_BYTES).skip(skip).take(take)
@@ -220,14 +267,16 @@ class _ShareTable:
         (self._files[share], self._skips[share], self._takes[share]))
     records = pieces.filter(lambda f, skip, take: take > 0).flat_map(read)
     return records.map(
-        lambda record: features.deserialize_example(record, decoders=decoders))
+        lambda record: random_access.encoded_example(self.source, record))
 
   def records(self, share):
-    """(position in the split, example) of share `share`'s examples."""
-    examples = self.examples(share)
-    if self.source.fix_image is not None:
-      key, fix = self.source.image_key, self.source.fix_image
-      examples = examples.map(lambda e: {**e, key: fix(e[key])})
+    """(position in the split, example) of share `share`'s examples; share
+    an int where the split is ArrayRecord."""
+    if self.random is not None:
+      start = int(self.offsets[share])
+      return self.random.range(start, start + self.sizes[share])
+    examples = self.examples(share).map(
+        lambda example: random_access.with_fixed_image(self.source, example))
     return examples.enumerate(start=tf.gather(self._offsets, share))
 
 

@@ -39,6 +39,11 @@ FOLDER_PREFIX = folder.PREFIX
 VTAB_PREFIX = "vtab:"
 
 
+# What shipped and folder datasets are prepared as: read at random, each
+# epoch a permutation of the whole split (data/random_access.py).
+PREPARED_FORMAT = "array_record"
+
+
 # Datasets whose class label is not the feature "label": ImageNet ReaL's
 # validation images carry the original ImageNet label beside the ReaL sets.
 LABEL_FEATURES = {"imagenet2012_real": "original_label"}
@@ -48,18 +53,21 @@ LABEL_FEATURES = {"imagenet2012_real": "original_label"}
 MULTI_LABEL_FEATURE = "labels"
 
 
-def get_builder(dataset: str, data_dir: str | None):
+def get_builder(dataset: str, data_dir: str | None,
+                file_format: str = PREPARED_FORMAT):
   """The prepared TFDS builder of `dataset`; never downloads anything.
 
   `dataset` is a TFDS name ("cifar10", "imagenet2012:5.1.0", ...), one of
   SHIPPED_DATASETS, or "folder:PATH"; the last two are prepared into
-  `data_dir` the first time (a folder again whenever its files change). Other
-  datasets must have been prepared in `data_dir` (None or "", as configs
-  leave it: TFDS's default) beforehand.
+  `data_dir` the first time (a folder again whenever its files change), in
+  `file_format`. Other datasets must have been prepared in `data_dir` (None
+  or "", as configs leave it: TFDS's default) beforehand. A prepared
+  dataset is read in the format it was written in.
   """
   data_dir = data_dir or None
   if dataset.startswith(FOLDER_PREFIX):
-    return _folder_builder(dataset[len(FOLDER_PREFIX):], data_dir)
+    return _folder_builder(dataset[len(FOLDER_PREFIX):], data_dir,
+                           file_format)
   builder = _builder(dataset, data_dir)
   if builder.is_prepared():
     return builder
@@ -69,19 +77,20 @@ def get_builder(dataset: str, data_dir: str | None):
         f"datasets must be prepared beforehand (`tfds build {builder.name} "
         f"--data_dir=DIR`, after any manual download its documentation asks "
         f"for) and data_dir set to DIR; vit_jax does not download data")
-  _prepare_here(builder)
+  _prepare_here(_builder(dataset, data_dir, file_format))
   # A fresh builder reads the info of the files on disk, whoever wrote them.
   return _builder(dataset, data_dir)
 
 
-def _folder_builder(root, data_dir):
+def _folder_builder(root, data_dir, file_format):
   # Named by a fingerprint of the folder's files: a changed folder is a new
   # config, prepared afresh, and never the stale copy of an earlier one.
   config = folder.make_config(root)
   builder = folder.Folder(config=config, data_dir=data_dir)
   if builder.is_prepared():
     return builder
-  _prepare_here(builder)
+  _prepare_here(folder.Folder(config=config, data_dir=data_dir,
+                              file_format=file_format))
   builder = folder.Folder(config=config, data_dir=data_dir)
   broken = folder.broken_files(builder)
   if broken and jax.process_index() == 0:
@@ -119,10 +128,13 @@ def check_broken_images(source, policy):
         f"{os.path.join(builder.data_dir, folder.BROKEN_FILES)}")
 
 
-def _builder(dataset, data_dir):
+def _builder(dataset, data_dir, file_format=None):
   name, _, config = dataset.partition("/")
   if name in SHIPPED_DATASETS:
-    return SHIPPED_DATASETS[name](config=config or None, data_dir=data_dir)
+    # A format only to write in: one given for reading must match the
+    # files'.
+    return SHIPPED_DATASETS[name](config=config or None, data_dir=data_dir,
+                                  file_format=file_format)
   try:
     return tfds.builder(dataset, data_dir=data_dir)
   except tfds.core.DatasetNotFoundError:

@@ -1,0 +1,105 @@
+"""A prepared TFRecord dataset rewritten as ArrayRecord, to be read at random.
+
+TFDS's own `tfds convert_format` runs on Apache Beam, which vit_jax does not
+install; this does the same for one dataset version on one machine: each
+record file is copied record by record, in order, into an ArrayRecord file
+of the same shard (one record per group, as TFDS writes them, so that any
+record is read alone), and the metadata is copied with its file format
+changed. Record i of a split is the same example in both copies, so
+evaluation and the broken records' indices agree across them.
+
+The copy is written into a temporary folder beside its destination and
+renamed into place when complete: an interrupted conversion leaves nothing
+that TFDS would take for a prepared dataset, and running it again starts
+over.
+"""
+
+import json
+import os
+import shutil
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from array_record.python import array_record_module
+
+from vit_jax import errors
+
+# One record per chunk: reading record i decodes nothing else (TFDS's
+# setting for the ArrayRecord files it writes).
+WRITER_OPTIONS = "group_size:1"
+INFO_FILE = "dataset_info.json"
+
+
+def destination(builder, out_data_dir):
+  """Where the ArrayRecord copy of `builder`'s version goes: the same
+  name/config/version folders under out_data_dir."""
+  relative = os.path.relpath(builder.data_dir, builder.data_dir_root)
+  return os.path.join(out_data_dir, relative)
+
+
+def convert(builder, out_data_dir, progress=print):
+  """Writes `builder`'s prepared TFRecord files as ArrayRecord under
+  out_data_dir; returns (the new version folder, bytes before, bytes
+  after). `progress(line)` is told of each file."""
+  fmt = builder.info.file_format
+  if fmt == tfds.core.FileFormat.ARRAY_RECORD:
+    raise errors.InputError(
+        f"{builder.name} in {builder.data_dir} is ArrayRecord already: set "
+        f"config.data_dir to {builder.data_dir_root}")
+  if fmt != tfds.core.FileFormat.TFRECORD:
+    raise errors.InputError(
+        f"{builder.name} is stored as {fmt.value}; only TFRecord is converted")
+  if "://" in str(out_data_dir):
+    raise errors.InputError(
+        f"--out_data_dir={out_data_dir}: ArrayRecord files are written to "
+        f"and read from local paths only; use a local disk or a mounted "
+        f"bucket (gcsfuse)")
+  target = destination(builder, out_data_dir)
+  if os.path.exists(os.path.join(target, INFO_FILE)):
+    raise errors.InputError(
+        f"{target} already holds a prepared dataset: remove it to convert "
+        f"again, or set config.data_dir to {out_data_dir}")
+  partial = target + ".incomplete"
+  shutil.rmtree(partial, ignore_errors=True)
+  os.makedirs(partial)
+  before = after = 0
+  # tf.io.gfile: the TFRecord copy may be in a bucket.
+  for name in sorted(tf.io.gfile.listdir(builder.data_dir)):
+    path = os.path.join(builder.data_dir, name)
+    if tf.io.gfile.isdir(path):
+      continue
+    if f".{fmt.value}-" in name:
+      out = os.path.join(partial, array_record_name(name, fmt.value))
+      progress(f"  {name} -> {os.path.basename(out)}")
+      _copy_records(path, out)
+      before += tf.io.gfile.stat(path).length
+      after += os.path.getsize(out)
+    elif name == INFO_FILE:
+      _write_info(path, os.path.join(partial, name))
+    else:  # features.json, label names: unchanged.
+      tf.io.gfile.copy(path, os.path.join(partial, name))
+  os.replace(partial, target)
+  return target, before, after
+
+
+def array_record_name(name, old_format):
+  """A record file's name in the converted copy: its format token changed,
+  as TFDS's file name template writes it ({FILEFORMAT})."""
+  return name.replace(f".{old_format}-", f".{tfds.core.FileFormat.ARRAY_RECORD.value}-", 1)
+
+
+def _copy_records(source, target):
+  writer = array_record_module.ArrayRecordWriter(target, WRITER_OPTIONS)
+  try:
+    for record in tf.data.TFRecordDataset(source).as_numpy_iterator():
+      writer.write(record)
+  finally:
+    writer.close()
+
+
+def _write_info(source, target):
+  with tf.io.gfile.GFile(source) as f:
+    info = json.load(f)
+  info["fileFormat"] = tfds.core.FileFormat.ARRAY_RECORD.value
+  with open(target, "w") as f:
+    json.dump(info, f, indent=2)
