@@ -1,6 +1,9 @@
 """Which shares of the training split each device reads.
 
-A training split is read in `config.input_shares` shares (pipeline.py):
+A TFRecord training split is streamed in `config.input_shares` shares
+(pipeline.py); an ArrayRecord one is read at random, where the shares only
+say which rows of a batch are a device's. The count also sets Mixup's
+groups (training/targets.py). Streamed:
 block s of every global batch comes from share s. Each data-parallel
 device reads a consecutive group of input_shares / (data x fsdp) shares, so
 the global batches are the same on any mesh whose data-parallel size
