@@ -65,7 +65,11 @@ def get_config():
   config.total_steps = 0
   config.optimizer = ml_collections.ConfigDict(dict(
       name="", learning_rate=0.0, warmup_steps=0, decay="", weight_decay=0.0,
-      grad_clip_norm=0.0, b1=0.9, b2=0.999, momentum=0.9))
+      grad_clip_norm=0.0, b1=0.9, b2=0.999, momentum=0.9,
+      # Per-parameter rates (vit_jax/training/optimizer.py): layer-wise
+      # decay (1.0: off), ((regex, multiplier), ...), and a regex of
+      # parameters not trained at all.
+      layer_decay=1.0, lr_mults=(), frozen=""))
   # A checkpoint to start from: an .npz, an HF transformers ViT directory,
   # a timm .safetensors or a workdir of ours (DIR[:STEP]).
   config.init_from = ""

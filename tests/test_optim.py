@@ -1,5 +1,7 @@
 """Schedules and optimizers of Tables 3 and 4."""
 
+import re
+
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -64,3 +66,107 @@ def test_bad_optimizer_settings_are_named():
     optimizer_lib.create(config(decay="step"), 10)
   with pytest.raises(errors.InputError, match="warmup_steps"):
     optimizer_lib.create(config(warmup_steps=10), 10)
+
+
+def small_model_params(num_layers, scan_layers):
+  """Abstract params of a tiny ViT: their names and shapes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  model = models.create("Ti/2", 3, hidden_size=8, num_layers=num_layers,
+                        mlp_dim=16, num_heads=2, scan_layers=scan_layers)
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.meta.unbox(jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, 4, 4, 3)), train=False)["params"]))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_layer_decay_scales_block_i_of_l_by_decay_to_the_l_minus_i(
+    scan_layers):
+  import jax  # pylint: disable=g-import-not-at-top
+  depth, decay = 4, 0.5
+  params = small_model_params(depth, scan_layers)
+  ones = jax.tree.map(lambda p: jnp.ones(p.shape), params)
+  # SGD without momentum: the update is -lr x multiplier x gradient.
+  tx, _ = optimizer_lib.create(config(name="sgd", momentum=0.0,
+                                      layer_decay=decay), 10, depth)
+  updates, _ = tx.update(ones, tx.init(ones), ones)
+  seen = set()
+  for path, update in jax.tree_util.tree_leaves_with_path(updates):
+    name = optimizer_lib.parameter_name(path)
+    update = -np.asarray(update)
+    if name.startswith("Transformer/encoderblock_"):
+      i = int(name.split("/")[1].split("_")[1])
+      want = decay ** (depth - i)
+    elif name.startswith("Transformer/encoderblock/"):  # Stacked: axis 0.
+      want = (decay ** (depth - np.arange(depth))).reshape(
+          (-1,) + (1,) * (update.ndim - 1))
+    elif name.startswith(("head", "Transformer/encoder_norm")):
+      want = 1.0
+    else:
+      assert name.startswith(("embedding", "cls", "Transformer/posembed"))
+      want = decay ** (depth + 1)
+    np.testing.assert_allclose(update, np.broadcast_to(want, update.shape),
+                               rtol=1e-6, err_msg=name)
+    seen.add(name.split("/")[0] if "encoderblock" not in name else "block")
+  assert seen == {"embedding", "cls", "Transformer", "block", "head"}
+
+
+def test_lr_mults_multiply_the_first_matching_parameters_rate():
+  import jax  # pylint: disable=g-import-not-at-top
+  params = small_model_params(2, False)
+  ones = jax.tree.map(lambda p: jnp.ones(p.shape), params)
+  opt = config(name="sgd", momentum=0.0, layer_decay=0.5,
+               lr_mults=((r"head/.*", 10.0), (r".*", 0.1)))
+  tx, _ = optimizer_lib.create(opt, 10, 2)
+  updates, _ = tx.update(ones, tx.init(ones), ones)
+  np.testing.assert_allclose(-updates["head"]["kernel"], 10.0)
+  np.testing.assert_allclose(
+      -updates["Transformer"]["encoderblock_0"]["LayerNorm_0"]["scale"],
+      0.5 ** 2 * 0.1)
+
+
+def test_frozen_parameters_are_bitwise_unchanged_and_hold_no_state(
+    digits_data_dir):
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  from tests.util import small_config, train_steps  # pylint: disable=g-import-not-at-top
+  frozen = r"embedding/.*|cls|Transformer/posembed_input/.*|Transformer/encoderblock_0/.*"
+  states = {}
+  for name, pattern in (("frozen", frozen), ("trained", "")):
+    cfg = small_config(digits_data_dir, **{"optimizer.frozen": pattern})
+    program = step_lib.build(cfg, sharding.make_mesh(cfg.mesh), 10)
+    state = program.init(jax.random.key(0))
+    before = jax.device_get(state.params)
+    _, state = train_steps(program, state, cfg, 3)
+    states[name] = (before, jax.device_get(state.params),
+                    jax.tree.leaves(state.opt_state))
+  before, after, opt_leaves = states["frozen"]
+  moved = []
+  for (path, old), new in zip(jax.tree_util.tree_leaves_with_path(before),
+                              jax.tree.leaves(after)):
+    name = optimizer_lib.parameter_name(path)
+    if re.fullmatch(frozen, name):
+      np.testing.assert_array_equal(new, old, err_msg=name)
+    elif not np.array_equal(new, old):
+      moved.append(name)
+  assert "head/kernel" in moved
+  assert "Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel" in moved
+  # Adam's two moments of each trained parameter, none of a frozen one.
+  size = lambda leaves: sum(np.size(leaf) for leaf in leaves)
+  frozen_size = size(leaf for path, leaf in
+                     jax.tree_util.tree_leaves_with_path(before)
+                     if re.fullmatch(frozen, optimizer_lib.parameter_name(path)))
+  assert size(states["trained"][2]) - size(opt_leaves) == 2 * frozen_size
+
+
+@pytest.mark.parametrize("setting, message", [
+    (dict(layer_decay=0.0), "layer_decay must be in"),
+    (dict(layer_decay=1.5), "layer_decay must be in"),
+    (dict(lr_mults=(("head", -1.0),)), "lr_mults must be pairs"),
+    (dict(lr_mults=("head",)), "lr_mults must be pairs"),
+    (dict(frozen="head/[k"), "is not a regular expression"),
+])
+def test_bad_per_parameter_settings_are_named(setting, message):
+  with pytest.raises(errors.InputError, match=message):
+    optimizer_lib.create(config(**setting), 10, 2)

@@ -225,7 +225,8 @@ def test_pretrain_is_table3(arg):
   assert config.optimizer.to_dict() | {"momentum": None} == dict(
       name="adam", learning_rate=expected["lr"], warmup_steps=10_000,
       decay="linear", weight_decay=expected["weight_decay"],
-      grad_clip_norm=0.0, b1=0.9, b2=0.999, momentum=None)
+      grad_clip_norm=0.0, b1=0.9, b2=0.999, momentum=None, layer_decay=1.0,
+      lr_mults=(), frozen="")
   assert config.model.to_dict() == dict(
       name=model_name, classifier="token",
       representation_size=expected["width"], dropout_rate=expected["dropout"],

@@ -19,6 +19,7 @@ import math
 
 import flax.linen as nn
 import jax
+import optax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from vit_jax import errors
@@ -176,6 +177,8 @@ def tree_shardings(boxed_tree, mesh):
   """
   def sharding(path, leaf):
     if isinstance(leaf, nn.LogicallyPartitioned):
+      if isinstance(leaf.value, optax.MaskedNode):
+        return leaf.value  # A frozen parameter's moment: nothing to place.
       spec = partition_spec(leaf.names, leaf.value.shape, mesh,
                             jax.tree_util.keystr(path))
       return NamedSharding(mesh, spec)

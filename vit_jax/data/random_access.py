@@ -17,7 +17,10 @@ record. Training then needs no shares and no shuffle buffer:
 
 Records are read in TensorFlow's input threads (a tf.py_function over
 Grain's ArrayRecordDataSource) and parsed, decoded and augmented by the
-same TensorFlow functions as the streaming TFRecord reader (pipeline.py).
+same TensorFlow functions as the streaming TFRecord reader (pipeline.py):
+Grain's own threads, measured doing that work, were slower
+(docs/input_pipeline.md). ArrayRecord is read from local paths only (a
+bucket through a gcsfuse mount), as the array_record library opens files.
 """
 
 import grain
@@ -132,7 +135,7 @@ def stream(records, *, seed, batch_size, rows, start_step):
   offsets = np.arange(first, stop, dtype=np.int64)
 
   def batch(step):
-    positions = step * batch_size + offsets
+    positions = int(step) * batch_size + offsets
     indices = order(positions)
     return positions, indices, records.read(indices)
 

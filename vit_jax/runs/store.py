@@ -46,7 +46,8 @@ ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
               "input_shares": RESOLVED, "model.head_bias_init": 0.0,
               "loss": "softmax", "label_smoothing": 0.0, "mixup.prob": 0.0,
               "mixup.alpha": 0.2, "cutmix.prob": 0.0, "cutmix.alpha": 1.0,
-              "randaugment": ""}
+              "randaugment": "", "optimizer.layer_decay": 1.0,
+              "optimizer.lr_mults": [], "optimizer.frozen": ""}
 
 
 def differences_allowed(config, recorded, workdir):

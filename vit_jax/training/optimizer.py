@@ -3,13 +3,28 @@
 Pre-training (Table 3): Adam b1=0.9 b2=0.999, decoupled weight decay, linear
 warm-up then linear or cosine decay. Fine-tuning (Table 4): SGD with momentum
 0.9, cosine decay, no weight decay, gradients clipped at global norm 1.
+
+Fine-tuning today also scales the learning rate per parameter:
+  - `layer_decay` d (1.0: off), BEiT's and timm's rule: the head and the
+    final norm at the base rate, block i of L at d^(L - i), the embeddings
+    (patch, class token, position; a hybrid's ResNet) at d^(L + 1);
+  - `lr_mults`, ((regex, multiplier), ...) over parameter names such as
+    "Transformer/encoderblock_3/MlpBlock_3/Dense_0/kernel", big_vision's
+    lr_mults: the first match multiplies the rate (after layer_decay);
+  - `frozen`, a regex: matching parameters (and those whose multiplier is 0)
+    are not trained at all: no update, no optimizer state.
 """
+
+import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from vit_jax import errors
+
+FROZEN, TRAINED = "frozen", "trained"
 
 
 def learning_rate_schedule(base_lr, total_steps, warmup_steps, decay):
@@ -43,10 +58,79 @@ def _is_kernel(params):
       lambda path, _: getattr(path[-1], "key", None) == "kernel", params)
 
 
-def create(opt, total_steps):
-  """(optax transformation, schedule) for the optimizer config `opt`."""
+def parameter_name(path):
+  """"Transformer/encoderblock_0/.../kernel" of a params tree path (the
+  dict keys; a boxed parameter's own keys left out)."""
+  return "/".join(str(k.key) for k in path
+                  if isinstance(k, jax.tree_util.DictKey))
+
+
+def _block(name):
+  """The block a parameter belongs to: its index, "scanned" (the stacked
+  blocks of scan_layers), "top" (final norm and heads) or "embedding"."""
+  match = re.match(r"Transformer/encoderblock(?:_(\d+))?/", name)
+  if match:
+    return int(match.group(1)) if match.group(1) else "scanned"
+  if name.startswith(("Transformer/encoder_norm", "pre_logits", "head",
+                      "mpp_head")):
+    return "top"
+  return "embedding"
+
+
+def multiplier(name, shape, opt, num_layers):
+  """The learning-rate multiplier of parameter `name` of `shape`: a float,
+  or for the stacked blocks of scan_layers an array that broadcasts along
+  their leading (layer) axis."""
+  decay = opt.get("layer_decay", 1.0)
+  block = _block(name)
+  if block == "top":
+    scale = 1.0
+  elif block == "embedding":
+    scale = decay ** (num_layers + 1)
+  elif block == "scanned":
+    layers = np.arange(shape[0])
+    scale = (decay ** (num_layers - layers)).reshape(
+        (-1,) + (1,) * (len(shape) - 1)).astype(np.float32)
+  else:
+    scale = decay ** (num_layers - block)
+  for pattern, mult in opt.get("lr_mults", ()):
+    if re.fullmatch(pattern, name):
+      return scale * mult
+  return scale
+
+
+def labels(params, opt, num_layers):
+  """FROZEN or TRAINED for each parameter of `params`."""
+  frozen = opt.get("frozen", "")
+
+  def label(path, leaf):
+    name = parameter_name(path)
+    if frozen and re.fullmatch(frozen, name):
+      return FROZEN
+    scale = multiplier(name, leaf.shape, opt, num_layers)
+    return FROZEN if np.all(np.asarray(scale) == 0) else TRAINED
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def scale_per_parameter(opt, num_layers):
+  """Multiplies each update by its parameter's `multiplier`; stateless."""
+  def update(updates, state, params=None):
+    del params
+    def scaled(path, update):
+      scale = multiplier(parameter_name(path), update.shape, opt, num_layers)
+      return update if np.all(np.asarray(scale) == 1) else (
+          update * jnp.asarray(scale, update.dtype))
+    return jax.tree_util.tree_map_with_path(scaled, updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(),
+                                      update)
+
+
+def create(opt, total_steps, num_layers=0):
+  """(optax transformation, schedule) for the optimizer config `opt` of a
+  model of `num_layers` blocks."""
   schedule = learning_rate_schedule(opt.learning_rate, total_steps,
                                     opt.warmup_steps, opt.decay)
+  check_multipliers(opt)
   if opt.name == "adam":
     core = [optax.scale_by_adam(b1=opt.b1, b2=opt.b2)]
     if opt.weight_decay:
@@ -63,5 +147,44 @@ def create(opt, total_steps):
         f"config.optimizer.name must be 'adam' or 'sgd', got "
         f"{opt.name!r}")
   clip = [optax.clip_by_global_norm(opt.grad_clip_norm)] if opt.grad_clip_norm else []
-  tx = optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule))
-  return tx, schedule
+  # Each piece only where it is asked for: an optimizer state of another
+  # structure would not restore the checkpoints of earlier runs.
+  scaled = ([scale_per_parameter(opt, num_layers)]
+            if opt.get("layer_decay", 1.0) != 1 or opt.get("lr_mults") else [])
+  tx = optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule),
+                   *scaled)
+  if not opt.get("frozen") and not any(m == 0 for _, m in
+                                        opt.get("lr_mults", ())):
+    return tx, schedule
+  # Frozen parameters get no update and, masked out of `tx`, no state.
+  return optax.multi_transform(
+      {TRAINED: tx, FROZEN: optax.set_to_zero()},
+      lambda params: labels(params, opt, num_layers)), schedule
+
+
+def check_multipliers(opt):
+  """layer_decay, lr_mults and frozen, each error naming its key."""
+  decay = opt.get("layer_decay", 1.0)
+  if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not (
+      0 < decay <= 1):
+    raise errors.InputError(
+        f"config.optimizer.layer_decay must be in (0, 1] (1: off), got "
+        f"{decay!r}")
+  patterns = [opt.get("frozen", "")]
+  try:
+    for pattern, mult in opt.get("lr_mults", ()):
+      patterns.append(pattern)
+      if isinstance(mult, bool) or not isinstance(mult, (int, float)) or (
+          mult < 0):
+        raise ValueError
+  except (TypeError, ValueError):
+    raise errors.InputError(
+        f"config.optimizer.lr_mults must be pairs (regex, multiplier >= 0), "
+        f"got {opt.get('lr_mults')!r}") from None
+  for pattern in patterns:
+    try:
+      re.compile(pattern)
+    except (re.error, TypeError) as e:
+      raise errors.InputError(
+          f"config.optimizer: {pattern!r} is not a regular expression of "
+          f"parameter names: {e}") from None

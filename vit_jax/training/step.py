@@ -127,7 +127,8 @@ def build(config, mesh, num_classes, unroll=False):
   or compiled until it is first called (or lowered, for a TPU topology).
   `unroll`: see make_train_step."""
   model = models.create_from_config(config.model, num_classes)
-  tx, schedule = optimizer.create(config.optimizer, config.total_steps)
+  tx, schedule = optimizer.create(config.optimizer, config.total_steps,
+                                  model.num_layers)
   state_shapes, state_shardings = abstract_state(
       model, tx, config.image_size, config.polyak_decay, mesh)
   batch_shard = sharding.batch_sharding(mesh)
