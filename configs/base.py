@@ -51,7 +51,11 @@ def get_config():
       layer_norm_epsilon=ml_collections.config_dict.placeholder(float),
       gelu=ml_collections.config_dict.placeholder(str),
       final_norm=ml_collections.config_dict.placeholder(str),
-      head_bias_init=0.0))
+      head_bias_init=0.0,
+      # Today's options (vit_jax/models/vit.py, ViTConfig): layer scale's
+      # initial value (None: none), register tokens, query/key norm.
+      layer_scale=ml_collections.config_dict.placeholder(float),
+      num_registers=0, qk_norm=False))
   # The targets and the loss (vit_jax/training/targets.py): "softmax" or
   # "sigmoid" cross-entropy; label smoothing; Mixup and CutMix, each
   # drawn for a whole batch with probability prob and its ratio from

@@ -37,9 +37,16 @@ def _sub(flat, prefix):
   return {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
 
 
-def _attention(x, p):
-  q, k, v = (np.einsum("nld,dhk->nlhk", x, p[f"{n}/kernel"]) + p[f"{n}/bias"]
+def _attention(x, p, kv=None, eps=1e-6):
+  """Multi-head attention of x's tokens to kv's (default: x's own), with
+  each head's queries and keys layer-normalised where p holds their norms."""
+  kv = x if kv is None else kv
+  q, k, v = (np.einsum("nld,dhk->nlhk", x if n == "query" else kv,
+                       p[f"{n}/kernel"]) + p[f"{n}/bias"]
              for n in ("query", "key", "value"))
+  if "query_norm/scale" in p:
+    q = _layer_norm(q, _sub(p, "query_norm/"), eps)
+    k = _layer_norm(k, _sub(p, "key_norm/"), eps)
   logits = np.einsum("nqhd,nkhd->nhqk", q, k) / np.sqrt(q.shape[-1])
   logits -= logits.max(-1, keepdims=True)
   weights = np.exp(logits)
@@ -113,10 +120,19 @@ def _bit_stem(flat, x):
   return x
 
 
+def _mlp(x, p, gelu):
+  return GELU[gelu](x @ p["Dense_0/kernel"] + p["Dense_0/bias"]) @ (
+      p["Dense_1/kernel"]) + p["Dense_1/bias"]
+
+
 def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
   """Logits of the released ViT (or hybrid) for NHWC `images`, float64;
   `eps` and `gelu` as other sources of weights compute (the release: 1e-6,
-  tanh)."""
+  tanh). Today's parts, where the params hold them: per-block layer scales
+  (`ls1`, `ls2`), register tokens after the class token with no position
+  embedding (`Transformer/registers`), layer-normalised queries and keys
+  per head, and with classifier "map" a probe's attention pooling and MLP
+  (`MAPHead_0/`)."""
   ln = lambda x, p: _layer_norm(x, p, eps)
   flat = {k: np.asarray(v, np.float64) for k, v in flat.items()}
   images = np.asarray(images, np.float64)
@@ -132,21 +148,41 @@ def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
     cls = np.broadcast_to(flat["cls"], (n, 1, x.shape[-1]))
     x = np.concatenate([cls, x], axis=1)
   x = x + flat["Transformer/posembed_input/pos_embedding"]
+  # Registers: after the class token, with no position embedding.
+  registers = flat.get("Transformer/registers")
+  num_prefix = int(classifier == "token")
+  if registers is not None:
+    x = np.concatenate([x[:, :num_prefix],
+                        np.broadcast_to(registers, (n,) + registers.shape[1:]),
+                        x[:, num_prefix:]], axis=1)
+    num_prefix += registers.shape[1]
 
   num_layers = len({k.split("/")[1] for k in flat
                     if k.startswith("Transformer/encoderblock_")})
   for i in range(num_layers):
     blk = _sub(flat, f"Transformer/encoderblock_{i}/")
+    scale = lambda name: blk.get(name, 1.0)  # Layer scale, if any.
     y = ln(x, _sub(blk, "LayerNorm_0/"))
-    x = x + _attention(y, _sub(blk, "MultiHeadDotProductAttention_1/"))
+    x = x + scale("ls1") * _attention(
+        y, _sub(blk, "MultiHeadDotProductAttention_1/"), eps=eps)
     y = ln(x, _sub(blk, "LayerNorm_2/"))
-    mlp = _sub(blk, "MlpBlock_3/")
-    y = GELU[gelu](y @ mlp["Dense_0/kernel"] + mlp["Dense_0/bias"])
-    x = x + y @ mlp["Dense_1/kernel"] + mlp["Dense_1/bias"]
+    x = x + scale("ls2") * _mlp(y, _sub(blk, "MlpBlock_3/"), gelu)
   if "fc_norm/scale" not in flat:
     x = ln(x, _sub(flat, "Transformer/encoder_norm/"))
 
-  x = x[:, 0] if classifier == "token" else x.mean(axis=1)
+  if classifier == "token":
+    x = x[:, 0]
+  elif classifier == "map":
+    # A learned probe attends to every token; a residual MLP follows.
+    head = _sub(flat, "MAPHead_0/")
+    probe = np.broadcast_to(head["probe"], (n, 1, x.shape[-1]))
+    y = _attention(probe, _sub(head, "MultiHeadDotProductAttention_0/"), kv=x,
+                   eps=eps)
+    y = y + _mlp(ln(y, _sub(head, "LayerNorm_0/")), _sub(head, "MlpBlock_0/"),
+                 gelu)
+    x = y[:, 0]
+  else:
+    x = x[:, num_prefix:].mean(axis=1)
   if "fc_norm/scale" in flat:
     x = ln(x, _sub(flat, "fc_norm/"))
   if "pre_logits/kernel" in flat:

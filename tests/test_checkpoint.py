@@ -13,7 +13,7 @@ import pytest
 
 from vit_jax import errors, models
 from vit_jax.runs import storage
-from vit_jax.weights import adaptation, npz as npz_lib
+from vit_jax.weights import adaptation, npz as npz_lib, pretrained
 from tests import reference_vit
 from tests.util import randomize
 
@@ -400,3 +400,54 @@ def test_storage_failures_are_told_apart_from_bugs():
   assert storage.failure(ValueError("shapes (3,) and (4,) do not "
                                                "match")) is None
   assert storage.failure(OSError(errno.ENOENT, "gone")) is None
+
+
+@pytest.mark.parametrize("options", [
+    dict(layer_scale=0.1),
+    dict(num_registers=4),
+    dict(num_registers=2, classifier="gap"),
+    dict(qk_norm=True),
+    dict(classifier="map"),
+    dict(classifier="map", num_registers=4, layer_scale=1e-5, qk_norm=True),
+])
+def test_todays_options_match_the_float64_forward(options):
+  """Layer scale, registers, query/key norm and attention pooling (the
+  parts of SigLIP, DINOv2 and timm's recent ViTs) against the reference."""
+  model = models.create("Ti/4", num_classes=7, **TINY, **options)
+  params = randomize(init_params(model, 16), seed=3)
+  x = images(4, 16)
+  expected = reference_vit.forward(flat(params), x,
+                                   options.get("classifier", "token"))
+  got = model.apply({"params": params}, x, train=False)
+  assert np.abs(expected).max() > 1  # Logits that say something.
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_siglip_image_tower_loads_and_computes_the_float64_forward(
+    tmp_path):
+  """The image tower of a two-tower SigLIP file in big_vision's names (no
+  class token, position embedding at the top, attention pooling), beside
+  its text tower: read with no config, and its logits (here: the tower's
+  projection) are the reference's."""
+  model = models.create("Ti/4", num_classes=5, classifier="map", **TINY)
+  params = flat(randomize(init_params(model, 16), seed=5))
+  big_vision = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+                "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+  tower = {}
+  for key, value in params.items():
+    parts = key.split("/")
+    if key.startswith("Transformer/encoderblock_"):
+      parts[2] = big_vision.get(parts[2], parts[2])
+    elif key == "Transformer/posembed_input/pos_embedding":
+      parts = ["pos_embedding"]
+    tower["params/img/" + "/".join(parts)] = value
+  text = {"params/txt/Encoder_0/encoder_norm/scale": np.ones(8, np.float32),
+          "params/t": np.ones(1, np.float32), "params/b": np.zeros(1)}
+  path = tmp_path / "siglip.npz"
+  np.savez(path, **tower, **text)
+  loaded = pretrained.for_inference(str(path))
+  assert loaded.model.classifier == "map" and loaded.image_size == 16
+  x = images(3, 16)
+  expected = reference_vit.forward(params, x, "map")
+  got = loaded.model.apply({"params": loaded.params}, x, train=False)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

@@ -8,9 +8,9 @@ from vit_jax import models
 from vit_jax.models import flops as flops_lib
 
 
-def xla_forward_flops(name, image_size):
+def xla_forward_flops(name, image_size, **overrides):
   """XLA's count for one image through the compiled forward (CPU)."""
-  model = models.create(name, num_classes=1000)
+  model = models.create(name, num_classes=1000, **overrides)
   images = jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32)
   params = jax.eval_shape(lambda: model.init(
       jax.random.key(0), jnp.zeros(images.shape), train=False))["params"]
@@ -27,6 +27,16 @@ def test_analytic_flops_agree_with_xla(name, image_size):
   analytic = flops_lib.flops_per_image(name, image_size)
   assert analytic == pytest.approx(xla_forward_flops(name, image_size),
                                    rel=0.05)
+
+
+def test_analytic_flops_of_registers_and_attention_pooling_agree_with_xla():
+  # 16 registers are 8% more tokens; the counts agree within 0.4%.
+  options = dict(classifier="map", num_registers=16)
+  model = models.create("B/16", num_classes=1000, **options)
+  analytic = flops_lib.flops_per_image(model, 224)
+  assert analytic == pytest.approx(xla_forward_flops("B/16", 224, **options),
+                                   rel=0.01)
+  assert analytic > flops_lib.flops_per_image("B/16", 224)
 
 
 def test_flops_by_hand_and_the_papers_ratio():

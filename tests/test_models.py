@@ -200,6 +200,7 @@ def test_unknown_remat_policy_is_refused():
 @pytest.mark.parametrize("overrides", [
     dict(classifier="token", representation_size=None),
     dict(classifier="gap", representation_size=24),
+    dict(classifier="map", num_registers=4, layer_scale=1.0, qk_norm=True),
 ])
 def test_the_architecture_is_read_back_from_the_params(overrides):
   model = models.create("Ti/4", num_classes=7, hidden_size=48, num_layers=3,

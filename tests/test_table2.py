@@ -232,7 +232,8 @@ def test_pretrain_is_table3(arg):
       representation_size=expected["width"], dropout_rate=expected["dropout"],
       attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="",
       scan_layers=True, posemb="learn", mpp=False, layer_norm_epsilon=None,
-      gelu=None, final_norm=None, head_bias_init=0.0)
+      gelu=None, final_norm=None, head_bias_init=0.0, layer_scale=None,
+      num_registers=0, qk_norm=False)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from vit_jax import errors
+from vit_jax import errors, models
 from vit_jax.runs import store as workdir_lib
 from vit_jax.weights import adaptation, exports, npz as npz_lib, pretrained
 from tests import reference_vit
@@ -311,6 +311,22 @@ def test_what_the_pytorch_layouts_cannot_hold_is_refused(tmp_path):
       flat_params, sep="/"), npz)
   with pytest.raises(errors.InputError, match="no class token"):
     exports.write(pretrained.load(npz), "hf", str(tmp_path / "o"))
+
+
+@pytest.mark.parametrize("layout", ["hf", "timm"])
+def test_todays_options_are_refused_by_name_on_export(tmp_path, layout):
+  model = models.create("Ti/4", num_classes=3, classifier="map",
+                        num_registers=2, layer_scale=0.1, qk_norm=True,
+                        num_layers=1, hidden_size=16, mlp_dim=32, num_heads=2)
+  params = model.init(jax.random.key(0), np.zeros((1, 8, 8, 3), np.float32),
+                      train=False)["params"]
+  npz = str(tmp_path / "today.npz")
+  npz_lib.save_npz(params, npz)
+  with pytest.raises(errors.InputError) as error:
+    exports.write(pretrained.load(npz), layout, str(tmp_path / "o"))
+  for part in ("attention pooling", "layer scale", "register tokens",
+               "query/key norms"):
+    assert part in str(error.value)
 
 
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pth",

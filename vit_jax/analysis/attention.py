@@ -36,6 +36,10 @@ def attention_summary(model, params, images, rollout_count, batch_size=8):
   A batch at a time: the attention of a large model over many images
   (layers x heads x tokens^2 each) would not fit in host memory at once.
   """
+  if model.num_registers:
+    raise errors.InputError(
+        f"the model has {model.num_registers} register tokens: the attention "
+        f"figures read a class token and patches only")
   token = model.classifier == "token"
   grid = images.shape[1] // model.token_stride
   logits, distance_sum, maps = [], 0, []

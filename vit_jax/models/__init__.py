@@ -111,6 +111,20 @@ def create_from_config(model_config, num_classes):
 _BLOCK_0 = "Transformer/encoderblock_0/"
 
 
+def _todays_options(flat):
+  """The ViTConfig fields that the params of layer scale, registers and
+  query/key norm imply (their initial values do not matter to loaded
+  params: layer_scale is set to 1.0)."""
+  options = {}
+  if _BLOCK_0 + "ls1" in flat:
+    options["layer_scale"] = 1.0
+  if "Transformer/registers" in flat:
+    options["num_registers"] = np.shape(flat["Transformer/registers"])[1]
+  if _BLOCK_0 + "MultiHeadDotProductAttention_1/query_norm/scale" in flat:
+    options["qk_norm"] = True
+  return options
+
+
 def grid_side(num_patches, what="the patches"):
   """g for a square g x g grid of `num_patches`; an InputError naming `what`
   holds them otherwise."""
@@ -129,7 +143,9 @@ def from_params(params, posemb=None, **function):
 
   `params` is a tree in the release layout (`checkpoint.load_npz`'s), any
   dtype; the model computes in float32. This is how a released file is run
-  with no config: the class token says "token" (else "gap"), `pre_logits`
+  with no config: the class token says "token" (a `MAPHead_0` "map", else
+  "gap"), layer scale, registers and query/key norms their options,
+  `pre_logits`
   gives representation_size and the query kernel (D, heads, D/heads) the
   head count. A `conv_root` makes it a hybrid, whose stages are counted
   from the `block{i}/unit{j}` it holds. The position embedding's params give
@@ -165,7 +181,8 @@ def from_params(params, posemb=None, **function):
     hybrid = dict(resnet_stages=tuple(units[f"block{i + 1}"]
                                       for i in range(len(units))),
                   resnet_width=np.shape(flat["conv_root/kernel"])[-1])
-  classifier = "token" if "cls" in flat else "gap"
+  classifier = ("token" if "cls" in flat else
+                "map" if "MAPHead_0/probe" in flat else "gap")
   grid = None
   if posemb == "learn":
     grid = grid_side(np.shape(flat[POSEMB_KEY])[1] - (classifier == "token"),
@@ -179,7 +196,7 @@ def from_params(params, posemb=None, **function):
       representation_size=(np.shape(flat["pre_logits/kernel"])[1]
                            if "pre_logits/kernel" in flat else None),
       posemb=posemb, final_norm="pooled" if "fc_norm/scale" in flat else
-      "tokens", **hybrid, **function)
+      "tokens", **hybrid, **_todays_options(flat), **function)
   model = VisionTransformer(num_classes=np.shape(flat["head/kernel"])[1],
                             config=config)
   model.check_options()

@@ -65,7 +65,7 @@ def flops_per_image(model, image_size, train=False, num_classes=1000):
     stem, side, channels = resnet.conv_flops(vit.resnet_stages,
                                              vit.resnet_width, image_size)
   patches = (side // p) ** 2
-  tokens = patches + (vit.classifier == "token")
+  tokens = patches + vit.config.num_prefix_tokens
   embedding = stem + 2 * patches * (p * p * channels) * d
   per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections
                + 2 * tokens * 2 * d * mlp     # the MLP's two matmuls
@@ -76,6 +76,11 @@ def flops_per_image(model, image_size, train=False, num_classes=1000):
     pre_logits = 2 * d * vit.representation_size
     head_in = vit.representation_size
   head = 2 * head_in * vit.num_classes
+  if vit.classifier == "map":  # One query's attention, then an MLP.
+    head += (2 * 2 * d * d              # the probe's query, the output
+             + 2 * tokens * 2 * d * d   # every token's key and value
+             + 2 * 2 * tokens * d       # q.k and weights.v
+             + 2 * 2 * d * mlp)         # the MLP
   if isinstance(vit, models.MaskedPatchViT):  # 512 classes per patch.
     pre_logits, head = 0, 2 * d * masked_patches.NUM_CLASSES * patches
   forward = embedding + vit.num_layers * per_layer + pre_logits + head

@@ -40,6 +40,7 @@ REMAT_POLICIES = {
 
 
 POSEMB_KINDS = ("learn", "learn2d", "sincos2d", "none")
+CLASSIFIERS = ("token", "gap", "map")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,7 +52,9 @@ class ViTConfig:
   patch_size, hidden_size, num_layers, num_heads, mlp_dim: the sizes (Table
     1 of the paper).
   classifier: "token" prepends a learned class token and reads it out; "gap"
-    averages the patch tokens (no class token, Appendix D.3).
+    averages the patch tokens (no class token, Appendix D.3); "map" pools
+    every token by attention from a learned probe (big_vision's MAPHead,
+    SigLIP's; no class token).
   representation_size: width of the tanh pre-logits layer used in
     pre-training, or None for a plain linear head (fine-tuning).
   dropout_rate: after the position embedding, in the MLPs and on each
@@ -79,6 +82,13 @@ class ViTConfig:
   head_bias_init: the classifier head's initial bias, for every class: 0
     (the release's), or e.g. -10 for a sigmoid loss, which then starts
     from every class improbable rather than at probability 1/2.
+  layer_scale: None, or the initial value of a learned per-channel scale on
+    each block's two residual branches (CaiT's layer scale, DINOv2's).
+  num_registers: learned register tokens put after the class token once the
+    position embedding is added (they get none), and left out of "gap"'s
+    mean ("Vision Transformers Need Registers"; DINOv2 with registers).
+  qk_norm: a LayerNorm over each head's queries and keys before their
+    product (timm's qk_norm).
   """
   patch_size: int
   hidden_size: int
@@ -100,10 +110,18 @@ class ViTConfig:
   gelu: str = "tanh"
   final_norm: str = "tokens"
   head_bias_init: float = 0.0
+  layer_scale: Optional[float] = None
+  num_registers: int = 0
+  qk_norm: bool = False
 
   @property
   def class_token(self):
     return self.classifier == "token"
+
+  @property
+  def num_prefix_tokens(self):
+    """Tokens before the patches: the class token and the registers."""
+    return int(self.class_token) + self.num_registers
 
 
 CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(ViTConfig))
@@ -123,23 +141,34 @@ def _layer_norm(name, config):
 
 
 class Attention(nn.Module):
-  """Multi-head self-attention; q/k/v kernels are (D, heads, D/heads)."""
+  """Multi-head attention of `x`'s tokens to `kv`'s (default: `x`'s own);
+  q/k/v kernels are (D, heads, D/heads). `record`: keep the weights for the
+  Section 4.5 figures (the blocks' attention, not a pooling head's)."""
   config: ViTConfig
+  record: bool = True
 
   @nn.compact
-  def __call__(self, x, *, train):
+  def __call__(self, x, *, train, kv=None):
     config = self.config
     width = x.shape[-1]
     head_dim = width // config.num_heads
 
     def project(name):
-      return nn.DenseGeneral(
+      y = nn.DenseGeneral(
           (config.num_heads, head_dim), dtype=config.dtype,
           param_dtype=config.param_dtype,
           kernel_init=_init(nn.initializers.xavier_uniform(),
                             ("embed", "heads", "kv")),
           bias_init=_init(nn.initializers.zeros, ("heads", "kv")),
-          name=name)(x)
+          name=name)(x if name == "query" or kv is None else kv)
+      if config.qk_norm and name != "value":
+        y = nn.LayerNorm(
+            epsilon=config.layer_norm_epsilon, dtype=config.dtype,
+            param_dtype=config.param_dtype,
+            scale_init=_init(nn.initializers.ones, ("kv",)),
+            bias_init=_init(nn.initializers.zeros, ("kv",)),
+            name=f"{name}_norm")(y)
+      return y
 
     # Heads before tokens, [..., heads, tokens, head_dim], for both
     # batched matmuls: left to itself, XLA:CPU lays weights.v out with the
@@ -151,8 +180,8 @@ class Attention(nn.Module):
     # small differences that attention depends on.
     logits = jnp.einsum("...hqd,...hkd->...hqk", q, k).astype(jnp.float32)
     weights = nn.softmax(logits / jnp.sqrt(head_dim).astype(jnp.float32))
-    # Kept for the Section 4.5 figures (mean attention distance, rollout).
-    self.sow("intermediates", "attention_weights", weights)
+    if self.record:  # The Section 4.5 figures: distance, rollout.
+      self.sow("intermediates", "attention_weights", weights)
     weights = nn.Dropout(config.attention_dropout_rate)(
         weights, deterministic=not train)
     out = jnp.einsum("...hqk,...hkd->...hqd", weights.astype(config.dtype), v)
@@ -206,10 +235,19 @@ class EncoderBlock(nn.Module):
     y = Attention(config=self.config, name="MultiHeadDotProductAttention_1")(
         y, train=train)
     y = nn.Dropout(self.config.dropout_rate)(y, deterministic=not train)
-    x = x + y
+    x = x + self._scaled("ls1", y)
     y = _layer_norm("LayerNorm_2", self.config)(x)
     y = MlpBlock(config=self.config, name="MlpBlock_3")(y, train=train)
-    return x + y, None
+    return x + self._scaled("ls2", y), None
+
+  def _scaled(self, name, y):
+    """A residual branch times its layer scale, where the config has one."""
+    config = self.config
+    if config.layer_scale is None:
+      return y
+    scale = self.param(name, _init(nn.initializers.constant(
+        config.layer_scale), ("embed",)), (y.shape[-1],), config.param_dtype)
+    return y * scale.astype(y.dtype)
 
 
 def sincos2d_table(rows, cols, width, temperature=10_000.0):
@@ -289,6 +327,14 @@ class Encoder(nn.Module):
     x = AddPositionEmbedding(kind=config.posemb, grid=grid,
                              param_dtype=config.param_dtype,
                              name="posembed_input")(x)
+    if config.num_registers:
+      registers = self.param(
+          "registers", _init(nn.initializers.normal(stddev=0.02),
+                             (None, None, "embed")),
+          (1, config.num_registers, x.shape[-1]), config.param_dtype)
+      registers = jnp.tile(registers.astype(x.dtype), (x.shape[0], 1, 1))
+      first = int(config.class_token)
+      x = jnp.concatenate([x[:, :first], registers, x[:, first:]], axis=1)
     x = nn.Dropout(config.dropout_rate)(x, deterministic=not train)
     block = EncoderBlock
     if config.remat_policy:
@@ -377,7 +423,12 @@ class ClassifierHead(nn.Module):
   @nn.compact
   def __call__(self, x):
     config = self.config
-    x = x[:, 0] if config.classifier == "token" else x.mean(axis=1)
+    if config.classifier == "token":
+      x = x[:, 0]
+    elif config.classifier == "map":
+      x = MAPHead(config=config, name="MAPHead_0")(x)
+    else:
+      x = x[:, config.num_prefix_tokens:].mean(axis=1)
     if config.final_norm == "pooled":
       x = _layer_norm("fc_norm", config)(x)
     if config.representation_size is not None:
@@ -401,6 +452,27 @@ class ClassifierHead(nn.Module):
     return logits.astype(jnp.float32)
 
 
+class MAPHead(nn.Module):
+  """Multi-head attention pooling: a learned probe attends to every token,
+  then a residual MLP on what it gathered (big_vision's MAPHead, the
+  layout of SigLIP's image tower)."""
+  config: ViTConfig
+
+  @nn.compact
+  def __call__(self, x):
+    config = self.config
+    probe = self.param("probe", _init(nn.initializers.xavier_uniform(),
+                                      (None, None, "embed")),
+                       (1, 1, x.shape[-1]), config.param_dtype)
+    probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))
+    y = Attention(config=config, record=False,
+                  name="MultiHeadDotProductAttention_0")(probe, train=False,
+                                                         kv=x)
+    z = _layer_norm("LayerNorm_0", config)(y)
+    y = y + MlpBlock(config=config, name="MlpBlock_0")(z, train=False)
+    return y[:, 0]
+
+
 class PatchColourHead(nn.Module):
   """Encoded tokens -> float32 logits [N, patches, 512]: each patch token's
   prediction of its patch's mean colour (vit_jax/models/masked_patches.py).
@@ -410,7 +482,7 @@ class PatchColourHead(nn.Module):
   @nn.compact
   def __call__(self, x):
     config = self.config
-    patches = x[:, 1:] if config.class_token else x
+    patches = x[:, config.num_prefix_tokens:]
     return nn.Dense(
         mpp_lib.NUM_CLASSES, dtype=config.dtype,
         param_dtype=config.param_dtype,
@@ -505,9 +577,18 @@ class VisionTransformer(nn.Module):
     if not config.layer_norm_epsilon > 0:  # Also refuses NaN.
       raise errors.InputError(f"layer_norm_epsilon must be > 0, got "
                               f"{config.layer_norm_epsilon!r}")
-    if config.classifier not in ("token", "gap"):
-      raise errors.InputError(f"classifier must be 'token' or 'gap', got "
+    if config.classifier not in CLASSIFIERS:
+      raise errors.InputError(f"classifier must be one of {CLASSIFIERS}, got "
                               f"{config.classifier!r}")
+    if isinstance(config.num_registers, bool) or not isinstance(
+        config.num_registers, int) or config.num_registers < 0:
+      raise errors.InputError(f"num_registers must be a whole number >= 0, "
+                              f"got {config.num_registers!r}")
+    if config.layer_scale is not None and (
+        isinstance(config.layer_scale, bool)
+        or not isinstance(config.layer_scale, (int, float))):
+      raise errors.InputError(f"layer_scale must be None or a number, got "
+                              f"{config.layer_scale!r}")
     if config.posemb not in POSEMB_KINDS:
       raise errors.InputError(f"posemb must be one of {POSEMB_KINDS}, got "
                               f"{config.posemb!r}")

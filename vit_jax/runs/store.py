@@ -47,7 +47,9 @@ ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
               "loss": "softmax", "label_smoothing": 0.0, "mixup.prob": 0.0,
               "mixup.alpha": 0.2, "cutmix.prob": 0.0, "cutmix.alpha": 1.0,
               "randaugment": "", "optimizer.layer_decay": 1.0,
-              "optimizer.lr_mults": [], "optimizer.frozen": ""}
+              "optimizer.lr_mults": [], "optimizer.frozen": "",
+              "model.layer_scale": None, "model.num_registers": 0,
+              "model.qk_norm": False}
 
 
 def differences_allowed(config, recorded, workdir):

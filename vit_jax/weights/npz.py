@@ -5,7 +5,9 @@ release layout is just the tree flattened with '/'. Two more layouts load:
 big_vision's (modules numbered per type, position embedding at the top) and
 big_vision's scanned one (one `encoderblock` whose arrays carry a leading
 layer axis), each also under the `opt/target/` or `params/` prefix that
-published files use; bfloat16 arrays load as float32. Files are read
+published files use, or `params/img/` (`img/`), the image tower of a SigLIP
+or SigLIP 2 file (its attention-pooling `MAPHead_0` keeps big_vision's
+names, which are ours); bfloat16 arrays load as float32. Files are read
 without pickle.
 """
 
@@ -120,7 +122,8 @@ def _read_array(npz, key, path):
 
 # Published files may store the tree under one of these; the rest of such a
 # file (e.g. `opt/state/...`, `step`) is training state that is not loaded.
-_PREFIXES = ("opt/target/", "params/")
+# SigLIP's two-tower files (big_vision) hold the image tower under "img/".
+_PREFIXES = ("opt/target/", "params/", "params/img/", "img/")
 
 
 # What the release and big_vision layouts have at the top of the tree.
@@ -128,7 +131,7 @@ _ROOT_LEAVES = ("cls", "pos_embedding")
 
 
 _ROOT_MODULES = ("embedding/", "Transformer/", "fc_norm/", "pre_logits/",
-                 "head/")
+                 "head/", "MAPHead_0/")
 
 
 def _is_param_key(key):

@@ -243,6 +243,15 @@ def _check_writable(flat, layout, what):
     cannot.append("no class token (classifier 'gap')")
   if layout == "hf" and "fc_norm/scale" in flat:
     cannot.append("final_norm 'pooled'")
+  # Today's options: their readers and writers are not written yet.
+  block = torch_layouts.BLOCK.format(0)
+  for key, part in (("MAPHead_0/probe", "attention pooling (classifier "
+                     "'map')"), (block + "ls1", "layer scale"),
+                    ("Transformer/registers", "register tokens"),
+                    (block + torch_layouts.ATTENTION + "/query_norm/scale",
+                     "query/key norms")):
+    if key in flat:
+      cannot.append(part)
   if cannot:
     raise errors.InputError(
         f"{what} cannot be written for {layout}: the model has "
