@@ -15,7 +15,7 @@ from vit_jax import errors, models
 from vit_jax.runs import storage
 from vit_jax.weights import adaptation, npz as npz_lib, pretrained
 from tests import reference_vit
-from tests.util import randomize
+from tests.util import as_siglip_tower, randomize
 
 TINY = dict(num_layers=3, hidden_size=32, mlp_dim=64, num_heads=4)
 
@@ -431,16 +431,7 @@ def test_a_siglip_image_tower_loads_and_computes_the_float64_forward(
   projection) are the reference's."""
   model = models.create("Ti/4", num_classes=5, classifier="map", **TINY)
   params = flat(randomize(init_params(model, 16), seed=5))
-  big_vision = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
-                "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
-  tower = {}
-  for key, value in params.items():
-    parts = key.split("/")
-    if key.startswith("Transformer/encoderblock_"):
-      parts[2] = big_vision.get(parts[2], parts[2])
-    elif key == "Transformer/posembed_input/pos_embedding":
-      parts = ["pos_embedding"]
-    tower["params/img/" + "/".join(parts)] = value
+  tower = as_siglip_tower(params)
   text = {"params/txt/Encoder_0/encoder_norm/scale": np.ones(8, np.float32),
           "params/t": np.ones(1, np.float32), "params/b": np.zeros(1)}
   path = tmp_path / "siglip.npz"

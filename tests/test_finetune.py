@@ -15,8 +15,9 @@ from vit_jax.data import pipeline, sources
 from vit_jax.runs import checkpoints as checkpoints_lib
 from vit_jax.training import step as step_lib
 from vit_jax.weights import adaptation, npz as npz_lib, pretrained
-from tests.util import (REPO, SMALL, assert_trees_equal, latest_checkpoint,
-                        metric_rows, run_training, small_config)
+from tests.util import (REPO, SMALL, as_siglip_tower, assert_trees_equal,
+                        latest_checkpoint, metric_rows, run_training,
+                        small_config)
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
 
@@ -293,16 +294,7 @@ def test_a_siglip_image_tower_fine_tunes_on_digits(digits_data_dir, tmp_path):
   model = models.create_from_config(config.model, 4)
   params = flat(flax.linen.meta.unbox(model.init(
       jax.random.key(1), np.zeros((1, 8, 8, 3)), train=False)["params"]))
-  renamed = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
-             "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
-  tower = {}
-  for key, value in params.items():
-    parts = key.split("/")
-    if key.startswith("Transformer/encoderblock_"):
-      parts[2] = renamed.get(parts[2], parts[2])
-    elif key == POSEMB:
-      parts = ["pos_embedding"]
-    tower["params/img/" + "/".join(parts)] = np.asarray(value)
+  tower = as_siglip_tower(params)
   path = str(tmp_path / "siglip.npz")
   np.savez(path, **tower, **{"params/t": np.ones(1, np.float32)})
 

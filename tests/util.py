@@ -245,6 +245,23 @@ def logging_batches(path, train_batches):
   return batches
 
 
+def as_siglip_tower(params):
+  """Flat release-layout params renamed as a SigLIP two-tower .npz holds
+  its image tower: under "params/img/", big_vision's per-type module
+  numbers in the blocks, the position embedding at the top."""
+  renamed = {"MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+             "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+  tower = {}
+  for key, value in params.items():
+    parts = key.split("/")
+    if key.startswith("Transformer/encoderblock_"):
+      parts[2] = renamed.get(parts[2], parts[2])
+    elif key == "Transformer/posembed_input/pos_embedding":
+      parts = ["pos_embedding"]
+    tower["params/img/" + "/".join(parts)] = np.asarray(value)
+  return tower
+
+
 def stored_examples(builder, split):
   """A split's examples as numpy dicts in file order, images encoded, from
   TFRecord or ArrayRecord files (TFDS's as_dataset reads only the first)."""
