@@ -308,7 +308,8 @@ def test_finetune_is_table4(arg):
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16",
       remat_policy="dots_with_no_batch_dims_saveable", scan_layers=True,
       posemb="learn", mpp=False, layer_norm_epsilon=None, gelu=None,
-      final_norm=None, head_bias_init=0.0)
+      final_norm=None, head_bias_init=0.0, layer_scale=None, num_registers=0,
+      qk_norm=False)
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
   # 2% of the train split held out: the minival that picks the lr.
   assert config.train_split == "train[:98%]"
