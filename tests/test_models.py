@@ -130,7 +130,7 @@ def test_unknown_names_are_refused_clearly():
   with pytest.raises(errors.InputError, match="classifer"):
     models.create("B/16", num_classes=10, classifer="gap")
   with pytest.raises(errors.InputError, match="classifier must be"):
-    tiny(classifier="map").init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
+    tiny(classifier="max").init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
                                 train=False)
 
 
