@@ -95,13 +95,13 @@ class Records:
 
   def range(self, start, stop) -> tf.data.Dataset:
     """(index, example) of the records start..stop-1, in order."""
-    def chunk(indices):
-      return indices, self._read_tensor(indices)
     return tf.data.Dataset.range(start, stop).batch(READ_CHUNK).map(
-        chunk).unbatch().map(lambda index, record: (index,
-                                                    self.parse(record)))
+        lambda indices: (indices, self.at(indices))).unbatch().map(
+            lambda index, record: (index, self.parse(record)))
 
-  def _read_tensor(self, indices):
+  def at(self, indices):
+    """The serialized records at `indices` (an int64 tensor), in a tf.data
+    function: `read` in a tf.py_function."""
     records = tf.py_function(self.read, [indices], tf.string)
     return tf.ensure_shape(records, indices.shape)
 
@@ -132,19 +132,13 @@ def stream(records, *, seed, batch_size, rows, start_step):
   record's in the split."""
   order = Order(records.size, seed)
   first, stop = rows
-  offsets = np.arange(first, stop, dtype=np.int64)
-
-  def batch(step):
-    positions = int(step) * batch_size + offsets
-    indices = order(positions)
-    return positions, indices, records.read(indices)
+  offsets = tf.range(first, stop, dtype=tf.int64)
 
   def read(step):
-    positions, indices, serialized = tf.py_function(
-        batch, [step], (tf.int64, tf.int64, tf.string))
-    shape = [stop - first]
-    return (tf.ensure_shape(positions, shape), tf.ensure_shape(indices, shape),
-            tf.ensure_shape(serialized, shape))
+    positions = step * batch_size + offsets
+    indices = tf.ensure_shape(tf.py_function(order, [positions], tf.int64),
+                              positions.shape)
+    return positions, indices, records.at(indices)
 
   # Two batches read at once: the next one's reads overlap this one's.
   steps = tf.data.Dataset.range(start_step, 2**62)
