@@ -38,24 +38,26 @@ def get_config():
   # "sincos2d" or "none" (Appendix D.4). mpp: pre-train by masked patch
   # prediction (configs/mpp.py). remat_policy and scan_layers trade
   # speed for memory and compile time, and leave the results as they are.
-  # layer_norm_epsilon, gelu ("tanh", "exact") and final_norm ("tokens",
-  # "pooled"): unset, they are init_from's (an HF or timm model's own),
-  # else the release's (1e-6, "tanh", "tokens"); the run records them.
+  # What a checkpoint fixes beyond its sizes, left unset (None) here: the
+  # function, layer_norm_epsilon, gelu ("tanh", "exact") and final_norm
+  # ("tokens", "pooled"), and the architecture, classifier ("token",
+  # "gap", "map"), layer_scale (its initial value), num_registers and
+  # qk_norm (vit_jax/models/vit.py, ViTConfig). Unset, they are init_from's
+  # (a SigLIP tower's "map", a DINOv2's registers and layer scale), else
+  # the paper's ViT (1e-6, "tanh", "tokens"; "token", none, 0, False); the
+  # run records them. One set against init_from's architecture is refused.
   # head_bias_init: the head's initial bias; -10 starts a sigmoid loss
   # with every class improbable (big_vision's ImageNet-21k configs).
+  placeholder = ml_collections.config_dict.placeholder
   config.model = ml_collections.ConfigDict(dict(
-      name="", classifier="token",
-      representation_size=ml_collections.config_dict.placeholder(int),
+      name="", classifier=placeholder(str),
+      representation_size=placeholder(int),
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32",
       remat_policy="", scan_layers=False, posemb="learn", mpp=False,
-      layer_norm_epsilon=ml_collections.config_dict.placeholder(float),
-      gelu=ml_collections.config_dict.placeholder(str),
-      final_norm=ml_collections.config_dict.placeholder(str),
-      head_bias_init=0.0,
-      # Today's options (vit_jax/models/vit.py, ViTConfig): layer scale's
-      # initial value (None: none), register tokens, query/key norm.
-      layer_scale=ml_collections.config_dict.placeholder(float),
-      num_registers=0, qk_norm=False))
+      layer_norm_epsilon=placeholder(float), gelu=placeholder(str),
+      final_norm=placeholder(str), head_bias_init=0.0,
+      layer_scale=placeholder(float), num_registers=placeholder(int),
+      qk_norm=placeholder(bool)))
   # The targets and the loss (vit_jax/training/targets.py): "softmax" or
   # "sigmoid" cross-entropy; label smoothing; Mixup and CutMix, each
   # drawn for a whole batch with probability prob and its ratio from

@@ -7,6 +7,7 @@ import pytest
 
 from configs.imagenet import paper, plain
 from vit_jax.data import sources
+from vit_jax.weights import pretrained
 from tests.test_table2 import (flat_keys, metadata_dir, mock_tfds,  # pylint: disable=unused-import
                                shrunk, small_split)
 from tests.util import check_config, run_training
@@ -28,7 +29,8 @@ def test_paper_is_table3s_imagenet_row():
     assert config.model.dropout_rate == 0.1
     assert config.model.representation_size == {"B": 768, "L": 1024}[
         model[0]]
-    assert config.model.classifier == "token"
+    # Unset: a run from scratch takes the class token.
+    assert pretrained.with_source(config).model.classifier == "token"
     assert config.label_smoothing == 0.1
     assert config.mixup.prob == 0 and config.randaugment == ""
 

@@ -228,12 +228,12 @@ def test_pretrain_is_table3(arg):
       grad_clip_norm=0.0, b1=0.9, b2=0.999, momentum=None, layer_decay=1.0,
       lr_mults=(), frozen="")
   assert config.model.to_dict() == dict(
-      name=model_name, classifier="token",
+      name=model_name, classifier=None,
       representation_size=expected["width"], dropout_rate=expected["dropout"],
       attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="",
       scan_layers=True, posemb="learn", mpp=False, layer_norm_epsilon=None,
       gelu=None, final_norm=None, head_bias_init=0.0, layer_scale=None,
-      num_registers=0, qk_norm=False)
+      num_registers=None, qk_norm=None)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
@@ -304,12 +304,12 @@ def test_finetune_is_table4(arg):
   assert opt.learning_rate in sweep
   assert 0 < opt.warmup_steps <= steps // 5
   assert config.model.to_dict() == dict(
-      name=model_name, classifier="token", representation_size=None,
+      name=model_name, classifier=None, representation_size=None,
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16",
       remat_policy="dots_with_no_batch_dims_saveable", scan_layers=True,
       posemb="learn", mpp=False, layer_norm_epsilon=None, gelu=None,
-      final_norm=None, head_bias_init=0.0, layer_scale=None, num_registers=0,
-      qk_norm=False)
+      final_norm=None, head_bias_init=0.0, layer_scale=None,
+      num_registers=None, qk_norm=None)
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
   # 2% of the train split held out: the minival that picks the lr.
   assert config.train_split == "train[:98%]"

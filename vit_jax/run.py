@@ -7,7 +7,7 @@ anything is compiled or written:
      through the run store, vit_jax/runs/store.py: nothing else reads it);
   2. the model's function options (LayerNorm epsilon, GELU, final norm):
      as the run recorded them, else its init_from's, else the release's
-     (weights/pretrained.py, `with_function`);
+     (weights/pretrained.py, `with_source`);
   3. the mesh over this process's devices;
   4. every value of the config checked: a user's slip is one ConfigError
      naming the key;
@@ -59,7 +59,7 @@ class Run:
 def resolve(config, workdir, devices=None):
   """The Run of `config` in `workdir` over `devices` (default: all)."""
   recorded = store.read_config(workdir) if store.has_run(workdir) else None
-  config = pretrained.with_function(config, recorded)  # The run's own copy.
+  config = pretrained.with_source(config, recorded)  # The run's own copy.
   mesh = resolve_program(config, devices)
   data = sources.Sources(config.dataset, config.data_dir)
   check_data(config, data)

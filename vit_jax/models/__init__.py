@@ -29,9 +29,19 @@ PATCH_SIZES = (8, 14, 16, 32)
 # The fields that set what a model computes beyond its sizes, and the
 # release's values of them (vit.py says who uses which). They travel with a
 # model's params: a run started from another source's weights computes that
-# source's function (pretrained.function_of).
+# source's function (pretrained.with_source).
 FUNCTION_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
                     for key in ("layer_norm_epsilon", "gelu", "final_norm")}
+# The parts of the architecture that a checkpoint fixes beyond its sizes,
+# and their defaults (the paper's ViT). A fine-tune takes them from its
+# source too, read from the params (`architecture_of`).
+ARCHITECTURE_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
+                        for key in ("classifier", "num_registers",
+                                    "layer_scale", "qk_norm")}
+# Options a config may leave unset (None): a run resolves them from its
+# source (weights/pretrained.py), and a model made without one computes the
+# default.
+SOURCE_OPTIONS = {**FUNCTION_OPTIONS, **ARCHITECTURE_OPTIONS}
 
 # The hybrids' BiT ResNet stems (units per stage), by ResNet and by the
 # pixels per token they give with patch size 1 on their feature map.
@@ -70,8 +80,8 @@ def create(name, num_classes, **overrides):
   fields (hidden_size, num_layers, ...) for small models such as the digits
   one. Patch sizes outside PATCH_SIZES are accepted for small images (e.g. 2
   on 8x8). `mpp=True` gives the masked-patch-prediction model,
-  MaskedPatchViT, instead of the classifier. FUNCTION_OPTIONS left None
-  take the release's values.
+  MaskedPatchViT, instead of the classifier. SOURCE_OPTIONS left None
+  take their defaults.
 
   A hybrid ("R50+B/16", "R50+L/32", "R26+S/32") puts the BiT ResNet stem of
   HYBRID_STAGES under the ViT, with patch size 1 on its feature map; the
@@ -89,7 +99,7 @@ def create(name, num_classes, **overrides):
   model_class = MaskedPatchViT if overrides.pop("mpp", False) else (
       VisionTransformer)
   overrides = {key: value for key, value in overrides.items()
-               if not (key in FUNCTION_OPTIONS and value is None)}
+               if not (key in SOURCE_OPTIONS and value is None)}
   unknown = set(overrides) - CONFIG_FIELDS
   if unknown:
     raise errors.InputError(
@@ -111,18 +121,20 @@ def create_from_config(model_config, num_classes):
 _BLOCK_0 = "Transformer/encoderblock_0/"
 
 
-def _todays_options(flat):
-  """The ViTConfig fields that the params of layer scale, registers and
-  query/key norm imply (their initial values do not matter to loaded
-  params: layer_scale is set to 1.0)."""
-  options = {}
-  if _BLOCK_0 + "ls1" in flat:
-    options["layer_scale"] = 1.0
-  if "Transformer/registers" in flat:
-    options["num_registers"] = np.shape(flat["Transformer/registers"])[1]
-  if _BLOCK_0 + "MultiHeadDotProductAttention_1/query_norm/scale" in flat:
-    options["qk_norm"] = True
-  return options
+def architecture_of(flat):
+  """The ARCHITECTURE_OPTIONS of release-layout params (a flat '/'-keyed
+  dict): a class token says classifier "token", a `MAPHead_0` "map", else
+  "gap"; `ls1` layer scale (whose initial value does not matter to loaded
+  params: 1.0), `Transformer/registers` their count, `query_norm` qk_norm.
+  """
+  return dict(
+      classifier=("token" if "cls" in flat else
+                  "map" if "MAPHead_0/probe" in flat else "gap"),
+      num_registers=(np.shape(flat["Transformer/registers"])[1]
+                     if "Transformer/registers" in flat else 0),
+      layer_scale=1.0 if _BLOCK_0 + "ls1" in flat else None,
+      qk_norm=(_BLOCK_0 + "MultiHeadDotProductAttention_1/query_norm/scale"
+               in flat))
 
 
 def grid_side(num_patches, what="the patches"):
@@ -143,9 +155,8 @@ def from_params(params, posemb=None, **function):
 
   `params` is a tree in the release layout (`checkpoint.load_npz`'s), any
   dtype; the model computes in float32. This is how a released file is run
-  with no config: the class token says "token" (a `MAPHead_0` "map", else
-  "gap"), layer scale, registers and query/key norms their options,
-  `pre_logits`
+  with no config: `architecture_of` gives the classifier, layer scale,
+  registers and query/key norms; `pre_logits`
   gives representation_size and the query kernel (D, heads, D/heads) the
   head count. A `conv_root` makes it a hybrid, whose stages are counted
   from the `block{i}/unit{j}` it holds. The position embedding's params give
@@ -181,22 +192,21 @@ def from_params(params, posemb=None, **function):
     hybrid = dict(resnet_stages=tuple(units[f"block{i + 1}"]
                                       for i in range(len(units))),
                   resnet_width=np.shape(flat["conv_root/kernel"])[-1])
-  classifier = ("token" if "cls" in flat else
-                "map" if "MAPHead_0/probe" in flat else "gap")
+  architecture = architecture_of(flat)
   grid = None
   if posemb == "learn":
-    grid = grid_side(np.shape(flat[POSEMB_KEY])[1] - (classifier == "token"),
-                     POSEMB_KEY)
+    grid = grid_side(np.shape(flat[POSEMB_KEY])[1] -
+                     (architecture["classifier"] == "token"), POSEMB_KEY)
   elif posemb == "learn2d":
     grid = np.shape(flat[POSEMB_2D_KEYS[0]])[0]
   config = ViTConfig(
       patch_size=patch, hidden_size=hidden, num_layers=num_layers,
       num_heads=np.shape(flat[wanted[2]])[1],
-      mlp_dim=np.shape(flat[wanted[3]])[1], classifier=classifier,
+      mlp_dim=np.shape(flat[wanted[3]])[1],
       representation_size=(np.shape(flat["pre_logits/kernel"])[1]
                            if "pre_logits/kernel" in flat else None),
       posemb=posemb, final_norm="pooled" if "fc_norm/scale" in flat else
-      "tokens", **hybrid, **_todays_options(flat), **function)
+      "tokens", **hybrid, **architecture, **function)
   model = VisionTransformer(num_classes=np.shape(flat["head/kernel"])[1],
                             config=config)
   model.check_options()

@@ -86,7 +86,8 @@ class ViTConfig:
     each block's two residual branches (CaiT's layer scale, DINOv2's).
   num_registers: learned register tokens put after the class token once the
     position embedding is added (they get none), and left out of "gap"'s
-    mean ("Vision Transformers Need Registers"; DINOv2 with registers).
+    mean and "map"'s pooling ("Vision Transformers Need Registers";
+    DINOv2 with registers).
   qk_norm: a LayerNorm over each head's queries and keys before their
     product (timm's qk_norm).
   """
@@ -426,7 +427,8 @@ class ClassifierHead(nn.Module):
     if config.classifier == "token":
       x = x[:, 0]
     elif config.classifier == "map":
-      x = MAPHead(config=config, name="MAPHead_0")(x)
+      x = MAPHead(config=config, name="MAPHead_0")(
+          x[:, config.num_prefix_tokens:])
     else:
       x = x[:, config.num_prefix_tokens:].mean(axis=1)
     if config.final_norm == "pooled":
@@ -453,7 +455,7 @@ class ClassifierHead(nn.Module):
 
 
 class MAPHead(nn.Module):
-  """Multi-head attention pooling: a learned probe attends to every token,
+  """Multi-head attention pooling: a learned probe attends to the tokens,
   then a residual MLP on what it gathered (big_vision's MAPHead, the
   layout of SigLIP's image tower)."""
   config: ViTConfig
@@ -465,9 +467,10 @@ class MAPHead(nn.Module):
                                       (None, None, "embed")),
                        (1, 1, x.shape[-1]), config.param_dtype)
     probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))
-    y = Attention(config=config, record=False,
-                  name="MultiHeadDotProductAttention_0")(probe, train=False,
-                                                         kv=x)
+    # big_vision's and timm's pooling normalise no queries or keys.
+    y = Attention(config=dataclasses.replace(config, qk_norm=False),
+                  record=False, name="MultiHeadDotProductAttention_0")(
+                      probe, train=False, kv=x)
     z = _layer_norm("LayerNorm_0", config)(y)
     y = y + MlpBlock(config=config, name="MlpBlock_0")(z, train=False)
     return y[:, 0]

@@ -75,12 +75,6 @@ def load_npz(path):
   return flax.traverse_util.unflatten_dict(to_release_layout(flat), sep="/")
 
 
-def npz_keys(path):
-  """The keys of an .npz, without reading its arrays."""
-  with _open_npz(path) as npz:
-    return npz.files
-
-
 @contextlib.contextmanager
 def _open_npz(path):
   """The NpzFile at `path`, arrays read only when indexed; an InputError

@@ -9,7 +9,8 @@ A source is any of
     Polyak average when it kept one, else its params.
 `load` reads any of them to host memory as numpy in the release layout,
 with the function it computes (models.FUNCTION_OPTIONS) and, where the
-source names them, its classes. `config.init_from` takes a source
+source names them, its classes; `with_source` gives a fine-tune its
+source's function and architecture (models.SOURCE_OPTIONS). `config.init_from` takes a source
 (`initial_params`, then `adaptation.adapt` fits it to the new model; the
 new run's optimizer starts fresh), and so does `for_inference`
 (vit_jax.predict, vit_jax.figures, vit_jax.export).
@@ -94,51 +95,75 @@ def _function(keys):
 def run_function(config):
   """The function a run of ours computes (runs recorded before the
   options existed computed the release's)."""
+  return _options_of_run(config, models.FUNCTION_OPTIONS)
+
+
+def _options_of_run(config, options):
   return {key: config.model.get(key) if config.model.get(key) is not None
-          else default for key, default in models.FUNCTION_OPTIONS.items()}
+          else default for key, default in options.items()}
 
 
-def function_of(source):
-  """What `load(source).function` says, reading only what tells it."""
+def source_options(source, num_heads=None):
+  """The models.SOURCE_OPTIONS that `source` fixes: its function and the
+  parts of its architecture that its sizes do not say. A run's are in its
+  config; a file's are read from its params (which reads all of it)."""
   path, _ = parse_source(source)
-  if path.endswith(torch_files.PICKLE_SUFFIXES):
-    torch_files.refuse_pickle(path)
-  if path.endswith(".npz"):
-    return _function(npz.npz_keys(path))
-  if path.endswith(".safetensors"):
-    return torch_files.timm_function(path)
-  if torch_files.is_hf_dir(path):
-    return torch_files.hf_function(path)
-  return run_function(read_config(path))
+  if path.endswith(FILE_SUFFIXES + torch_files.PICKLE_SUFFIXES) or (
+      torch_files.is_hf_dir(path)):
+    loaded = load(source, num_heads)
+    return {**loaded.function, **models.architecture_of(
+        flax.traverse_util.flatten_dict(loaded.params, sep="/"))}
+  return _options_of_run(read_config(path), models.SOURCE_OPTIONS)
 
 
-def with_function(config, recorded=None):
-  """`config` with its model's FUNCTION_OPTIONS made explicit: those it
+def with_source(config, recorded=None):
+  """`config` with its model's SOURCE_OPTIONS made explicit: those it
   leaves unset (None) are the ones the run `recorded` when it started (its
   config, or None for a new run: a resumed run does not read init_from
   again), else its init_from's, so that a fine-tune computes its source's
-  function, else the release's. A value the config sets wins, with a
-  warning where the source differs."""
+  function with its source's architecture, else the defaults.
+
+  A new run whose config sets a part of the architecture against its
+  init_from (a classifier, registers, layer scale or query/key norms the
+  source does not have) is refused, naming the keys; a function option it
+  sets wins, with a warning where the source differs.
+  """
   if recorded is not None:
-    source = run_function(recorded)
+    source = _options_of_run(recorded, models.SOURCE_OPTIONS)
   elif config.init_from:
     try:
-      source = function_of(config.init_from)
+      source = source_options(config.init_from, config.model.get("num_heads"))
     except (errors.InputError, OSError) as e:
       raise errors.ConfigError(
           f"config.init_from={config.init_from!r}: {e}") from e
   else:
     source = {}
   config = config.copy_and_resolve_references()
-  for key, default in models.FUNCTION_OPTIONS.items():
+  against = []
+  for key, default in models.SOURCE_OPTIONS.items():
     value = config.model.get(key)
     if value is None:
       with config.unlocked():
         config.model[key] = source.get(key, default)
-    elif key in source and source[key] != value:
-      logging.warning("config.model.%s=%r, but init_from %s computes with "
-                      "%r", key, value, config.init_from, source[key])
+    elif key in source and not _agrees(key, value, source[key]):
+      if key in models.FUNCTION_OPTIONS:
+        logging.warning("config.model.%s=%r, but init_from %s computes with "
+                        "%r", key, value, config.init_from, source[key])
+      elif recorded is None:  # A restart's changes are store.py's to judge.
+        against.append(f"config.model.{key}={value!r} (the source: "
+                       f"{source[key]!r})")
+  if against:
+    raise errors.ConfigError(
+        f"config.init_from={config.init_from!r} fixes what these set "
+        f"otherwise: {'; '.join(against)}. Leave them unset to take the "
+        "source's")
   return config
+
+
+def _agrees(key, value, source_value):
+  if key == "layer_scale":  # Its initial value does not matter to loaded ones.
+    return (value is None) == (source_value is None)
+  return value == source_value
 
 
 def load_run(workdir, step=None):

@@ -5,10 +5,16 @@
   a `ViTModel` (its pooler is the pre-logits layer) or a
   `ViTForImageClassification`. The architecture, the function (LayerNorm
   epsilon, GELU) and the class names come from `config.json`.
-- A timm `VisionTransformer` state dict in one `.safetensors` file. Its
-  sizes come from the shapes; its head count from the hidden size of a
-  paper variant (or the caller); its function is timm's (epsilon 1e-6,
-  exact GELU, `fc_norm` for average-pool models).
+- A SigLIP or SigLIP 2 vision tower (`SiglipVisionModel`,
+  `Siglip2VisionModel`, or the image tower of a two-tower `SiglipModel`),
+  or a DINOv2 (`Dinov2Model`, `Dinov2WithRegistersModel`) directory, in
+  the same form; a DINOv2 has no classification head.
+- A timm `VisionTransformer` state dict in one `.safetensors` file, with
+  timm's register tokens, layer scale, query/key norms and attention
+  pooling where it has them. Its sizes come from the shapes; its head
+  count from the hidden size of a paper variant (or the caller); its
+  function is timm's (epsilon 1e-6, exact GELU, `fc_norm` for
+  average-pool models).
 
 Files are read through safetensors' numpy API. PyTorch pickles (`.bin`,
 `.pt`, `.pth`) are refused: unpickling runs whatever code the file holds.
@@ -104,60 +110,92 @@ def _read_json(path):
     raise errors.InputError(f"{path} is not JSON: {e}") from e
 
 
-def _hf_config(directory):
+# The model types read, as config.json names them: (the layout's family,
+# transformers' LayerNorm epsilon and activation where the config is
+# silent). A two-tower SigLIP's image tower has its own `vision_config`.
+HF_FAMILIES = {
+    "vit": ("vit", 1e-12, "gelu"),
+    "siglip_vision_model": ("siglip", 1e-6, "gelu_pytorch_tanh"),
+    "siglip": ("siglip", 1e-6, "gelu_pytorch_tanh"),
+    "siglip2_vision_model": ("siglip2", 1e-6, "gelu_pytorch_tanh"),
+    "siglip2": ("siglip2", 1e-6, "gelu_pytorch_tanh"),
+    "dinov2": ("dinov2", 1e-6, "gelu"),
+    "dinov2_with_registers": ("dinov2", 1e-6, "gelu"),
+}
+TWO_TOWERS = ("siglip", "siglip2")
+
+
+@dataclasses.dataclass(frozen=True)
+class _HFModel:
+  family: str  # a key of HF_FAMILIES' first column
+  config: dict  # the image model's config (a two-tower's vision_config)
+  function: dict
+
+
+def _hf_model(directory):
   config = _read_json(os.path.join(directory, HF_CONFIG))
-  if config.get("model_type") != "vit":
+  model_type = config.get("model_type")
+  if model_type not in HF_FAMILIES:
     raise errors.InputError(
-        f"{directory}: model_type {config.get('model_type')!r}; vit_jax reads "
-        "HF ViT models (model_type 'vit')")
-  act = config.get("hidden_act", "gelu")
+        f"{directory}: model_type {model_type!r}; vit_jax reads HF "
+        f"{sorted(HF_FAMILIES)}")
+  family, eps, act = HF_FAMILIES[model_type]
+  if model_type in TWO_TOWERS:
+    config = config.get("vision_config", {})
+  act = config.get("hidden_act", act)
   if act not in HF_GELU:
     raise errors.InputError(f"{directory}: hidden_act {act!r}; vit_jax "
                             f"computes {sorted(HF_GELU)}")
-  return config
-
-
-def hf_function(directory):
-  """The function an HF ViT directory's config.json says it computes."""
-  return _hf_function(_hf_config(directory))
-
-
-def _hf_function(config):
-  # transformers' defaults where the config is silent.
-  return {"layer_norm_epsilon": float(config.get("layer_norm_eps", 1e-12)),
-          "gelu": HF_GELU[config.get("hidden_act", "gelu")],
-          "final_norm": "tokens"}
-
-
-def timm_function(path):
-  """What a timm file computes: timm's function, with the pooled features
-  normalised where it has an fc_norm. Reads only the file's header."""
-  try:
-    with safetensors.safe_open(path, framework="np") as f:
-      return _timm_function(f.keys())
-  except (safetensors.SafetensorError, OSError) as e:
-    if isinstance(e, FileNotFoundError):
-      raise errors.InputError(f"{path} does not exist") from e
-    raise errors.InputError(f"{path} is not a .safetensors file: {e}") from e
-
-
-def _timm_function(keys):
-  return {**TIMM_FUNCTION,
-          "final_norm": "pooled" if "fc_norm.weight" in keys else "tokens"}
-
-
-def read_hf(directory):
-  """The ViT in an HF transformers directory."""
-  config = _hf_config(directory)
-  tensors = {}
-  for path in _hf_weight_files(directory):
-    tensors.update(read_safetensors(path))
-  prefix = "vit." if any(k.startswith("vit.") for k in tensors) else ""
-  layout = "hf5" if any(k.startswith(prefix + "layers.") for k in tensors) \
-      else "hf"
   if config.get("num_channels", 3) != 3:
     raise errors.InputError(f"{directory}: {config['num_channels']} input "
                             "channels; vit_jax's models take RGB")
+  if config.get("use_swiglu_ffn"):
+    raise errors.InputError(
+        f"{directory}: a DINOv2 with a SwiGLU MLP (use_swiglu_ffn, "
+        "DINOv2-g); vit_jax's blocks have a GELU MLP")
+  if family == "siglip2" and not _is_square(config.get("num_patches", 256)):
+    raise errors.InputError(
+        f"{directory}: a SigLIP 2 NaFlex tower of {config['num_patches']} "
+        "position embeddings, no square grid. vit_jax reads SigLIP 2 at a "
+        "fixed square resolution; NaFlex's native aspect ratios need a "
+        "patch mask and the position embedding resized per image, which "
+        "vit_jax's ViT does not compute")
+  function = {"layer_norm_epsilon": float(config.get("layer_norm_eps", eps)),
+              "gelu": HF_GELU[act], "final_norm": "tokens"}
+  return _HFModel(family, config, function)
+
+
+def read_hf(directory):
+  """The ViT in an HF transformers directory: a ViT, a SigLIP or SigLIP 2
+  vision tower (alone or a two-tower model's) or a DINOv2, with or without
+  registers."""
+  model = _hf_model(directory)
+  config = model.config
+  tensors = {}
+  for path in _hf_weight_files(directory):
+    tensors.update(read_safetensors(path))
+  if model.family == "vit":
+    prefix = "vit." if any(k.startswith("vit.") for k in tensors) else ""
+    layout = ("hf5" if any(k.startswith(prefix + "layers.") for k in tensors)
+              else "hf")
+  elif model.family == "dinov2":
+    prefix, layout = "", "dinov2"
+    if "classifier.weight" in tensors or any(k.startswith("dinov2.")
+                                             for k in tensors):
+      raise errors.InputError(
+          f"{directory} is a Dinov2ForImageClassification, whose classifier "
+          "reads the class token beside the patch tokens' mean; vit_jax "
+          "reads its backbone: save_pretrained its `.dinov2` (a Dinov2Model) "
+          "and fine-tune from that")
+    # The masked-image-modelling token of DINOv2's pre-training.
+    tensors.pop("embeddings.mask_token", None)
+  else:  # SigLIP: the image tower, alone or beside a text tower.
+    layout = model.family
+    prefix = ("vision_model." if any(k.startswith("vision_model.")
+                                     for k in tensors) else "")
+    tensors = {k: v for k, v in tensors.items()
+               if not k.startswith("text_model.")
+               and k not in ("logit_scale", "logit_bias")}
   if f"{prefix}pooler.dense.weight" in tensors and config.get(
       "pooler_act", "tanh") != "tanh":
     raise errors.InputError(f"{directory}: pooler_act "
@@ -176,7 +214,7 @@ def read_hf(directory):
     labels = config["id2label"]
     names = [labels.get(str(i), str(i)) for i in
              range(flat["head/kernel"].shape[1])]
-  return Read(flat, _hf_function(config), names)
+  return Read(flat, model.function, names)
 
 
 def _hf_weight_files(directory):
@@ -195,12 +233,20 @@ def _hf_weight_files(directory):
                           f"{HF_WEIGHTS} nor {HF_INDEX}")
 
 
+def _timm_function(keys):
+  """timm's function, with the pooled features normalised where the file
+  has an fc_norm."""
+  return {**TIMM_FUNCTION,
+          "final_norm": "pooled" if "fc_norm.weight" in keys else "tokens"}
+
+
 def read_timm(path, num_heads=None):
   """The ViT of a timm state dict in a .safetensors file."""
   tensors = read_safetensors(path)
-  if any(k.startswith(("vit.", "embeddings.")) for k in tensors):
+  if any(k.startswith(("vit.", "embeddings.", "vision_model."))
+         for k in tensors):
     raise errors.InputError(
-        f"{path} holds an HF transformers ViT: give the directory it lies "
+        f"{path} holds an HF transformers model: give the directory it lies "
         f"in, with its {HF_CONFIG}")
   if "patch_embed.proj.weight" not in tensors:
     raise errors.InputError(
@@ -208,20 +254,49 @@ def read_timm(path, num_heads=None):
         f"first keys: {sorted(tensors)[:6]}")
   hidden = tensors["patch_embed.proj.weight"].shape[0]
   num_heads = num_heads or heads_for_width(hidden)
-  has_class_token = "cls_token" in tensors
-  if has_class_token and "fc_norm.weight" in tensors:
-    raise errors.InputError(
-        f"{path} has a class token and fc_norm: timm then pools the mean of "
-        "the patch tokens beside the class token, which vit_jax's "
-        "classifiers ('token', 'gap') do not compute")
-  posemb = tensors.get("pos_embed")
-  if has_class_token and posemb is not None and _is_square(posemb.shape[1]):
-    # timm's no_embed_class: the class token gets no position embedding,
-    # which is the same as a zero one.
-    tensors["pos_embed"] = np.concatenate(
-        [np.zeros_like(posemb[:, :1]), posemb], axis=1)
   function = _timm_function(tensors)
-  return Read(torch_layouts.to_release(tensors, "timm", num_heads), function)
+  return Read(torch_layouts.to_release(_timm_prefix_tokens(tensors), "timm",
+                                       num_heads), function)
+
+
+def _timm_prefix_tokens(tensors):
+  """`tensors` with timm's class and register tokens (its "prefix tokens")
+  where vit_jax keeps them.
+
+  timm adds the position embedding to them too unless no_embed_class;
+  vit_jax's registers get none, so theirs is folded into the registers
+  (a constant added to a constant). A class token that is not what the
+  model pools (global_pool "avg" or "map", which read the patch tokens
+  only, as timm's default pool_include_prefix=False does) is one more
+  register. One it pools keeps its own row of the position embedding,
+  zero under no_embed_class.
+  """
+  tensors = dict(tensors)
+  pooled_token = "cls_token" in tensors and not any(
+      key in tensors for key in ("fc_norm.weight", "attn_pool.latent"))
+  tokens = [tensors.pop(key) for key in ("cls_token", "reg_token")
+            if key in tensors]
+  if not tokens:
+    return tensors
+  prefix = np.concatenate(tokens, axis=1)
+  posemb = tensors.get("pos_embed")
+  prefix_pos = None  # no_embed_class: none
+  if posemb is not None and not _is_square(posemb.shape[1]):
+    # Rows for the prefix tokens too: the grid is the rows after them.
+    width = prefix.shape[1]
+    prefix_pos, tensors["pos_embed"] = posemb[:, :width], posemb[:, width:]
+  if pooled_token:
+    tensors["cls_token"], prefix = prefix[:, :1], prefix[:, 1:]
+    if posemb is not None:
+      cls_pos = (np.zeros_like(posemb[:, :1]) if prefix_pos is None
+                 else prefix_pos[:, :1])
+      tensors["pos_embed"] = np.concatenate([cls_pos, tensors["pos_embed"]],
+                                            axis=1)
+      prefix_pos = None if prefix_pos is None else prefix_pos[:, 1:]
+  if prefix.shape[1]:
+    tensors["reg_token"] = prefix if prefix_pos is None else (
+        prefix + prefix_pos)
+  return tensors
 
 
 def _is_square(n):
@@ -243,15 +318,15 @@ def _check_writable(flat, layout, what):
     cannot.append("no class token (classifier 'gap')")
   if layout == "hf" and "fc_norm/scale" in flat:
     cannot.append("final_norm 'pooled'")
-  # Today's options: their readers and writers are not written yet.
+  # Today's parts: timm's VisionTransformer has them all, HF's ViT none.
   block = torch_layouts.BLOCK.format(0)
-  for key, part in (("MAPHead_0/probe", "attention pooling (classifier "
-                     "'map')"), (block + "ls1", "layer scale"),
-                    ("Transformer/registers", "register tokens"),
+  for key, part in ((torch_layouts.MAP_PROBE, "attention pooling "
+                     "(classifier 'map')"), (block + "ls1", "layer scale"),
+                    (torch_layouts.REGISTERS, "register tokens"),
                     (block + torch_layouts.ATTENTION + "/query_norm/scale",
                      "query/key norms")):
-    if key in flat:
-      cannot.append(part)
+    if layout == "hf" and key in flat:
+      cannot.append(part + " (--format=timm writes it)")
   if cannot:
     raise errors.InputError(
         f"{what} cannot be written for {layout}: the model has "
@@ -306,16 +381,32 @@ def write_timm(path, flat, function, what):
   VisionTransformer, whose arguments a state dict does not record."""
   _check_writable(flat, "timm", what)
   sizes = _sizes(flat)
+  architecture = models.architecture_of(flat)
+  registers = architecture["num_registers"]
+  if registers:
+    # timm adds the position embedding to its register tokens too: ours
+    # get none, a zero row each.
+    posemb = flat[models.POSEMB_KEY]
+    first = int("cls" in flat)
+    flat = {**flat, models.POSEMB_KEY: np.concatenate([
+        posemb[:, :first], np.zeros((1, registers, posemb.shape[2]),
+                                    posemb.dtype), posemb[:, first:]], axis=1)}
   write_safetensors(torch_layouts.from_release(flat, "timm"), path)
-  gap = "cls" not in flat
   arguments = dict(
       img_size=sizes["image_size"], patch_size=sizes["patch_size"],
       embed_dim=sizes["hidden_size"], depth=sizes["num_layers"],
       num_heads=sizes["num_heads"],
       mlp_ratio=sizes["mlp_dim"] / sizes["hidden_size"],
-      num_classes=sizes["num_classes"], class_token=not gap,
-      global_pool="avg" if gap else "token",
+      num_classes=sizes["num_classes"], class_token="cls" in flat,
+      global_pool={"token": "token", "gap": "avg", "map": "map"}[
+          architecture["classifier"]],
       fc_norm=function["final_norm"] == "pooled")
+  if registers:
+    arguments["reg_tokens"] = registers
+  if architecture["layer_scale"] is not None:
+    arguments["init_values"] = architecture["layer_scale"]
+  if architecture["qk_norm"]:
+    arguments["qk_norm"] = True
   if function["gelu"] == "tanh":
     arguments["act_layer"] = "gelu_tanh"
   text = ", ".join(f"{key}={value!r}" for key, value in arguments.items())

@@ -1,13 +1,17 @@
 """The key names and array layouts of PyTorch ViTs, to and from ours.
 
-Three layouts: Hugging Face transformers' `ViTModel` /
+The layouts: Hugging Face transformers' `ViTModel` /
 `ViTForImageClassification` as the hub's files name them ("hf", which
-transformers 4 and 5 both load), as transformers 5.23 saves them ("hf5")
-and timm's `VisionTransformer` ("timm"). Both store each torch module
-as `NAME.weight` and `NAME.bias`; the tables below map every module to its
-place in the release layout (`Transformer/encoderblock_{i}/...`) and say how
-its arrays convert. Everything here is numpy and exact: transposes and
-reshapes, no arithmetic, so a file read and written back is bitwise equal.
+transformers 4 and 5 both load), as transformers 5.23 saves them ("hf5");
+timm's `VisionTransformer` ("timm", with its layer scale, query/key norms,
+register token and attention pooling); and, read only, transformers'
+SigLIP and SigLIP 2 vision towers ("siglip", "siglip2") and DINOv2, with or
+without registers ("dinov2"). Each stores a torch module as `NAME.weight`
+and `NAME.bias`; the tables below map every module to its place in the
+release layout (`Transformer/encoderblock_{i}/...`) and say how its arrays
+convert, and the leaves (single parameters) to theirs. Everything here is
+numpy and exact: transposes and reshapes, no arithmetic, so a file read and
+written back is bitwise equal.
 
 Array conventions: torch's Linear keeps weight [out, in] (ours: kernel [in,
 out]); its Conv2d weight [out, in, kh, kw] (ours: [kh, kw, in, out]); its
@@ -25,6 +29,13 @@ from vit_jax.models import POSEMB_KEY
 BLOCK = "Transformer/encoderblock_{}/"
 QKV = ("query", "key", "value")
 ATTENTION = "MultiHeadDotProductAttention_1"
+REGISTERS = "Transformer/registers"
+# big_vision's attention-pooling head (classifier "map").
+MAP = "MAPHead_0/"
+MAP_ATTENTION = MAP + "MultiHeadDotProductAttention_0"
+MAP_PROBE = MAP + "probe"
+# The stacked projections of a fused Linear, in order.
+FUSED = {"qkv": QKV, "kv": ("key", "value")}
 
 # torch module (after the layout's block prefix) -> (release module, kind).
 HF_BLOCK = {
@@ -61,32 +72,112 @@ HF_LEAVES = {"embeddings.cls_token": "cls",
 # timm fuses the query, key and value projections into one [3D, D] Linear.
 TIMM_BLOCK = {
     "attn.qkv": (ATTENTION, "qkv"),
+    "attn.q_norm": (ATTENTION + "/query_norm", "norm"),
+    "attn.k_norm": (ATTENTION + "/key_norm", "norm"),
     "attn.proj": (ATTENTION + "/out", "heads_out"),
     "mlp.fc1": ("MlpBlock_3/Dense_0", "dense"),
     "mlp.fc2": ("MlpBlock_3/Dense_1", "dense"),
     "norm1": ("LayerNorm_0", "norm"),
     "norm2": ("LayerNorm_2", "norm"),
 }
+TIMM_BLOCK_LEAVES = {"ls1.gamma": "ls1", "ls2.gamma": "ls2"}
 # `norm` normalises every token; average-pool models normalise the pooled
 # features instead (`fc_norm`, our final_norm "pooled"). `pre_logits.fc` is
-# the tanh representation layer of timm before 0.6.
+# the tanh representation layer of timm before 0.6. `attn_pool` is
+# global_pool="map": its latent is the probe, its `kv` the fused keys and
+# values.
 TIMM_TOP = {
     "patch_embed.proj": ("embedding", "conv"),
     "norm": ("Transformer/encoder_norm", "norm"),
     "fc_norm": ("fc_norm", "norm"),
     "pre_logits.fc": ("pre_logits", "dense"),
+    "attn_pool.q": (MAP_ATTENTION + "/query", "heads_in"),
+    "attn_pool.kv": (MAP_ATTENTION, "kv"),
+    "attn_pool.proj": (MAP_ATTENTION + "/out", "heads_out"),
+    "attn_pool.norm": (MAP + "LayerNorm_0", "norm"),
+    "attn_pool.mlp.fc1": (MAP + "MlpBlock_0/Dense_0", "dense"),
+    "attn_pool.mlp.fc2": (MAP + "MlpBlock_0/Dense_1", "dense"),
     "head": ("head", "dense"),
 }
-TIMM_LEAVES = {"cls_token": "cls", "pos_embed": POSEMB_KEY}
+TIMM_LEAVES = {"cls_token": "cls", "pos_embed": POSEMB_KEY,
+               "reg_token": REGISTERS, "attn_pool.latent": MAP_PROBE}
 
+# transformers' SigLIP vision tower: no class token, a position embedding
+# kept as an nn.Embedding table [N, D], and torch's nn.MultiheadAttention
+# for the pooling head (its fused `in_proj_weight` is read as the module
+# `in_proj`).
+SIGLIP_BLOCK = {
+    "self_attn.q_proj": (ATTENTION + "/query", "heads_in"),
+    "self_attn.k_proj": (ATTENTION + "/key", "heads_in"),
+    "self_attn.v_proj": (ATTENTION + "/value", "heads_in"),
+    "self_attn.out_proj": (ATTENTION + "/out", "heads_out"),
+    "mlp.fc1": ("MlpBlock_3/Dense_0", "dense"),
+    "mlp.fc2": ("MlpBlock_3/Dense_1", "dense"),
+    "layer_norm1": ("LayerNorm_0", "norm"),
+    "layer_norm2": ("LayerNorm_2", "norm"),
+}
+SIGLIP_TOP = {
+    "embeddings.patch_embedding": ("embedding", "conv"),
+    "post_layernorm": ("Transformer/encoder_norm", "norm"),
+    "head.attention.in_proj": (MAP_ATTENTION, "qkv"),
+    "head.attention.out_proj": (MAP_ATTENTION + "/out", "heads_out"),
+    "head.layernorm": (MAP + "LayerNorm_0", "norm"),
+    "head.mlp.fc1": (MAP + "MlpBlock_0/Dense_0", "dense"),
+    "head.mlp.fc2": (MAP + "MlpBlock_0/Dense_1", "dense"),
+}
+SIGLIP_LEAVES = {"embeddings.position_embedding.weight": POSEMB_KEY,
+                 "head.probe": MAP_PROBE}
+# SigLIP 2 (NaFlex) embeds patches with a Linear over each patch flattened
+# as (row, column, channel): a convolution's kernel, reshaped.
+SIGLIP2_TOP = {**SIGLIP_TOP,
+               "embeddings.patch_embedding": ("embedding", "patches")}
+
+# transformers' DINOv2: the hub's names; transformers 5.23 saves the
+# attention as `attention.{q,k,v,o}_proj` (DINOV2_RENAMED).
+DINOV2_BLOCK = {
+    "attention.attention.query": (ATTENTION + "/query", "heads_in"),
+    "attention.attention.key": (ATTENTION + "/key", "heads_in"),
+    "attention.attention.value": (ATTENTION + "/value", "heads_in"),
+    "attention.output.dense": (ATTENTION + "/out", "heads_out"),
+    "mlp.fc1": ("MlpBlock_3/Dense_0", "dense"),
+    "mlp.fc2": ("MlpBlock_3/Dense_1", "dense"),
+    "norm1": ("LayerNorm_0", "norm"),
+    "norm2": ("LayerNorm_2", "norm"),
+}
+DINOV2_RENAMED = {"attention.q_proj": "attention.attention.query",
+                  "attention.k_proj": "attention.attention.key",
+                  "attention.v_proj": "attention.attention.value",
+                  "attention.o_proj": "attention.output.dense"}
+DINOV2_BLOCK_LEAVES = {"layer_scale1.lambda1": "ls1",
+                       "layer_scale2.lambda1": "ls2"}
+DINOV2_TOP = {
+    "embeddings.patch_embeddings.projection": ("embedding", "conv"),
+    "layernorm": ("Transformer/encoder_norm", "norm"),
+}
+DINOV2_LEAVES = {"embeddings.cls_token": "cls",
+                 "embeddings.position_embeddings": POSEMB_KEY,
+                 "embeddings.register_tokens": REGISTERS}
+
+# `table_leaves`: leaves torch keeps as a table [N, D] that we keep as
+# [1, N, D]. `renamed`: key infixes of other transformers versions (or
+# torch's parameter names), read as the layout's own.
 LAYOUTS = {
     "hf": dict(blocks="encoder.layer.", block=HF_BLOCK, top=HF_TOP,
                leaves=HF_LEAVES),
     "hf5": dict(blocks="layers.", block=HF5_BLOCK, top=HF_TOP,
                 leaves=HF_LEAVES),
     "timm": dict(blocks="blocks.", block=TIMM_BLOCK, top=TIMM_TOP,
-                 leaves=TIMM_LEAVES),
+                 leaves=TIMM_LEAVES, block_leaves=TIMM_BLOCK_LEAVES),
+    "siglip": dict(blocks="encoder.layers.", block=SIGLIP_BLOCK,
+                   top=SIGLIP_TOP, leaves=SIGLIP_LEAVES,
+                   table_leaves=("embeddings.position_embedding.weight",),
+                   renamed={"in_proj_weight": "in_proj.weight",
+                            "in_proj_bias": "in_proj.bias"}),
+    "dinov2": dict(blocks="encoder.layer.", block=DINOV2_BLOCK,
+                   top=DINOV2_TOP, leaves=DINOV2_LEAVES,
+                   block_leaves=DINOV2_BLOCK_LEAVES, renamed=DINOV2_RENAMED),
 }
+LAYOUTS["siglip2"] = dict(LAYOUTS["siglip"], top=SIGLIP2_TOP)
 
 
 def _to_release(kind, weight, bias, num_heads):
@@ -97,6 +188,12 @@ def _to_release(kind, weight, bias, num_heads):
     return {"kernel": weight.T, "bias": bias}
   if kind == "conv":
     return {"kernel": weight.transpose(2, 3, 1, 0), "bias": bias}
+  if kind == "patches":
+    side = int(round(np.sqrt(weight.shape[1] // 3)))
+    if 3 * side * side != weight.shape[1]:
+      raise errors.InputError(f"a patch embedding of {weight.shape[1]} "
+                              "inputs is no square RGB patch")
+    return {"kernel": weight.T.reshape(side, side, 3, -1), "bias": bias}
   width = weight.shape[1] if kind != "heads_out" else weight.shape[0]
   if width % num_heads:
     raise errors.InputError(f"{num_heads} heads do not divide the width "
@@ -107,9 +204,10 @@ def _to_release(kind, weight, bias, num_heads):
             "bias": bias.reshape(num_heads, head_dim)}
   if kind == "heads_out":
     return {"kernel": weight.T.reshape(num_heads, head_dim, -1), "bias": bias}
-  assert kind == "qkv", kind
+  names = FUSED[kind]
   out = {}
-  for name, w, b in zip(QKV, np.split(weight, 3), np.split(bias, 3)):
+  for name, w, b in zip(names, np.split(weight, len(names)),
+                        np.split(bias, len(names))):
     for leaf, value in _to_release("heads_in", w, b, num_heads).items():
       out[f"{name}/{leaf}"] = value
   return out
@@ -123,16 +221,18 @@ def _from_release(kind, leaves):
     return leaves["kernel"].T, leaves["bias"]
   if kind == "conv":
     return leaves["kernel"].transpose(3, 2, 0, 1), leaves["bias"]
+  if kind == "patches":
+    kernel = leaves["kernel"]
+    return kernel.reshape(-1, kernel.shape[-1]).T, leaves["bias"]
   if kind == "heads_in":
     kernel = leaves["kernel"]
     return kernel.reshape(kernel.shape[0], -1).T, leaves["bias"].reshape(-1)
   if kind == "heads_out":
     kernel = leaves["kernel"]
     return kernel.reshape(-1, kernel.shape[-1]).T, leaves["bias"]
-  assert kind == "qkv", kind
   parts = [_from_release("heads_in", {
       "kernel": leaves[f"{name}/kernel"], "bias": leaves[f"{name}/bias"]})
-           for name in QKV]
+           for name in FUSED[kind]]
   return (np.concatenate([w for w, _ in parts]),
           np.concatenate([b for _, b in parts]))
 
@@ -165,15 +265,30 @@ def num_layers_of(keys, layout, prefix=""):
               if (m := re.match(blocks + r"(\d+)\.", key))})
 
 
+def _leaves(layout, num_layers, prefix):
+  """[(torch name, release leaf)] of every single parameter a layout can
+  hold, blocks 0 .. num_layers - 1 included."""
+  spec = LAYOUTS[layout]
+  leaves = [(prefix + name, release) for name, release in
+            spec["leaves"].items()]
+  for i in range(num_layers):
+    leaves += [(f"{prefix}{spec['blocks']}{i}.{name}", BLOCK.format(i) + release)
+               for name, release in spec.get("block_leaves", {}).items()]
+  return leaves
+
+
 def to_release(tensors, layout, num_heads, prefix=""):
   """A flat {'a/b/c': array} release-layout dict of a torch state dict
   (`tensors`, numpy arrays) in `layout`, whose keys carry `prefix` (HF's
   "vit."; not its classifier). Keys the layout does not know are refused,
-  naming them: they are parts a ViT of the paper does not have."""
+  naming them: they are parts vit_jax's VisionTransformer does not have."""
+  spec = LAYOUTS[layout]
   tensors = dict(tensors)
+  for old, new in spec.get("renamed", {}).items():
+    tensors = {key.replace(old, new): value for key, value in tensors.items()}
   flat = {}
-  for name, release, kind in _modules(layout, num_layers_of(tensors, layout,
-                                                            prefix), prefix):
+  num_layers = num_layers_of(tensors, layout, prefix)
+  for name, release, kind in _modules(layout, num_layers, prefix):
     if name + ".weight" not in tensors:
       continue
     weight = tensors.pop(name + ".weight")
@@ -182,21 +297,24 @@ def to_release(tensors, layout, num_heads, prefix=""):
       raise errors.InputError(f"{name}.weight has no {name}.bias")
     for leaf, value in _to_release(kind, weight, bias, num_heads).items():
       flat[f"{release}/{leaf}"] = value
-  for name, release in LAYOUTS[layout]["leaves"].items():
-    if prefix + name in tensors:
-      flat[release] = tensors.pop(prefix + name)
+  tables = {prefix + name for name in spec.get("table_leaves", ())}
+  for name, release in _leaves(layout, num_layers, prefix):
+    if name in tensors:
+      value = tensors.pop(name)
+      flat[release] = value[None] if name in tables else value
   if tensors:
     unknown = sorted(tensors)
     raise errors.InputError(
-        f"not a plain {layout} ViT: it holds {len(unknown)} tensors that "
-        f"vit_jax's VisionTransformer has no place for: {unknown[:6]}"
-        f"{' ...' if len(unknown) > 6 else ''}")
+        f"not a {layout} ViT that vit_jax reads: it holds {len(unknown)} "
+        f"tensors that vit_jax's VisionTransformer has no place for: "
+        f"{unknown[:6]}{' ...' if len(unknown) > 6 else ''}")
   return flat
 
 
 def from_release(flat, layout, prefix=""):
   """to_release's inverse: the torch state dict of a flat release-layout
   dict. Every key of `flat` must have a place in the layout."""
+  spec = LAYOUTS[layout]
   flat = dict(flat)
   tensors = {}
   num_layers = len({key.split("/")[1] for key in flat
@@ -204,13 +322,16 @@ def from_release(flat, layout, prefix=""):
   for name, release, kind in _modules(layout, num_layers, prefix):
     leaves = {key[len(release) + 1:]: flat.pop(key) for key in list(flat)
               if key.startswith(release + "/") and (
-                  kind != "qkv" or key.split("/")[3] in QKV)}
+                  kind not in FUSED or
+                  key[len(release) + 1:].split("/")[0] in FUSED[kind])}
     if leaves:
       weight, bias = _from_release(kind, leaves)
       tensors[name + ".weight"], tensors[name + ".bias"] = weight, bias
-  for name, release in LAYOUTS[layout]["leaves"].items():
+  tables = {prefix + name for name in spec.get("table_leaves", ())}
+  for name, release in _leaves(layout, num_layers, prefix):
     if release in flat:
-      tensors[prefix + name] = flat.pop(release)
+      value = flat.pop(release)
+      tensors[name] = value[0] if name in tables else value
   if flat:
     raise errors.InputError(
         f"the {layout} layout has no place for {sorted(flat)[:6]}")
