@@ -150,13 +150,13 @@ def with_source(config, recorded=None):
         logging.warning("config.model.%s=%r, but init_from %s computes with "
                         "%r", key, value, config.init_from, source[key])
       elif recorded is None:  # A restart's changes are store.py's to judge.
-        against.append(f"config.model.{key}={value!r} (the source: "
+        against.append(f"config.model.{key}={value!r} (the source's: "
                        f"{source[key]!r})")
   if against:
     raise errors.ConfigError(
-        f"config.init_from={config.init_from!r} fixes what these set "
-        f"otherwise: {'; '.join(against)}. Leave them unset to take the "
-        "source's")
+        f"config.init_from={config.init_from!r} has another architecture "
+        f"than the config sets: {'; '.join(against)}. Leave them unset to "
+        "take the source's")
   return config
 
 
