@@ -9,7 +9,12 @@ with our model checks both the model and the interchange.
 `forward_torch` reads PyTorch state dicts in their own names and layouts
 (HF transformers' ViT, timm's VisionTransformer), written from torch's
 conventions (Linear: x W^T + b; Conv2d weight [out, in, kh, kw]), sharing
-nothing with vit_jax.torch_layouts.
+nothing with vit_jax.torch_layouts. `forward_siglip` (transformers' SigLIP
+and SigLIP 2 image towers), `forward_dinov2` (DINOv2, with or without
+registers) and `forward_timm` (timm's VisionTransformer with register
+tokens, layer scale, query/key norms and attention pooling) read today's
+checkpoints the same way; each matched the real libraries (transformers
+5.23, timm 1.0.31, float64) to float64 rounding when it was written.
 """
 
 import numpy as np
@@ -173,11 +178,11 @@ def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
   if classifier == "token":
     x = x[:, 0]
   elif classifier == "map":
-    # A learned probe attends to every token; a residual MLP follows.
+    # A learned probe attends to the patch tokens; a residual MLP follows.
     head = _sub(flat, "MAPHead_0/")
     probe = np.broadcast_to(head["probe"], (n, 1, x.shape[-1]))
-    y = _attention(probe, _sub(head, "MultiHeadDotProductAttention_0/"), kv=x,
-                   eps=eps)
+    y = _attention(probe, _sub(head, "MultiHeadDotProductAttention_0/"),
+                   kv=x[:, num_prefix:], eps=eps)
     y = y + _mlp(ln(y, _sub(head, "LayerNorm_0/")), _sub(head, "MlpBlock_0/"),
                  gelu)
     x = y[:, 0]
@@ -269,3 +274,221 @@ def forward_torch(tensors, images, layout, num_heads, eps, gelu):
   if names["head"] + ".weight" not in t:
     return x
   return _linear(t, names["head"], x)
+
+
+# Today's PyTorch-world checkpoints, read in their own names: transformers'
+# SigLIP and SigLIP 2 image towers, DINOv2 (with or without registers) and
+# timm's VisionTransformer with its newer options. Written from torch's
+# conventions (Linear: x W^T + b; Conv2d weight [out, in, kh, kw];
+# nn.MultiheadAttention: in_proj_weight [3D, D] = q, k, v stacked) and each
+# library's documented forward; sharing nothing with vit_jax.
+
+
+def _strip(tensors, prefix):
+  """float64 tensors, with `prefix` removed from the keys that have it
+  (the others kept as they are)."""
+  return {k[len(prefix):] if k.startswith(prefix) else k:
+          np.asarray(v, np.float64) for k, v in tensors.items()}
+
+
+def _conv_patches(t, name, images):
+  """[n, N, D]: a Conv2d of stride = kernel over NHWC `images`, the patches
+  in row-major order."""
+  weight = t[name + ".weight"]
+  width, _, p, _ = weight.shape
+  n, h, w, c = images.shape
+  patches = images.reshape(n, h // p, p, w // p, p, c).transpose(
+      0, 1, 3, 2, 4, 5)
+  x = np.einsum("nijabc,dcab->nijd", patches, weight) + t[name + ".bias"]
+  return x.reshape(n, -1, width)
+
+
+def _fused(weight, bias, parts):
+  """The Linears (as functions) stacked in a fused one's rows: timm's qkv
+  and kv, torch.nn.MultiheadAttention's in_proj."""
+  return [lambda a, w=w, b=b: a @ w.T + b
+          for w, b in zip(np.split(weight, parts), np.split(bias, parts))]
+
+
+def _mha(t, q_in, kv_in, num_heads, q, k, v, out, norms=None, eps=1e-6):
+  """Multi-head attention of q_in's tokens to kv_in's, given the names of
+  the q, k, v and output Linears (or, for q/k/v, functions of the input);
+  `norms` (names of the per-head query and key LayerNorms) where the
+  model normalises them."""
+  project = lambda f, x: f(x) if callable(f) else _linear(t, f, x)
+  qs, ks, vs = project(q, q_in), project(k, kv_in), project(v, kv_in)
+  n, width = q_in.shape[0], qs.shape[-1]
+  head_dim = width // num_heads
+  split = lambda a: a.reshape(n, a.shape[1], num_heads, head_dim)
+  qs, ks, vs = split(qs), split(ks), split(vs)
+  if norms:
+    qs = _torch_norm(t, norms[0], qs, eps)
+    ks = _torch_norm(t, norms[1], ks, eps)
+  logits = np.einsum("nqhd,nkhd->nhqk", qs, ks) / np.sqrt(head_dim)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  y = np.einsum("nhqk,nkhd->nqhd", weights, vs).reshape(n, -1, width)
+  return _linear(t, out, y)
+
+
+def _torch_mlp(t, fc1, fc2, x, gelu):
+  return _linear(t, fc2, GELU[gelu](_linear(t, fc1, x)))
+
+
+def _apply_head(x, head):
+  """Logits of pooled features under head = (kernel [D, C], bias), or the
+  features themselves when head is None."""
+  if head is None:
+    return x
+  kernel, bias = head
+  return x @ np.asarray(kernel, np.float64) + np.asarray(bias, np.float64)
+
+
+def forward_siglip(tensors, images, num_heads, eps=1e-6, gelu="tanh",
+                   head=None):
+  """The pooled features of transformers' SiglipVisionModel or
+  Siglip2VisionModel (at its native square grid) for NHWC `images` in the
+  model's input range, float64; logits under `head` = (kernel, bias).
+
+  Keys with or without the hub's "vision_model." prefix; a two-tower file's
+  text_model.*, logit_scale and logit_bias are ignored. SigLIP 2's
+  patch_embedding is a Linear over patches flattened (row in patch, column
+  in patch, channel), as its image processor flattens them. Pooling: the
+  attention-pooling head's probe (MHA(probe, x, x), then y + mlp(ln(y)));
+  with no head.* keys (vision_use_head=False), the mean of the tokens."""
+  t = _strip(tensors, "vision_model.")
+  t = {k: v for k, v in t.items()
+       if not k.startswith("text_model.") and k not in ("logit_scale",
+                                                         "logit_bias")}
+  x = np.asarray(images, np.float64)
+  n, h, w, c = x.shape
+  weight = t["embeddings.patch_embedding.weight"]
+  posemb = t["embeddings.position_embedding.weight"]
+  if weight.ndim == 4:  # SigLIP: a Conv2d.
+    x = _conv_patches(t, "embeddings.patch_embedding", x)
+  else:  # SigLIP 2: a Linear over flattened patches.
+    p = int(round(np.sqrt(weight.shape[1] // c)))
+    side = int(round(np.sqrt(posemb.shape[0])))
+    assert side * side == posemb.shape[0] and (h // p, w // p) == (side, side)
+    patches = x.reshape(n, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+    x = _linear(t, "embeddings.patch_embedding",
+                patches.reshape(n, (h // p) * (w // p), p * p * c))
+  x = x + posemb  # [N, D], in row-major order; no class token.
+  num_layers = len({k.split(".")[2] for k in t
+                    if k.startswith("encoder.layers.")})
+  for i in range(num_layers):
+    b = f"encoder.layers.{i}."
+    y = _torch_norm(t, b + "layer_norm1", x, eps)
+    x = x + _mha(t, y, y, num_heads, *(f"{b}self_attn.{m}_proj"
+                                         for m in ("q", "k", "v", "out")))
+    y = _torch_norm(t, b + "layer_norm2", x, eps)
+    x = x + _torch_mlp(t, b + "mlp.fc1", b + "mlp.fc2", y, gelu)
+  x = _torch_norm(t, "post_layernorm", x, eps)
+  if "head.probe" not in t:
+    return _apply_head(x.mean(axis=1), head)
+  # torch.nn.MultiheadAttention: in_proj_weight holds q, k, v's rows.
+  q, k, v = _fused(t["head.attention.in_proj_weight"],
+                   t["head.attention.in_proj_bias"], 3)
+  probe = np.broadcast_to(t["head.probe"], (n, 1, x.shape[-1]))
+  y = _mha(t, probe, x, num_heads, q, k, v, "head.attention.out_proj")
+  y = y + _torch_mlp(t, "head.mlp.fc1", "head.mlp.fc2",
+                     _torch_norm(t, "head.layernorm", y, eps), gelu)
+  return _apply_head(y[:, 0], head)
+
+
+def forward_dinov2(tensors, images, num_heads, eps=1e-6, gelu="exact",
+                   head=None):
+  """The pooler output of transformers' Dinov2Model or
+  Dinov2WithRegistersModel (layernorm(x)[:, 0]) for NHWC `images` at the
+  checkpoint's resolution, float64; logits under `head` = (kernel, bias).
+  The attention in the hub's names (attention.attention.{query,key,value},
+  attention.output.dense) or transformers 5.23's (attention.{q,k,v,o}_proj)."""
+  t = _strip(tensors, "dinov2.")
+  x = _conv_patches(t, "embeddings.patch_embeddings.projection",
+                    np.asarray(images, np.float64))
+  n, _, width = x.shape
+  x = np.concatenate([np.broadcast_to(t["embeddings.cls_token"],
+                                      (n, 1, width)), x], axis=1)
+  x = x + t["embeddings.position_embeddings"]
+  registers = t.get("embeddings.register_tokens")
+  if registers is not None:  # After the class token, no position embedding.
+    x = np.concatenate([x[:, :1], np.broadcast_to(
+        registers, (n,) + registers.shape[1:]), x[:, 1:]], axis=1)
+  num_layers = len({k.split(".")[2] for k in t
+                    if k.startswith("encoder.layer.")})
+  for i in range(num_layers):
+    b = f"encoder.layer.{i}."
+    if b + "attention.q_proj.weight" in t:  # transformers 5.23's names
+      names = [f"{b}attention.{m}_proj" for m in ("q", "k", "v", "o")]
+    else:
+      names = [f"{b}attention.attention.{m}" for m in ("query", "key",
+                                                       "value")]
+      names.append(b + "attention.output.dense")
+    y = _torch_norm(t, b + "norm1", x, eps)
+    x = x + t[b + "layer_scale1.lambda1"] * _mha(t, y, y, num_heads, *names)
+    y = _torch_norm(t, b + "norm2", x, eps)
+    x = x + t[b + "layer_scale2.lambda1"] * _torch_mlp(
+        t, b + "mlp.fc1", b + "mlp.fc2", y, gelu)
+  x = _torch_norm(t, "layernorm", x, eps)
+  return _apply_head(x[:, 0], head)
+
+
+def forward_timm(tensors, images, num_heads, eps=1e-6, gelu="exact",
+                 global_pool=None):
+  """Logits (or, with no head.weight, the pooled features) of timm's
+  VisionTransformer (1.0) for NHWC `images`, float64, with today's options
+  read from the keys: cls_token and reg_token (the prefix tokens, class
+  token first); pos_embed over prefix and patches, or (no_embed_class)
+  over the patches only, the prefix then getting none; per-head q_norm /
+  k_norm; layer scales ls1.gamma / ls2.gamma; and the pooling:
+  global_pool "map" (attn_pool.*, over the patch tokens only: timm's
+  pool_include_prefix=False), "avg" (the mean of the patch tokens, prefix
+  excluded, then fc_norm where present) or "token" (norm(x)[:, 0]).
+  `global_pool` None reads it from the keys: map with attn_pool, avg with
+  fc_norm or no class token, else token."""
+  t = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
+  x = _conv_patches(t, "patch_embed.proj", np.asarray(images, np.float64))
+  n, num_patches, width = x.shape
+  prefix = [np.broadcast_to(t[name], (n,) + t[name].shape[1:])
+            for name in ("cls_token", "reg_token") if name in t]
+  num_prefix = sum(a.shape[1] for a in prefix)
+  posemb = t["pos_embed"]
+  if posemb.shape[1] == num_patches:  # no_embed_class: add, then concatenate
+    x = np.concatenate(prefix + [x + posemb], axis=1)
+  else:
+    x = np.concatenate(prefix + [x], axis=1) + posemb
+  num_layers = len({k.split(".")[1] for k in t if k.startswith("blocks.")})
+  for i in range(num_layers):
+    b = f"blocks.{i}."
+    ls1, ls2 = (t.get(f"{b}{name}.gamma", 1.0) for name in ("ls1", "ls2"))
+    y = _torch_norm(t, b + "norm1", x, eps)
+    q, k, v = _fused(t[b + "attn.qkv.weight"], t[b + "attn.qkv.bias"], 3)
+    norms = ((b + "attn.q_norm", b + "attn.k_norm")
+             if b + "attn.q_norm.weight" in t else None)
+    x = x + ls1 * _mha(t, y, y, num_heads, q, k, v, b + "attn.proj", norms,
+                       eps)
+    y = _torch_norm(t, b + "norm2", x, eps)
+    x = x + ls2 * _torch_mlp(t, b + "mlp.fc1", b + "mlp.fc2", y, gelu)
+  if "norm.weight" in t:
+    x = _torch_norm(t, "norm", x, eps)
+  if global_pool is None:
+    global_pool = ("map" if "attn_pool.latent" in t else
+                   "avg" if "fc_norm.weight" in t or "cls_token" not in t else
+                   "token")
+  if global_pool == "map":
+    k, v = _fused(t["attn_pool.kv.weight"], t["attn_pool.kv.bias"], 2)
+    latent = np.broadcast_to(t["attn_pool.latent"], (n, 1, width))
+    y = _mha(t, latent, x[:, num_prefix:], num_heads, "attn_pool.q", k, v,
+             "attn_pool.proj")
+    y = y + _torch_mlp(t, "attn_pool.mlp.fc1", "attn_pool.mlp.fc2",
+                       _torch_norm(t, "attn_pool.norm", y, eps), gelu)
+    x = y[:, 0]
+  elif global_pool == "avg":
+    x = x[:, num_prefix:].mean(axis=1)
+  else:
+    x = x[:, 0]
+  if "fc_norm.weight" in t:
+    x = _torch_norm(t, "fc_norm", x, eps)
+  if "head.weight" not in t:
+    return x
+  return _linear(t, "head", x)

@@ -62,8 +62,8 @@ def hf_shapes(classifier=True, pooler=False, width=WIDTH):
   return shapes
 
 
-# transformers 5.23 saves the blocks under these names (its own loader
-# renames the hub's to them).
+# transformers 5.23's modules have these names, which a state_dict saved
+# directly keeps (its save_pretrained writes the hub's).
 HF5_NAMES = {
     "encoder.layer.": "layers.",
     "attention.attention.query": "attention.q_proj",

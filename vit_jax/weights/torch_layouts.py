@@ -2,7 +2,8 @@
 
 The layouts: Hugging Face transformers' `ViTModel` /
 `ViTForImageClassification` as the hub's files name them ("hf", which
-transformers 4 and 5 both load), as transformers 5.23 saves them ("hf5");
+transformers 4 and 5 both load and save), as transformers 5.23's
+modules name them in a state_dict saved directly ("hf5");
 timm's `VisionTransformer` ("timm", with its layer scale, query/key norms,
 register token and attention pooling); and, read only, transformers'
 SigLIP and SigLIP 2 vision towers ("siglip", "siglip2") and DINOv2, with or
@@ -132,8 +133,8 @@ SIGLIP_LEAVES = {"embeddings.position_embedding.weight": POSEMB_KEY,
 SIGLIP2_TOP = {**SIGLIP_TOP,
                "embeddings.patch_embedding": ("embedding", "patches")}
 
-# transformers' DINOv2: the hub's names; transformers 5.23 saves the
-# attention as `attention.{q,k,v,o}_proj` (DINOV2_RENAMED).
+# transformers' DINOv2: the hub's names; transformers 5.23's modules name
+# the attention `attention.{q,k,v,o}_proj` (DINOV2_RENAMED).
 DINOV2_BLOCK = {
     "attention.attention.query": (ATTENTION + "/query", "heads_in"),
     "attention.attention.key": (ATTENTION + "/key", "heads_in"),
