@@ -414,11 +414,15 @@ def digits_sources(tmp_path):
       dinov2_config(REGISTERS, side=DIGITS_SIDE))
   _, timm = timm_file(tmp_path, TIMM_CASES["map, registers, layer scale"][0],
                       side=DIGITS_SIDE, seed=3)
-  return {"siglip": hf_siglip, "dinov2 with registers": hf_dinov2,
+  hf_siglip2 = write_hf_dir(tmp_path / "siglip2", *siglip_tensors(
+      True, "hub", side=DIGITS_SIDE, seed=4))
+  return {"siglip": hf_siglip, "siglip2": hf_siglip2,
+          "dinov2 with registers": hf_dinov2,
           "timm map, registers, layer scale": timm}
 
 
-@pytest.mark.parametrize("source", ["siglip", "dinov2 with registers",
+@pytest.mark.parametrize("source", ["siglip", "siglip2",
+                                    "dinov2 with registers",
                                     "timm map, registers, layer scale"])
 def test_todays_sources_fine_tune_on_digits_with_no_other_flag(
     digits_data_dir, tmp_path, source):
