@@ -15,8 +15,8 @@ from vit_jax.data import pipeline, sources
 from vit_jax.runs import checkpoints as checkpoints_lib
 from vit_jax.training import step as step_lib
 from vit_jax.weights import adaptation, npz as npz_lib, pretrained
-from tests.util import (REPO, SMALL, as_siglip_tower, assert_trees_equal,
-                        latest_checkpoint, metric_rows, run_training,
+from tests.util import (REPO, SMALL, assert_trees_equal,
+                        latest_checkpoint, run_training,
                         small_config)
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
@@ -282,30 +282,3 @@ def test_init_from_with_polyak_trains(digits_data_dir, pretrained_run,
   assert result["test_accuracy"] >= 0
   step, _, _ = latest_checkpoint(str(tmp_path), config)
   assert step == 3
-
-
-def test_a_siglip_image_tower_fine_tunes_on_digits(digits_data_dir, tmp_path):
-  """A SigLIP-layout .npz (the image tower of a two-tower file, big_vision
-  names, attention pooling, no class token) shaped like the digits model:
-  init_from takes all of it but the head, and training learns from it."""
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
-  overrides = {"model.classifier": "map", "model.dropout_rate": 0.0}
-  config = small_config(digits_data_dir, **overrides)
-  model = models.create_from_config(config.model, 4)
-  params = flat(flax.linen.meta.unbox(model.init(
-      jax.random.key(1), np.zeros((1, 8, 8, 3)), train=False)["params"]))
-  tower = as_siglip_tower(params)
-  path = str(tmp_path / "siglip.npz")
-  np.savez(path, **tower, **{"params/t": np.ones(1, np.float32)})
-
-  config = small_config(digits_data_dir, init_from=path, total_steps=30,
-                        log_every=1, **overrides)
-  state, _ = start_of(config)
-  for key, value in flat(state.params).items():
-    if not key.startswith("head/"):
-      np.testing.assert_array_equal(value, params[key], err_msg=key)
-  workdir = str(tmp_path / "run")
-  run_training(config, workdir)
-  losses = [row["train_loss"] for row in metric_rows(workdir)
-            if "train_loss" in row]
-  assert np.mean(losses[-5:]) < losses[0] - 0.2

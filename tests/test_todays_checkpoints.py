@@ -24,7 +24,8 @@ from tests.test_finetune import flat, start_of
 from tests.test_torch_interchange import (CLASSES, HEADS, LAYERS, MLP, PATCH,
                                           SIDE, WIDTH, images, logits_of,
                                           random_tensors, write_hf_dir)
-from tests.util import metric_rows, run_training, small_config
+from tests.util import (as_siglip_tower, metric_rows, run_training,
+                        small_config)
 
 # The digits model's side and patch (configs/digits.py), for the fine-tunes.
 DIGITS_SIDE = 8
@@ -416,12 +417,16 @@ def digits_sources(tmp_path):
                       side=DIGITS_SIDE, seed=3)
   hf_siglip2 = write_hf_dir(tmp_path / "siglip2", *siglip_tensors(
       True, "hub", side=DIGITS_SIDE, seed=4))
-  return {"siglip": hf_siglip, "siglip2": hf_siglip2,
+  # big_vision's two-tower .npz, its image tower under params/img/.
+  npz = str(tmp_path / "siglip.npz")
+  np.savez(npz, **as_siglip_tower(flat(pretrained.load(hf_siglip).params)),
+           **{"params/t": np.ones(1, np.float32)})
+  return {"siglip": hf_siglip, "siglip .npz": npz, "siglip2": hf_siglip2,
           "dinov2 with registers": hf_dinov2,
           "timm map, registers, layer scale": timm}
 
 
-@pytest.mark.parametrize("source", ["siglip", "siglip2",
+@pytest.mark.parametrize("source", ["siglip", "siglip .npz", "siglip2",
                                     "dinov2 with registers",
                                     "timm map, registers, layer scale"])
 def test_todays_sources_fine_tune_on_digits_with_no_other_flag(
