@@ -225,6 +225,24 @@ def with_head(loaded):
   return model, params
 
 
+def check_headless(source, tensors, forward, eps, gelu):
+  """Loads a headless HF `source` built from `tensors`: it computes with
+  `eps` and `gelu`, is refused for inference, and given random_head()
+  matches the reference `forward`. Returns (its Checkpoint, model, params).
+  """
+  loaded = pretrained.load(source)
+  assert (loaded.function["layer_norm_epsilon"], loaded.function["gelu"]) == (
+      eps, gelu)
+  with pytest.raises(errors.InputError, match="no classification head"):
+    pretrained.for_inference(source)
+  model, params = with_head(loaded)
+  x = images()
+  head = random_head()
+  check_logits(logits_of((model, params), x), forward(
+      tensors, x, HEADS, eps, gelu, head=(head["kernel"], head["bias"])))
+  return loaded, model, params
+
+
 def check_logits(ours, expected):
   assert np.abs(expected).max() > 1  # Logits that say something.
   np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
@@ -246,21 +264,11 @@ def siglip_tensors(siglip2, names, side=SIDE, seed=0):
 def test_a_siglip_image_tower_computes_its_features(tmp_path, family, names):
   tensors, config = siglip_tensors(family == "siglip2", names)
   source = write_hf_dir(tmp_path / "hf", tensors, config)
-  loaded = pretrained.load(source)
-  assert (loaded.function["layer_norm_epsilon"], loaded.function["gelu"]) == (
-      1e-6, "tanh")
+  loaded, model, _ = check_headless(source, tensors,
+                                    reference_vit.forward_siglip, 1e-6, "tanh")
   assert "cls" not in loaded.params and "MAPHead_0" in loaded.params
-  with pytest.raises(errors.InputError, match="no classification head"):
-    pretrained.for_inference(source)
-  model, params = with_head(loaded)
   assert (model.classifier, model.num_registers, model.layer_scale,
           model.qk_norm, model.num_heads) == ("map", 0, None, False, HEADS)
-
-  x = images()
-  head = random_head()
-  expected = reference_vit.forward_siglip(tensors, x, HEADS, 1e-6, "tanh",
-                                          head=(head["kernel"], head["bias"]))
-  check_logits(logits_of((model, params), x), expected)
 
 
 def test_a_siglip2_tower_of_no_square_grid_is_refused(tmp_path):
@@ -279,12 +287,8 @@ def test_a_siglip2_tower_of_no_square_grid_is_refused(tmp_path):
 def test_a_dinov2_computes_its_pooled_output(tmp_path, registers, names):
   tensors = random_tensors(dinov2_shapes(registers, names))
   source = write_hf_dir(tmp_path / "hf", tensors, dinov2_config(registers))
-  loaded = pretrained.load(source)
-  assert (loaded.function["layer_norm_epsilon"], loaded.function["gelu"]) == (
-      1e-6, "exact")
-  with pytest.raises(errors.InputError, match="no classification head"):
-    pretrained.for_inference(source)
-  model, params = with_head(loaded)
+  _, model, params = check_headless(
+      source, tensors, reference_vit.forward_dinov2, 1e-6, "exact")
   assert (model.classifier, model.num_registers, model.qk_norm) == (
       "token", registers, False)
   assert model.layer_scale is not None
@@ -292,12 +296,6 @@ def test_a_dinov2_computes_its_pooled_output(tmp_path, registers, names):
   np.testing.assert_array_equal(
       flat(params)[block + "ls2"],
       tensors["encoder.layer.1.layer_scale2.lambda1"])
-
-  x = images()
-  head = random_head()
-  expected = reference_vit.forward_dinov2(tensors, x, HEADS, 1e-6, "exact",
-                                          head=(head["kernel"], head["bias"]))
-  check_logits(logits_of((model, params), x), expected)
 
 
 def test_dinov2s_we_cannot_compute_are_refused_by_name(tmp_path):
