@@ -1,8 +1,6 @@
 """Every second of a run's wall time in one bucket (training/goodput.py),
 across restarts: SIGTERM twice, and kill -9 with steps redone."""
 
-import json
-import os
 import signal
 import time
 
@@ -10,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax.runs import checkpoints
+from vit_jax.runs.workdir import Workdir
 from vit_jax.training import goodput
 from tests.util import (finish, latest_checkpoint, main_flags, metric_rows,
                         small_config, start_main, wait_for_step)
@@ -63,8 +61,7 @@ def timed_run(args, stop_at=None, how=signal.SIGTERM, workdir=None):
   if stop_at is not None:
     wait_for_step(workdir, stop_at, process)
     saved = stop_at // RUN["checkpoint_every"] * RUN["checkpoint_every"]
-    while saved and saved not in checkpoints.complete_steps(
-        os.path.join(workdir, checkpoints.SUBDIR)):
+    while saved and saved not in Workdir(workdir).checkpoint_steps():
       time.sleep(0.01)
     process.send_signal(how)
   code, stdout, stderr = finish(process)
@@ -74,8 +71,7 @@ def timed_run(args, stop_at=None, how=signal.SIGTERM, workdir=None):
 
 
 def record(workdir):
-  with open(os.path.join(workdir, goodput.RECORD_FILE)) as f:
-    return json.load(f)
+  return Workdir(workdir).read_time()
 
 
 def test_sigterm_twice_buckets_add_up_to_the_wall_time(digits_data_dir,

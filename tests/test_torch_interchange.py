@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from vit_jax import errors, models
-from vit_jax.runs import store as workdir_lib
+from vit_jax.runs.workdir import Workdir
 from vit_jax.weights import adaptation, exports, npz as npz_lib, pretrained
 from tests import reference_vit
 from tests.test_finetune import POSEMB, flat, start_of
@@ -382,7 +382,7 @@ def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
       digits_data_dir, init_from=source, total_steps=2, log_every=1,
       checkpoint_every=2, **{"evaluators.test.every": 0,
                              "optimizer.warmup_steps": 1}), workdir)
-  recorded = workdir_lib.read_config(workdir).model
+  recorded = Workdir(workdir).read_config().model
   assert (recorded.layer_norm_epsilon, recorded.gelu,
           recorded.final_norm) == (1e-12, "exact", "tokens")
   inference = pretrained.for_inference(workdir)

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from vit_jax import errors, run as run_lib
-from vit_jax.runs import store as workdir_lib, writers
+from vit_jax import errors, paths, run as run_lib
+from vit_jax.runs import store, writers
+from vit_jax.runs.workdir import Workdir
 from tests.util import (finish, latest_checkpoint, main_flags, run_training,
                         small_config, start_main)
 
@@ -96,7 +97,7 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
   config = small_config(digits_data_dir)
   resolved = run_lib.resolve(config, workdir).config
   assert resolved.input_shares == 16  # 1,437 examples: 16 shares of 89.
-  workdir_lib.record(resolved, workdir, {})
+  store.record(resolved, Workdir(workdir), {})
 
   other = small_config(digits_data_dir, input_shares=8)
   with pytest.raises(errors.ConfigError, match="input_shares: 16 -> 8"):
@@ -115,26 +116,35 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
 
 
 class _FillsUp(io.FileIO):
-  """A file on a disk with room for 5 more bytes."""
+  """A file on a disk with room for `room` more bytes."""
+  room = 5
 
   def write(self, data):
-    if self.tell() >= self._full_at:
+    fits = bytes(data)[:max(0, self.room - self.tell())]
+    super().write(fits)
+    if len(fits) < len(data):  # What a buffered file raises in the end.
       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    return super().write(bytes(data)[:self._full_at - self.tell()])
+    return len(data)
 
 
-def test_a_row_that_does_not_fit_leaves_nothing_of_itself(tmp_path):
-  path = tmp_path / "metrics.jsonl"
-  path.write_bytes(b'{"step": 1}\n')
-  with _FillsUp(path, "ab") as f:
-    f._full_at = len(path.read_bytes()) + 5  # pylint: disable=protected-access
-    try:
-      writers.append_line(f, '{"step": 2, "train_loss": 0.5}')
-    except OSError as e:
-      assert e.errno == errno.ENOSPC
-    else:
-      raise AssertionError("the write should have failed")
-  assert path.read_bytes() == b'{"step": 1}\n'
-  with open(path, "ab", buffering=0) as f:
-    writers.append_line(f, '{"step": 2}')
-  assert path.read_bytes() == b'{"step": 1}\n{"step": 2}\n'
+def test_metrics_that_do_not_fit_leave_the_file_as_it_was(tmp_path,
+                                                          monkeypatch):
+  workdir = Workdir(tmp_path)
+  (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n')
+  writer = writers.JsonlWriter(workdir, resume_step=1)
+  # Every file the path layer writes goes through its own open().
+  monkeypatch.setattr(paths, "open", lambda name, mode: _FillsUp(name, mode),
+                      raising=False)
+  with pytest.raises(OSError, match="No space left"):
+    writer.write_scalars(2, {"train_loss": 0.5})
+  assert (tmp_path / "metrics.jsonl").read_bytes() == b'{"step": 1}\n'
+  assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl"]  # No temporary.
+  monkeypatch.undo()
+  writer.flush()  # Once there is room, every row is written.
+  assert (tmp_path / "metrics.jsonl").read_bytes() == (
+      b'{"step": 1}\n{"step": 2, "train_loss": 0.5}\n')
+  # A resumed run drops the rows after its step, and a line cut short.
+  (tmp_path / "metrics.jsonl").write_bytes(
+      b'{"step": 1}\n{"step": 2, "train_loss": 0.5}\n{"step": 3, "tr')
+  writers.JsonlWriter(workdir, resume_step=1)
+  assert (tmp_path / "metrics.jsonl").read_bytes() == b'{"step": 1}\n'

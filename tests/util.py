@@ -142,24 +142,24 @@ def main_flags(workdir, data_dir, **overrides):
           + [f"--config.{key}={value}" for key, value in values.items()])
 
 
-def start_main(args, devices=8):
+def start_main(args, devices=8, cwd=REPO):
   """`python -m vit_jax.main ARGS` in a process of its own, with `devices`
-  emulated devices and the session's other XLA flags."""
+  emulated devices and the session's other XLA flags, run in `cwd`."""
   others = re.sub(r"--xla_force_host_platform_device_count=\d+", "",
                   os.environ.get("XLA_FLAGS", ""))
   env = dict(os.environ, XLA_FLAGS=f"{others} "
              f"--xla_force_host_platform_device_count={devices}".strip())
   return subprocess.Popen([sys.executable, "-m", "vit_jax.main", *args],
-                          cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          cwd=cwd, env=dict(env, PYTHONPATH=REPO), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
 
 
-def start_pod(num_processes, devices, args):
-  """launch/local_pod.sh with this interpreter."""
-  env = dict(os.environ, PYTHON=sys.executable)
+def start_pod(num_processes, devices, args, cwd=REPO):
+  """launch/local_pod.sh with this interpreter, run in `cwd`."""
+  env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=REPO)
   return subprocess.Popen(
       [os.path.join(REPO, "launch", "local_pod.sh"), str(num_processes),
-       str(devices), "--", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
+       str(devices), "--", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -184,11 +184,9 @@ def finish(process, timeout=300):
 
 
 def metric_rows(workdir):
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.endswith("\n")]
+  """The rows of a run's metrics.jsonl, local or gs:// ([] before any)."""
+  from vit_jax.runs import writers
+  return writers.read_rows(workdir)
 
 
 def logged(workdir, key="train_loss"):
@@ -213,11 +211,12 @@ def wait_for_step(workdir, step, process, timeout=300):
 def latest_checkpoint(workdir, config):
   """(step, params, progress) of the newest checkpoint in `workdir`."""
   from vit_jax.runs import checkpoints as checkpoints_lib
+  from vit_jax.runs.workdir import Workdir
   from vit_jax import sharding
   from vit_jax.training import step as step_lib
   mesh = sharding.make_mesh(config.mesh)
   program = step_lib.build(config, mesh, num_classes=10)
-  manager = checkpoints_lib.manager(os.path.join(workdir, "checkpoints"), 3)
+  manager = Workdir(workdir).checkpoint_manager(3)
   state, progress = checkpoints_lib.restore_newest_whole(manager,
                                                    program.state_shapes)
   return int(state.step), jax.device_get(state.params), progress

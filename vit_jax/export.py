@@ -25,11 +25,9 @@ if __name__ == "__main__":
   from vit_jax import cli
   cli.prepare()
 
-import os  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags, logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from absl import flags, logging
-
-from vit_jax import cli, cli_flags
+from vit_jax import cli, cli_flags, paths
 from vit_jax.weights import exports, pretrained
 
 cli_flags.define_model_source("export", verb_from="convert")
@@ -62,7 +60,7 @@ def main(argv):
   for warning in exports.function_warnings(loaded, f.format):
     logging.warning(warning)
   how = exports.write(loaded, f.format, f.out, f.labels)
-  print(f"wrote {os.path.abspath(f.out)} ({f.format}) from {loaded.what}")
+  print(f"wrote {paths.shown(f.out)} ({f.format}) from {loaded.what}")
   if how:
     print(how)
 

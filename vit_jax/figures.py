@@ -29,13 +29,12 @@ if __name__ == "__main__":
   from vit_jax import cli
   cli.prepare()
 
-import os  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from absl import flags
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from vit_jax import cli, cli_flags
 from vit_jax.analysis import attention as attention_lib
 from vit_jax.data import image_files
+from vit_jax.runs import workdir
 
 cli_flags.define_model_source("inspect")
 cli_flags.define_images()
@@ -59,7 +58,7 @@ def main(argv):
   samples = attention_lib.sample_images(inference, f.images + argv[1:],
                                    f.num_images, dataset, f.split, data_dir)
   names = image_files.name_classes(f.labels, dataset, data_dir)
-  out = f.out or os.path.join(f.workdir, "figures")
+  out = f.out or workdir.Workdir(f.workdir).figures
   for written in attention_lib.write_all(inference, out, samples, names,
                                     f.rollout_images, f.workdir):
     print(f"wrote {written}")

@@ -11,9 +11,7 @@ if __name__ == "__main__":
   from vit_jax import cli
   cli.prepare()
 
-import os  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-import jax
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags, logging
 
 from vit_jax import cli, cli_flags, run
@@ -25,15 +23,15 @@ cli_flags.define_training()
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   cli_flags.prepare_to_train()
-  workdir = flags.FLAGS.workdir
-  result = loop.train_and_evaluate(run.resolve(flags.FLAGS.config, workdir),
-                                   started=goodput.process_start())
+  resolved = run.resolve(flags.FLAGS.config, flags.FLAGS.workdir)
+  workdir = resolved.workdir
+  result = loop.train_and_evaluate(resolved, started=goodput.process_start())
   logging.info("final metrics: %s", result)
   if jax.process_index() > 0:
     return
   if "stopped_at_step" in result:
     print(f"stopped at step {result['stopped_at_step']}: checkpoint saved in "
-          f"{os.path.abspath(workdir)}; run the same command to resume")
+          f"{workdir}; run the same command to resume")
     return
   # What the evaluators measured last: their names prefix their metrics.
   prefixes = tuple(f"{name}{sep}" for name in flags.FLAGS.config.evaluators
@@ -43,8 +41,7 @@ def main(argv):
                                 if key.startswith(prefixes)})
   print(" | ".join([*scores, f"core_days {result['core_days']:.6f} "
                     f"({goodput.describe(result['time'])})",
-                    f"TensorBoard: tensorboard --logdir "
-                    f"{os.path.abspath(workdir)}"]))
+                    f"TensorBoard: {workdir.tensorboard_command()}"]))
 
 
 if __name__ == "__main__":

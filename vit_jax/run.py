@@ -3,8 +3,8 @@
 `resolve(config, workdir)` is where a training run is put together, before
 anything is compiled or written:
 
-  1. the run the workdir already holds, if any (its config.json, read
-     through the run store, vit_jax/runs/store.py: nothing else reads it);
+  1. the workdir (vit_jax/runs/workdir.py, local or gs://) and the run it
+     already holds, if any (its config.json);
   2. the model's function options (LayerNorm epsilon, GELU, final norm):
      as the run recorded them, else its init_from's, else the release's
      (weights/pretrained.py, `with_source`);
@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 
 from vit_jax import errors, models, sharding
 from vit_jax.data import preprocess, shares, sources
-from vit_jax.runs import store
+from vit_jax.runs import store, workdir as workdir_lib
 from vit_jax.training import evaluators, optimizer, targets
 from vit_jax.weights import pretrained
 
@@ -41,7 +41,7 @@ class Run:
   """What every part of a training run is told."""
   config: ml_collections.ConfigDict  # checked; function options and
   #                                     input_shares filled in
-  workdir: str
+  workdir: workdir_lib.Workdir
   mesh: Mesh
   sources: sources.Sources  # its datasets, each looked up once
   changes: dict  # {key: (recorded, new)} that a restart may make
@@ -57,8 +57,10 @@ class Run:
 
 
 def resolve(config, workdir, devices=None):
-  """The Run of `config` in `workdir` over `devices` (default: all)."""
-  recorded = store.read_config(workdir) if store.has_run(workdir) else None
+  """The Run of `config` in `workdir` (a path or URL) over `devices`
+  (default: all)."""
+  workdir = workdir_lib.Workdir(workdir)
+  recorded = workdir.read_config() if workdir.has_run() else None
   config = pretrained.with_source(config, recorded)  # The run's own copy.
   mesh = resolve_program(config, devices)
   data = sources.Sources(config.dataset, config.data_dir)

@@ -18,11 +18,9 @@ if __name__ == "__main__":
   from vit_jax import cli
   cli.prepare()
 
-import os  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from absl import flags
-
-from vit_jax import cli, cli_flags, vtab_suite
+from vit_jax import cli, cli_flags, paths, vtab_suite
 from vit_jax.data import vtab_tasks as registry
 
 cli_flags.define_training()
@@ -45,7 +43,7 @@ def main(argv):
     return
   vtab_suite.write(summary, f.workdir)
   print(vtab_suite.markdown(summary))
-  print(f"written to {os.path.join(os.path.abspath(f.workdir), 'vtab.md')} "
+  print(f"written to {paths.shown(paths.join(f.workdir, 'vtab.md'))} "
         "and vtab.json")
 
 

@@ -9,12 +9,11 @@ over all 19. `python -m vit_jax.vtab` is the command line.
 """
 
 import json
-import os
 
 import jax
 from absl import logging
 
-from vit_jax import run as run_lib
+from vit_jax import paths, run as run_lib
 from vit_jax.data import vtab_tasks as registry
 from vit_jax.training import loop
 
@@ -32,7 +31,7 @@ def run(config, workdir, tasks, val=False):
     logging.warning("VTAB task %s (%s)", task.name, task.title)
     result = loop.train_and_evaluate(run_lib.resolve(
         registry.task_config(config, task, val),
-        os.path.join(workdir, task.name)))
+        paths.join(workdir, task.name)))
     if "stopped_at_step" in result:
       return None  # Preempted: the same command resumes this task.
     accuracies[task.name] = result[("val" if val else "test") + "_accuracy"]
@@ -76,10 +75,9 @@ def markdown(summary):
 
 
 def write(summary, workdir):
-  """DIR/vtab.md and DIR/vtab.json (process 0 only)."""
+  """DIR/vtab.md and DIR/vtab.json (process 0 only), each replaced whole."""
   if jax.process_index() > 0:
     return
-  with open(os.path.join(workdir, "vtab.json"), "w") as f:
-    json.dump(summary, f, indent=2)
-  with open(os.path.join(workdir, "vtab.md"), "w") as f:
-    f.write(markdown(summary))
+  paths.write_atomically(paths.join(workdir, "vtab.json"),
+                         json.dumps(summary, indent=2))
+  paths.write_atomically(paths.join(workdir, "vtab.md"), markdown(summary))

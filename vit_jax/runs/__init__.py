@@ -1,7 +1,8 @@
 """The runs wing: what a workdir holds.
 
-store.py is its recorded config (config.json, the only module that reads or
-writes it) and the guard against a changed one; checkpoints.py the orbax
-train state; writers.py metrics.jsonl and TensorBoard; storage.py what a
-failing disk or bucket turns into.
+workdir.py is the workdir (local or gs://): its layout and every file in
+it, the only module that joins its path with a file name; store.py judges a
+restart's config against the recorded one; checkpoints.py the orbax train
+state; writers.py metrics.jsonl and TensorBoard; lock.py the one writer;
+storage.py what a failing disk or bucket turns into.
 """

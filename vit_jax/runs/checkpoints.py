@@ -7,7 +7,6 @@ failure of the storage under it stops the run with one message.
 """
 
 import functools
-import os
 
 import jax
 import numpy as np
@@ -16,12 +15,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax import errors
+from vit_jax import errors, paths
 from vit_jax.runs import fingerprints, storage
-
-
-# Where a run keeps its orbax checkpoints, under its workdir.
-SUBDIR = "checkpoints"
 
 
 # Orbax splits the writing of a replicated array among its replicas. For a
@@ -59,7 +54,36 @@ def manager(directory, keep, read_only=False):
   else:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            cleanup_tmp_directories=True)
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+  # Orbax wants a local folder absolute; a gs:// one stays as it is.
+  return ocp.CheckpointManager(paths.shown(directory), options=options)
+
+
+def params_reader(directory):
+  """A manager that writes nothing and reads parts of a state
+  (`restore_params`), to take a run's params without its optimizer's."""
+  return ocp.CheckpointManager(
+      paths.shown(directory),
+      item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                     "progress": ocp.JsonCheckpointHandler()},
+      options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+
+
+def restore_params(reader, step):
+  """(params, "Polyak average" or "params") of `step`, read by
+  `params_reader` as numpy on the host: the Polyak average when the run
+  kept one, else its params."""
+  saved = reader.item_metadata(step)["state"].tree
+  name = "polyak" if saved.get("polyak") else "params"
+  shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
+                        saved[name])
+  # As numpy: the saved sharding belongs to another mesh.
+  restored = reader.restore(step, args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(
+          item={name: shapes}, partial_restore=True,
+          restore_args={name: jax.tree.map(
+              lambda _: ocp.RestoreArgs(restore_type=np.ndarray), shapes)})))
+  return restored.state[name], ("Polyak average" if name == "polyak"
+                                else "params")
 
 
 def save(checkpoints, step, state, progress):

@@ -19,7 +19,7 @@ import jax
 from etils import epath
 from jax.experimental import multihost_utils
 
-from vit_jax import errors
+from vit_jax import errors, paths
 
 LOCK_FILE = "lock.json"
 LEASE_SECONDS = 600
@@ -76,7 +76,7 @@ class WorkdirLock:
   def _create(self, replace):
     """Writes our lock; False when another process wrote one first."""
     text = json.dumps({**self._me, "renewed": time.time()})
-    if not replace and _is_local(self._path):
+    if not replace and not paths.is_url(self._path):
       try:  # Exclusive creation: of two runs starting at once, one wins.
         with open(self._path, "x") as f:
           f.write(text)
@@ -115,10 +115,6 @@ class WorkdirLock:
         temporary = self._path.parent / f"{LOCK_FILE}.{os.getpid()}.tmp"
         temporary.write_text(json.dumps({**self._me, "renewed": time.time()}))
         temporary.replace(self._path)
-
-
-def _is_local(path):
-  return "://" not in os.fspath(path)
 
 
 def _process_exists(pid):

@@ -4,7 +4,6 @@ tensorstore and TensorFlow first).
 
 A run that cannot write its checkpoints or metrics stops with one message
 naming the cause (`stops_on_failure`); any other error keeps its traceback.
-`write_atomically` replaces a small file whole.
 """
 
 import contextlib
@@ -60,11 +59,3 @@ def stops_on_failure(what, then=lambda: ""):
         f"could not {what}: {cause}. Stopped{'; ' + kept if kept else ''}. "
         "Free space (or fix access) and run the same command to resume."
     ) from e
-
-
-def write_atomically(path, text):
-  """Replaces the file at `path` with `text`: a reader (another process of
-  a pod) or a crash sees the old file or the new one, never a part."""
-  with open(path + ".tmp", "w") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)

@@ -1,7 +1,7 @@
 """A workdir guards its run: a restart must use the config it was started with.
 
-`config.json` in the workdir is the config of the run, and this is the one
-module that reads or writes it. A restart with a config that differs in
+`config.json` in the workdir (read and written by runs/workdir.py) is the
+config of the run. A restart with a config that differs in
 anything but CHANGEABLE_KEYS is refused (`differences_allowed`, called by
 vit_jax/run.py) before anything in the workdir is written; allowed changes
 are appended to `config_changes.jsonl` and `config.json` is updated
@@ -11,18 +11,12 @@ are appended to `config_changes.jsonl` and `config.json` is updated
 import fnmatch
 import json
 import math
-import os
 import time
 
 import jax
-import ml_collections
 from absl import logging
 
 from vit_jax import errors, sharding
-from vit_jax.runs import storage, writers
-
-CONFIG_FILE = "config.json"
-CHANGES_FILE = "config_changes.jsonl"
 
 # What may change between restarts of one run: how often it reports and
 # saves, how long it runs (extending a run), where its data is stored, what
@@ -65,38 +59,23 @@ def differences_allowed(config, recorded, workdir):
   return changes
 
 
-def has_run(workdir):
-  return os.path.exists(os.path.join(workdir, CONFIG_FILE))
-
-
-def read_config(workdir):
-  """The config of the run in `workdir`, as it was recorded."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    raise errors.InputError(f"{workdir} holds no run: it has no {CONFIG_FILE}")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
-
-
 def changeable(key):
   return any(fnmatch.fnmatchcase(key, pattern) for pattern in CHANGEABLE_KEYS)
 
 
 def record(config, workdir, changes):
-  """Writes `config` as the run's config.json, logging `changes` (from
-  `differences_allowed`) to config_changes.jsonl. Only process 0 writes."""
+  """Writes `config` as the run's config.json in `workdir` (a Workdir),
+  logging `changes` (from `differences_allowed`) to config_changes.jsonl.
+  Only process 0 writes."""
   if jax.process_index() > 0:
     return
-  os.makedirs(workdir, exist_ok=True)
   if changes:
     logging.warning("Config changes on restart of %s:\n%s", workdir,
                     _describe(changes))
-    with open(os.path.join(workdir, CHANGES_FILE), "ab", buffering=0) as f:
-      writers.append_line(f, json.dumps({"time": time.time(), "changes": {
-          key: {"old": old, "new": new} for key, (old, new) in
-          changes.items()}}))
-  storage.write_atomically(os.path.join(workdir, CONFIG_FILE),
-                    json.dumps(_as_json(config), indent=2))
+    workdir.add_change({"time": time.time(), "changes": {
+        key: {"old": old, "new": new} for key, (old, new) in
+        changes.items()}})
+  workdir.write_config(_as_json(config))
 
 
 def devices_change(saved_mesh, mesh):
@@ -133,7 +112,7 @@ def differences(old, new):
 def refusal(workdir, refused):
   return (
       f"{workdir} holds a run with another config; refusing to change it "
-      f"({CONFIG_FILE} and the checkpoints are left as they were):\n"
+      f"(config.json and the checkpoints are left as they were):\n"
       f"{_describe(refused)}\n"
       f"Only {', '.join(CHANGEABLE_KEYS)} may change when a run is "
       "restarted; use a new --workdir for a new experiment.")

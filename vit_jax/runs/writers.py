@@ -3,28 +3,43 @@
 `metrics.jsonl` holds one JSON object per write, `{"step": n, name: value}`,
 at most one value per step and metric: a resumed run first drops the rows
 that the interrupted run wrote after the step it resumes from.
+
+Cloud Storage cannot append to an object, so the writer keeps the file's
+rows and replaces the whole file at each row, locally and on GCS alike: a
+reader (`read_rows`, a user's `tail`) sees every row as soon as it is
+written, and a crash leaves the file as it was before the row. Each write
+costs the whole file, a few hundred bytes a row (docs/runs.md, "Workdirs on
+Cloud Storage").
 """
 
 import json
-import os
 
 import jax
 from clu import metric_writers
 
 from vit_jax.runs import storage
-
-METRICS_FILE = "metrics.jsonl"
+from vit_jax.runs.workdir import Workdir
 
 
 class JsonlWriter(metric_writers.interface.MetricWriter):
-  """Appends `{"step": n, name: value, ...}` lines to a file."""
+  """Adds `{"step": n, name: value, ...}` rows to a workdir's metrics.jsonl,
+  dropping first the rows after `resume_step` (None: keeps them all)."""
 
-  def __init__(self, path):
-    self._file = open(path, "ab", buffering=0)  # pylint: disable=consider-using-with
+  def __init__(self, workdir, resume_step=None):
+    self._workdir = workdir
+    stored = workdir.metrics_lines()
+    # A line cut short by a crash (of an older, appending run) goes too.
+    self._lines = [line for line in stored
+                   if _step(line) is not None and (
+                       resume_step is None or _step(line) <= resume_step)]
+    self._dirty = len(self._lines) < len(stored)
+    self.flush()
 
   def write_scalars(self, step, scalars):
     row = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
-    append_line(self._file, json.dumps(row))
+    self._lines.append(json.dumps(row) + "\n")
+    self._dirty = True
+    self.flush()
 
   def write_summaries(self, step, values, metadata=None): pass
   def write_images(self, step, images): pass
@@ -33,35 +48,29 @@ class JsonlWriter(metric_writers.interface.MetricWriter):
   def write_texts(self, step, texts): pass
   def write_histograms(self, step, arrays, num_buckets=None): pass
   def write_hparams(self, hparams): pass
-  def flush(self): pass  # Unbuffered: each row is written when it comes.
-  def close(self): self._file.close()
 
+  def flush(self):
+    """Replaces the file with the rows so far (when any are new); after a
+    failed write, the next one writes them all."""
+    if self._dirty:
+      self._workdir.write_metrics_lines(self._lines)
+      self._dirty = False
 
-def append_line(file, line):
-  """Appends `line` to `file` (opened with open(path, "ab", buffering=0))
-  whole or not at all: what a failing write (a full disk) left of it is cut
-  off before the error goes on."""
-  data = (line + "\n").encode()
-  end = file.seek(0, os.SEEK_END)
-  try:
-    written = 0
-    while written < len(data):  # A full disk may take part of it first.
-      written += file.write(data[written:])
-  except OSError:
-    file.truncate(end)
-    raise
+  def close(self):
+    self.flush()
 
 
 def create(workdir, resume_step):
-  """The run's writer; only process 0 writes files, the others only log.
-  A disk that cannot take the metrics stops the run in one message."""
+  """The run's writer (`workdir`: a runs.workdir.Workdir); only process 0
+  writes files, the others only log. A disk that cannot take the metrics
+  stops the run in one message."""
   if jax.process_index() > 0:
-    return metric_writers.create_default_writer(workdir, just_logging=True)
-  path = os.path.join(workdir, METRICS_FILE)
-  drop_rows_after(path, resume_step)
+    return metric_writers.create_default_writer(workdir.events,
+                                                just_logging=True)
+  with storage.stops_on_failure(f"write the metrics in {workdir}"):
+    jsonl = JsonlWriter(workdir, resume_step)
   return StoppingOnStorageFailure(metric_writers.MultiWriter([
-      metric_writers.create_default_writer(workdir),
-      JsonlWriter(path)]), workdir)
+      metric_writers.create_default_writer(workdir.events), jsonl]), workdir)
 
 
 class StoppingOnStorageFailure:
@@ -82,25 +91,10 @@ class StoppingOnStorageFailure:
 
 
 def read_rows(workdir):
-  """The rows of the run's metrics file; a line cut short by a crash is
-  skipped."""
-  with open(os.path.join(workdir, METRICS_FILE)) as f:
-    return [json.loads(line) for line in f if _step(line) is not None]
-
-
-def drop_rows_after(path, step):
-  """Removes the rows past `step`: the steps a resumed run will write again."""
-  if not os.path.exists(path):
-    return
-  with open(path) as f:
-    lines = f.readlines()
-  # A line cut short by a crash mid-write is dropped too.
-  kept = [line for line in lines if _step(line) is not None
-          and _step(line) <= step]
-  if len(kept) < len(lines):
-    with open(path + ".tmp", "w") as f:
-      f.writelines(kept)
-    os.replace(path + ".tmp", path)
+  """The rows of the metrics file of the run in `workdir` (a Workdir, path
+  or URL); a line cut short by a crash is skipped."""
+  return [json.loads(line) for line in Workdir(workdir).metrics_lines()
+          if _step(line) is not None]
 
 
 def _step(line):

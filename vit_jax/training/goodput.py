@@ -13,21 +13,19 @@
   other       the rest: the end of a run, after its last save
 
 The buckets are cumulative over a workdir's runs: each checkpoint carries
-them, and `RECORD_FILE` holds them as they were when a run last wrote a
+them, and the workdir's time.json holds them as they were when a run last wrote a
 metrics row or ended, so that the next run adds what came after its
 checkpoint (to `lost` when steps were redone). Only the clock is read: no
 device is waited for that the loop would not wait for anyway.
 """
 
 import contextlib
-import json
 import os
 import threading
 import time
 
 import jax
 
-from vit_jax.runs import storage
 
 BUCKETS = ("startup", "compile", "train", "input", "checkpoint", "eval",
            "lost", "other")
@@ -36,8 +34,6 @@ BUCKETS = ("startup", "compile", "train", "input", "checkpoint", "eval",
 COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",
                             "/jax/core/compile/jaxpr_to_mlir_module_duration",
                             "/jax/core/compile/backend_compile_duration"})
-# In the workdir, written by process 0.
-RECORD_FILE = "time.json"
 # The metrics rows' names of the buckets, in seconds.
 METRIC_PREFIX = "time/"
 
@@ -173,8 +169,7 @@ def carried(checkpoint_seconds, checkpoint_step, record):
 def read_record(workdir):
   """{"step", "seconds"} as the workdir's last run last wrote them, or None."""
   try:
-    with open(os.path.join(workdir, RECORD_FILE)) as f:
-      record = json.load(f)
+    record = workdir.read_time()
     return {"step": int(record["step"]),
             "seconds": {b: float(record["seconds"].get(b, 0.0))
                         for b in BUCKETS}}
@@ -184,5 +179,4 @@ def read_record(workdir):
 
 def write_record(workdir, step, seconds):
   if jax.process_index() == 0:
-    storage.write_atomically(os.path.join(workdir, RECORD_FILE),
-                             json.dumps({"step": step, "seconds": seconds}))
+    workdir.write_time({"step": step, "seconds": seconds})

@@ -7,14 +7,12 @@ with explicit shardings, donated state) -> metrics.jsonl / TensorBoard
 steps (runs/checkpoints.py). The run comes resolved (vit_jax/run.py).
 """
 
-import os
-
 import jax
 import numpy as np
 
 from vit_jax import errors
 from vit_jax.data import broken_records, pipeline, shares
-from vit_jax.runs import checkpoints, lock, store
+from vit_jax.runs import checkpoints, store
 from vit_jax.training import (evaluators, goodput, polyak, preemption,
                               reporting, step as step_lib, timing)
 
@@ -35,20 +33,19 @@ def train_and_evaluate(run, started=None):
   accounts = goodput.Accounts(since=started)
   try:
     program = step_lib.build(run.config, run.mesh, run.num_classes)
-    directory = os.path.join(run.workdir, checkpoints.SUBDIR)
-    finished = report_finished(run, program, directory)
+    finished = report_finished(run, program)
     if finished is not None:
       return finished
-    with lock.WorkdirLock(run.workdir):
-      return train(run, program, directory, accounts)
+    with run.workdir.lock():
+      return train(run, program, accounts)
   finally:
     accounts.close()
 
 
-def train(run, program, directory, accounts):
+def train(run, program, accounts):
   """The loop itself: steps, evaluations and saves from the latest step."""
   config, total = run.config, run.config.total_steps
-  manager = checkpoints.manager(directory, config.keep_checkpoints)
+  manager = run.workdir.checkpoint_manager(config.keep_checkpoints)
   state, saved, resumed = resume_or_start(manager, program, config, accounts)
   store.record(config, run.workdir, {
       **run.changes, **store.devices_change(saved.get("mesh"), run.mesh)})
@@ -101,14 +98,14 @@ def train(run, program, directory, accounts):
   return report.last
 
 
-def report_finished(run, program, directory):
+def report_finished(run, program):
   """When the run's checkpoint of its last step is whole, the evaluators'
   results on it and the core-days the run cost, else None (train, and set
   a damaged one aside then). Reads the workdir and writes nothing."""
-  newest = max(checkpoints.complete_steps(directory), default=0)
+  newest = max(run.workdir.checkpoint_steps(), default=0)
   if newest < run.config.total_steps:
     return None
-  manager = checkpoints.manager(directory, keep=None, read_only=True)
+  manager = run.workdir.checkpoint_reader()
   restored = checkpoints.restore_if_whole(manager, newest,
                                           program.state_shapes)
   if restored is None:

@@ -9,7 +9,6 @@ and one with the evaluators' results whenever they run. Plain lines rather than 
 read the same in a terminal, a log file and a pod's prefixed output.
 """
 
-import os
 import sys
 import time
 
@@ -26,7 +25,7 @@ def describe_run(config, mesh, workdir, start_step, resumed):
   if resumed and config.init_from:
     what += " (from the workdir's own checkpoint, not init_from)"
   return (f"{what}: batch {config.batch_size}, {mesh.size} devices (mesh "
-          f"{sharding.describe_mesh(mesh.shape)}), workdir {os.path.abspath(workdir)}")
+          f"{sharding.describe_mesh(mesh.shape)}), workdir {workdir}")
 
 
 def scores(results):

@@ -56,10 +56,6 @@ class Window:
     return row
 
 
-def core_days(self):
-    return core_days(self.seconds(), self._num_devices)
-
-
 def core_days(seconds, num_devices=None):
   """Device-days of `seconds` on `num_devices` (default: all JAX sees)."""
   num_devices = num_devices or jax.device_count()

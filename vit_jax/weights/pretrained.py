@@ -17,7 +17,6 @@ new run's optimizer starts fresh), and so does `for_inference`
 """
 
 import dataclasses
-import os
 import re
 
 import flax
@@ -25,12 +24,11 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import logging
 
 from vit_jax import errors, models
 from vit_jax.runs import checkpoints
-from vit_jax.runs.store import read_config
+from vit_jax.runs.workdir import Workdir
 from vit_jax.weights import adaptation, npz, torch_files
 
 
@@ -72,7 +70,7 @@ def load(source, num_heads=None):
             if path.endswith(".safetensors") else torch_files.read_hf(path))
     return Checkpoint(flax.traverse_util.unflatten_dict(read.flat, sep="/"),
                       path, read.function, read.class_names)
-  config = read_config(path)
+  config = Workdir(path).read_config()
   params, what = load_run(path, step)
   # A scanned run's stacked blocks, one per layer.
   params = flax.traverse_util.unflatten_dict(npz.to_release_layout(
@@ -113,7 +111,8 @@ def source_options(source, num_heads=None):
     loaded = load(source, num_heads)
     return {**loaded.function, **models.architecture_of(
         flax.traverse_util.flatten_dict(loaded.params, sep="/"))}
-  return _options_of_run(read_config(path), models.SOURCE_OPTIONS)
+  return _options_of_run(Workdir(path).read_config(),
+                         models.SOURCE_OPTIONS)
 
 
 def with_source(config, recorded=None):
@@ -169,36 +168,22 @@ def _agrees(key, value, source_value):
 def load_run(workdir, step=None):
   """Params of step `step` (default: the newest) of the run in `workdir`:
   its Polyak average when it kept one, else its params."""
-  directory = os.path.join(workdir, checkpoints.SUBDIR)
-  manager = ocp.CheckpointManager(
-      os.path.abspath(directory),
-      item_handlers={"state": ocp.PyTreeCheckpointHandler(),
-                     "progress": ocp.JsonCheckpointHandler()},
-      options=ocp.CheckpointManagerOptions(read_only=True, create=False))
-  steps = manager.all_steps()
+  workdir = Workdir(workdir)
+  reader = workdir.params_reader()
+  steps = reader.all_steps()
   if not steps:
     raise errors.InputError(
-        f"{workdir} holds no checkpoint (looked in {directory}); a source "
-        "is a workdir of ours, an .npz, an HF transformers directory or a "
-        "timm .safetensors file")
+        f"{workdir} holds no checkpoint (looked in {workdir.checkpoints}); "
+        "a source is a workdir of ours, an .npz, an HF transformers "
+        "directory or a timm .safetensors file")
   step = max(steps) if step is None else step
   if step not in steps:
     raise errors.InputError(
         f"{workdir} has no checkpoint of step {step}; it has "
         f"{sorted(steps)}")
-  saved = manager.item_metadata(step)["state"].tree
-  name = "polyak" if saved.get("polyak") else "params"
-  shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
-                        saved[name])
-  # As numpy on the host: the saved sharding belongs to another mesh.
-  restored = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(
-          item={name: shapes}, partial_restore=True,
-          restore_args={name: jax.tree.map(
-              lambda _: ocp.RestoreArgs(restore_type=np.ndarray), shapes)})))
-  manager.close()
-  what = "Polyak average" if name == "polyak" else "params"
-  return restored.state[name], f"{workdir} step {step} ({what})"
+  params, what = checkpoints.restore_params(reader, step)
+  reader.close()
+  return params, f"{workdir} step {step} ({what})"
 
 
 def initial_params(source, param_shapes, num_heads):

@@ -1,0 +1,99 @@
+"""The one path layer: every path a user gives may be a local path or a URL
+(`gs://BUCKET/...`), and is read and written through here or epath.
+
+etils.epath speaks both (TensorFlow's gfile for gs://, which TFDS, CLU and
+orbax use too). What this module adds is what epath leaves to its caller:
+replacing a file whole, handing a library that wants a local file name one
+(safetensors, matplotlib, zip writers), and printing a path as the user
+can use it. Paths stay as the user gave them: a URL is never made
+"absolute", which would turn `gs://B/x` into `./gs:/B/x`.
+"""
+
+import contextlib
+import os
+import shutil
+import tempfile
+
+from etils import epath
+
+
+def is_url(path):
+  """True for `gs://...` and other `scheme://` paths, False for local ones."""
+  return "://" in os.fspath(path)
+
+
+def path(p):
+  """`p` (a str or Path, local or URL) as an epath.Path."""
+  return epath.Path(p)
+
+
+def join(base, *parts):
+  """`base` joined with `parts`, as a str; a URL stays a URL."""
+  return os.fspath(epath.Path(base).joinpath(*parts))
+
+
+def shown(p):
+  """`p` as a user can paste it into a command: a local path absolute, a
+  URL as it is."""
+  return os.fspath(p) if is_url(p) else os.path.abspath(os.fspath(p))
+
+
+def write_atomically(target, data):
+  """Replaces the file at `target` with `data` (str or bytes): a reader or
+  a crash sees the old file or the new one, never a part."""
+  if isinstance(data, str):
+    data = data.encode()
+  with writing(target) as local:
+    with open(local, "wb") as f:  # A local temporary file, never the target.
+      f.write(data)
+
+
+@contextlib.contextmanager
+def writing(target):
+  """`with writing(target) as local:` write the file `local` (a local file
+  name); when the block ends without an error it replaces `target` whole,
+  else `target` is left as it was and `local` is removed.
+
+  A local target's temporary file sits beside it (a rename within one file
+  system is atomic). A URL's is written to a local temporary file and then
+  copied up in one object write, which a store like GCS makes atomic."""
+  target = os.fspath(target)
+  if is_url(target):
+    directory = tempfile.mkdtemp(prefix="vit_jax_upload_")
+    local = os.path.join(directory, os.path.basename(target.rstrip("/")))
+  else:
+    directory = None
+    os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+    local = f"{target}.tmp-{os.getpid()}"
+  try:
+    yield local
+    if directory is None:
+      os.replace(local, target)
+    else:
+      epath.Path(target).parent.mkdir(parents=True, exist_ok=True)
+      # gfile's copy writes the object in one upload.
+      epath.Path(local).copy(epath.Path(target), overwrite=True)
+  finally:
+    if directory is None:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(local)
+    else:
+      shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def local_copy(source):
+  """`with local_copy(source) as local:` a local file name holding the file
+  at `source`: `source` itself when it is local, else a temporary copy
+  (for readers such as safetensors' that take only local files)."""
+  source = os.fspath(source)
+  if not is_url(source):
+    yield source
+    return
+  directory = tempfile.mkdtemp(prefix="vit_jax_download_")
+  try:
+    local = os.path.join(directory, os.path.basename(source.rstrip("/")))
+    epath.Path(source).copy(epath.Path(local))
+    yield local
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)

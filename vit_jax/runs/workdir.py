@@ -1,0 +1,167 @@
+"""A run's workdir, local or on Cloud Storage: its layout and every file in it.
+
+  WORKDIR/config.json            the run's config (runs/store.py judges changes)
+  WORKDIR/config_changes.jsonl   one row per restart that changed the config
+  WORKDIR/metrics.jsonl          one row per step that logged (runs/writers.py)
+  WORKDIR/time.json              the goodput buckets as last written
+  WORKDIR/lock.json              the run that writes it now (runs/lock.py)
+  WORKDIR/checkpoints/           orbax, one folder per step (runs/checkpoints.py)
+  WORKDIR/events.out.tfevents.*  TensorBoard
+  WORKDIR/figures/               vit_jax.figures' default output
+  WORKDIR/exports/               where exports inside a workdir may go
+
+Only this module joins a workdir's path with a file name. Every file goes
+through the path layer (vit_jax/paths.py, etils.epath), so a workdir on
+`gs://` works as a local one: the location is kept as the user gave it. A
+file that replaces another is replaced whole. Cloud Storage cannot append,
+so the files that grow (metrics.jsonl, config_changes.jsonl) are rewritten
+whole (docs/runs.md, "Workdirs on Cloud Storage").
+"""
+
+import json
+import os
+
+import ml_collections
+
+from vit_jax import errors, paths
+from vit_jax.runs import checkpoints, lock
+
+CONFIG_FILE = "config.json"
+CHANGES_FILE = "config_changes.jsonl"
+METRICS_FILE = "metrics.jsonl"
+TIME_FILE = "time.json"
+CHECKPOINTS = "checkpoints"
+FIGURES = "figures"
+EXPORTS = "exports"
+
+
+class Workdir:
+  """The workdir at `location` (a local path or a gs:// URL)."""
+
+  def __init__(self, location):
+    if isinstance(location, Workdir):
+      location = location.location
+    self.location = os.fspath(location)
+    self.path = paths.path(self.location)
+
+  def __str__(self):
+    """As a user can paste it: a local path absolute, a URL as given."""
+    return paths.shown(self.location)
+
+  def __repr__(self):
+    return f"Workdir({self.location!r})"
+
+  def _file(self, name):
+    return self.path / name
+
+  # The run's config.
+
+  def has_run(self):
+    return self._file(CONFIG_FILE).exists()
+
+  def read_config(self):
+    """The run's config as recorded; an InputError when there is none, or
+    when it does not read."""
+    path = self._file(CONFIG_FILE)
+    if not path.exists():
+      what = ("is a file, not a workdir" if self.path.exists() and
+              not self.path.is_dir() else f"has no {CONFIG_FILE}")
+      raise errors.InputError(f"{self} holds no run: it {what}")
+    try:
+      return ml_collections.ConfigDict(json.loads(path.read_text()))
+    except (ValueError, UnicodeDecodeError) as e:
+      raise errors.InputError(
+          f"{paths.shown(path)} is damaged ({type(e).__name__}: "
+          f"{str(e)[:120]}): restore it from a copy, or start the run in a "
+          "new workdir") from e
+
+  def write_config(self, config_json):
+    """Replaces config.json with `config_json` (a dict)."""
+    self.path.mkdir(parents=True, exist_ok=True)
+    paths.write_atomically(self._file(CONFIG_FILE),
+                           json.dumps(config_json, indent=2))
+
+  def add_change(self, row):
+    """Adds `row` (a dict) to config_changes.jsonl."""
+    self._rewrite_lines(CHANGES_FILE, [*self._lines(CHANGES_FILE),
+                                       json.dumps(row) + "\n"])
+
+  # metrics.jsonl: rows of {"step": n, name: value}.
+
+  def metrics_lines(self):
+    """The lines of metrics.jsonl as stored ([] when there is none)."""
+    return self._lines(METRICS_FILE)
+
+  def write_metrics_lines(self, lines):
+    """Replaces metrics.jsonl with `lines` (each ending in a newline)."""
+    self._rewrite_lines(METRICS_FILE, lines)
+
+  # time.json: the goodput buckets (training/goodput.py reads them).
+
+  def read_time(self):
+    """time.json's contents, or None when there is none."""
+    try:
+      return json.loads(self._file(TIME_FILE).read_text())
+    except FileNotFoundError:
+      return None
+
+  def write_time(self, record):
+    paths.write_atomically(self._file(TIME_FILE), json.dumps(record))
+
+  # What others write in it.
+
+  def lock(self):
+    """`with workdir.lock():` this process writes the workdir."""
+    return lock.WorkdirLock(self.path)
+
+  @property
+  def checkpoints(self):
+    """The folder of the orbax checkpoints, as a str."""
+    return os.fspath(self._file(CHECKPOINTS))
+
+  def checkpoint_manager(self, keep):
+    """The training run's orbax manager, keeping `keep` steps."""
+    return checkpoints.manager(self.checkpoints, keep)
+
+  def checkpoint_reader(self):
+    """An orbax manager that writes nothing, to read the checkpoints."""
+    return checkpoints.manager(self.checkpoints, keep=None, read_only=True)
+
+  def params_reader(self):
+    """An orbax manager that writes nothing, to read a step's params alone
+    (checkpoints.restore_params)."""
+    return checkpoints.params_reader(self.checkpoints)
+
+  def checkpoint_steps(self):
+    return checkpoints.complete_steps(self.checkpoints)
+
+  @property
+  def events(self):
+    """Where TensorBoard's event files go."""
+    return self.location
+
+  def tensorboard_command(self):
+    # TensorBoard's fast loader reads local folders only.
+    fast = " --load_fast=false" if paths.is_url(self.location) else ""
+    return f"tensorboard --logdir {self}{fast}"
+
+  @property
+  def figures(self):
+    return os.fspath(self._file(FIGURES))
+
+  @property
+  def exports(self):
+    return os.fspath(self._file(EXPORTS))
+
+  # Files that grow, on a store that cannot append.
+
+  def _lines(self, name):
+    try:
+      return self._file(name).read_bytes().decode(
+          "utf-8", errors="replace").splitlines(keepends=True)
+    except FileNotFoundError:
+      return []
+
+  def _rewrite_lines(self, name, lines):
+    self.path.mkdir(parents=True, exist_ok=True)
+    paths.write_atomically(self._file(name), "".join(lines))
