@@ -1,4 +1,13 @@
-"""Shared test setup: 8 emulated CPU devices, quiet TensorFlow, data."""
+"""Shared test setup: 8 emulated CPU devices, quiet TensorFlow, data, a
+local Cloud Storage."""
+
+# First of all, while pytest's first process is still one thread: a mount
+# namespace of the session's own where Cloud Storage's hosts are the local
+# emulator's (tests/gcs.py, for the gcs_bucket fixture). Its workers and the
+# processes tests start inherit it.
+from tests import gcs
+
+gcs.enter_namespace()
 
 import atexit
 import os
@@ -68,3 +77,24 @@ def digits_any_format(request):
   return request.getfixturevalue({
       "array_record": "digits_data_dir",
       "tfrecord": "digits_tfrecord_data_dir"}[request.param])
+
+
+@pytest.fixture
+def gcs_bucket(monkeypatch):
+  """A new empty bucket of the session's local Cloud Storage, as its URL
+  `gs://NAME`; the test's os.environ points every client at it
+  (tf.io.gfile and so TFDS, CLU and etils.epath; orbax's tensorstore;
+  google-cloud-storage), for the processes the test starts too.
+  `tests.gcs.list_objects(url)` lists what landed. Skipped where the
+  emulator can't run (not root, no mount namespaces), failed then on CI."""
+  try:
+    environment = gcs.start()
+  except gcs.Unavailable as e:
+    if os.environ.get("CI") == "true":
+      pytest.fail(f"CI runs the Cloud Storage tests: {e}")
+    pytest.skip(str(e))
+  for name, value in environment.items():
+    monkeypatch.setenv(name, value)
+  url = gcs.create_bucket()
+  yield url
+  gcs.delete_bucket(url)
