@@ -331,9 +331,6 @@ def test_malformed_folders_are_clear_errors(tmp_path):
 
   with pytest.raises(errors.InputError, match="names no folder"):
     sources.get_builder(folder.PREFIX, str(data_dir))
-  with pytest.raises(errors.InputError, match="must be a local directory"):
-    sources.get_builder(folder.PREFIX + "gs://bucket/images",
-                               str(data_dir))
 
 
 def odd_and_broken_folder(root):

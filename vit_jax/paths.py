@@ -69,9 +69,7 @@ def writing(target):
     yield local
     if directory is None:
       os.replace(local, target)
-    else:
-      epath.Path(target).parent.mkdir(parents=True, exist_ok=True)
-      # gfile's copy writes the object in one upload.
+    else:  # One upload: a bucket has no folders to make first.
       epath.Path(local).copy(epath.Path(target), overwrite=True)
   finally:
     if directory is None:

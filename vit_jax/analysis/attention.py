@@ -8,14 +8,13 @@ figure of a model. `python -m vit_jax.figures` is the command line.
 """
 
 import functools
-import os
 import re
 
 import flax
 import jax
 import numpy as np
 
-from vit_jax import errors, models
+from vit_jax import errors, models, paths
 from vit_jax.analysis import plots, predictions
 from vit_jax.data import image_files as images_lib
 from vit_jax.models import vit
@@ -185,7 +184,8 @@ def sample_images(inference, paths, count, dataset, split, data_dir):
 
 def write_all(inference, out, samples, names=None, rollout_images=8,
               workdir=None):
-  """Writes every figure into `out` and returns their paths.
+  """Writes every figure into `out` (a folder, local or a URL such as
+  `gs://BUCKET/figures`) and returns their paths.
 
   samples: (images, labels or None, a line saying where they come from), as
   `sample_images` gives; names: class names for the captions, or None.
@@ -194,11 +194,14 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
   model, params, size = inference.model, inference.params, inference.image_size
   title = describe(model, size)
   token = model.classifier == "token"  # Else GAP: no class token.
-  os.makedirs(out, exist_ok=True)
+  # Made first, so that a folder that cannot be made fails before the
+  # model runs; a bucket has no folders to make.
+  if not paths.is_url(out):
+    paths.path(out).mkdir(parents=True, exist_ok=True)
   written = []
 
   def path(name):
-    written.append(os.path.join(out, name))
+    written.append(paths.join(out, name))
     return written[-1]
 
   if model.resnet_stages is None:  # A hybrid's embeds feature maps.

@@ -1,7 +1,8 @@
 """Draws vit_jax.figures's numbers as PNGs (matplotlib, no display needed).
 
 Each function takes numbers that vit_jax.figures computed, a title line
-naming the model, and the path to write.
+naming the model, and the path to write: local or a URL (`gs://...`),
+replaced whole when the figure is complete.
 """
 
 import matplotlib
@@ -10,6 +11,7 @@ import numpy as np
 # backend chosen for the rest of the process.
 from matplotlib.figure import Figure
 
+from vit_jax import paths
 from vit_jax.training import goodput
 
 DPI = 100
@@ -21,7 +23,12 @@ def _subplots(*grid, figsize, layout=None, **kwargs):
 
 
 def _save(figure, path):
-  figure.savefig(path, dpi=DPI, bbox_inches="tight")
+  # matplotlib writes local files: into a temporary one, then put in place
+  # (uploaded, for a URL). Its name does not end in the target's suffix,
+  # so the format is named.
+  format_ = paths.path(path).suffix.lstrip(".").lower() or "png"
+  with paths.writing(path) as local:
+    figure.savefig(local, dpi=DPI, bbox_inches="tight", format=format_)
 
 
 def embedding_filters(components, explained, title, path):

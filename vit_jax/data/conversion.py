@@ -12,6 +12,11 @@ The copy is written into a temporary folder beside its destination and
 renamed into place when complete: an interrupted conversion leaves nothing
 that TFDS would take for a prepared dataset, and running it again starts
 over.
+
+The TFRecord copy is read through tf.io.gfile, so its data_dir may be a URL
+(`gs://`); the ArrayRecord copy is written to a local folder only (the
+array_record library writes and reads local files), refused by name
+otherwise.
 """
 
 import json
@@ -22,7 +27,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from array_record.python import array_record_module
 
-from vit_jax import errors
+from vit_jax import errors, paths
 
 # One record per chunk: reading record i decodes nothing else (TFDS's
 # setting for the ArrayRecord files it writes).
@@ -33,8 +38,9 @@ INFO_FILE = "dataset_info.json"
 def destination(builder, out_data_dir):
   """Where the ArrayRecord copy of `builder`'s version goes: the same
   name/config/version folders under out_data_dir."""
-  relative = os.path.relpath(builder.data_dir, builder.data_dir_root)
-  return os.path.join(out_data_dir, relative)
+  relative = paths.path(builder.data_dir).relative_to(
+      paths.path(builder.data_dir_root))
+  return paths.join(out_data_dir, relative)
 
 
 def convert(builder, out_data_dir, progress=print):
@@ -49,11 +55,13 @@ def convert(builder, out_data_dir, progress=print):
   if fmt != tfds.core.FileFormat.TFRECORD:
     raise errors.InputError(
         f"{builder.name} is stored as {fmt.value}; only TFRecord is converted")
-  if "://" in str(out_data_dir):
+  if paths.is_url(out_data_dir):
     raise errors.InputError(
         f"--out_data_dir={out_data_dir}: ArrayRecord files are written to "
         f"and read from local paths only; use a local disk or a mounted "
         f"bucket (gcsfuse)")
+  # From here on out_data_dir is local (refused above otherwise), as the
+  # ArrayRecord writer needs: os and shutil act on local folders only.
   target = destination(builder, out_data_dir)
   if os.path.exists(os.path.join(target, INFO_FILE)):
     raise errors.InputError(
@@ -65,7 +73,7 @@ def convert(builder, out_data_dir, progress=print):
   before = after = 0
   # tf.io.gfile: the TFRecord copy may be in a bucket.
   for name in sorted(tf.io.gfile.listdir(builder.data_dir)):
-    path = os.path.join(builder.data_dir, name)
+    path = paths.join(builder.data_dir, name)
     if tf.io.gfile.isdir(path):
       continue
     if f".{fmt.value}-" in name:
@@ -75,9 +83,9 @@ def convert(builder, out_data_dir, progress=print):
       before += tf.io.gfile.stat(path).length
       after += os.path.getsize(out)
     elif name == INFO_FILE:
-      _write_info(path, os.path.join(partial, name))
+      _write_info(path, paths.join(partial, name))
     else:  # features.json, label names: unchanged.
-      tf.io.gfile.copy(path, os.path.join(partial, name))
+      tf.io.gfile.copy(path, paths.join(partial, name))
   os.replace(partial, target)
   return target, before, after
 
@@ -98,8 +106,6 @@ def _copy_records(source, target):
 
 
 def _write_info(source, target):
-  with tf.io.gfile.GFile(source) as f:
-    info = json.load(f)
+  info = json.loads(paths.path(source).read_text())
   info["fileFormat"] = tfds.core.FileFormat.ARRAY_RECORD.value
-  with open(target, "w") as f:
-    json.dump(info, f, indent=2)
+  paths.path(target).write_text(json.dumps(info, indent=2))

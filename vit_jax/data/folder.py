@@ -39,21 +39,25 @@ base name and a hash of its absolute path and of the sorted (relative path,
 size, mtime) of its images. Adding, removing or replacing an image therefore
 makes a new config, prepared afresh, rather than reading a stale copy; the
 copies of earlier contents stay in `data_dir` until deleted. The folder is
-scanned (one `stat` per image) each time the dataset is opened. PATH must be
-a local directory (or one mounted on every host of a pod).
+scanned (one `stat` per entry) each time the dataset is opened. PATH may
+be a local directory (the same on every host of a pod) or a URL
+(`folder:gs://BUCKET/images`), listed and read through tf.io.gfile; a URL
+is used as given, a local path made absolute.
 """
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import os
 import re
+import stat as stat_lib
 
 from etils import epath
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax import errors
+from vit_jax import errors, paths
 
 PREFIX = "folder:"
 SINGLE_SPLIT = "train"  # The split of the root/<class>/<image> layout.
@@ -77,25 +81,69 @@ class FolderConfig(tfds.core.BuilderConfig):
   splits: tuple = dataclasses.field(default=(), repr=False)
 
 
+# Entries of a folder in a bucket are looked at this many at a time: each
+# is a request.
+_URL_STATS_AT_ONCE = 32
+
+
+def _stat(path):
+  """(is a folder, size, mtime_ns) of the entry at `path`; None where it
+  is gone (deleted since listed, a broken link)."""
+  if paths.is_url(path):
+    try:
+      found = tf.io.gfile.stat(path)
+    except tf.errors.NotFoundError:
+      return None
+    return found.is_directory, found.length, found.mtime_nsec
+  # os.stat on a local path: gfile and epath round its mtime to seconds,
+  # which would miss an image replaced within the second.
+  try:
+    found = os.stat(path)
+  except FileNotFoundError:
+    return None
+  return stat_lib.S_ISDIR(found.st_mode), found.st_size, found.st_mtime_ns
+
+
 def _entries(path):
   """(sub-folder names, [(image name, size, mtime_ns)]) of path, sorted."""
-  folders, images = [], []
-  with os.scandir(path) as entries:
-    for entry in entries:
-      if entry.name.startswith("."):
-        continue
-      if entry.is_dir():
-        folders.append(entry.name)
-      elif (entry.is_file() and
-            os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS):
-        stat = entry.stat()
-        images.append((entry.name, stat.st_size, stat.st_mtime_ns))
-  return sorted(folders), sorted(images)
+  url = paths.is_url(path)
+  folders, others = set(), set()
+  for name in tf.io.gfile.listdir(path):
+    if name.startswith("."):
+      continue
+    if name.endswith("/"):  # A bucket's sub-folder, as tf.io.gfile names it.
+      folders.add(name.rstrip("/"))
+    elif not url or _is_image_name(name):
+      # In a bucket a name without "/" is an object: a file. Locally any
+      # name may be a folder.
+      others.add(name)
+  names = sorted(others)
+  children = [paths.join(path, name) for name in names]
+  if url and len(children) > 1:  # A request each: many at a time.
+    with concurrent.futures.ThreadPoolExecutor(_URL_STATS_AT_ONCE) as pool:
+      stats = list(pool.map(_stat, children))
+  else:
+    stats = [_stat(child) for child in children]
+  images = []
+  for name, found in zip(names, stats):
+    if found is None:
+      continue
+    is_folder, size, mtime_ns = found
+    if is_folder:
+      folders.add(name)
+    elif _is_image_name(name):
+      images.append((name, size, mtime_ns))
+  return sorted(folders), images
+
+
+def _is_image_name(name):
+  return any(name.lower().endswith(extension)
+             for extension in IMAGE_EXTENSIONS)
 
 
 def _class_images(root, relative):
   """[(relative path, size, mtime_ns)] of a class folder; at least one."""
-  path = os.path.join(root, relative)
+  path = paths.join(root, relative)
   folders, images = _entries(path)
   if folders:
     raise errors.InputError(
@@ -116,7 +164,7 @@ def scan(root):
   Raises an InputError, naming the path, for a folder that is not one of the
   two layouts, or where a class folder holds no images.
   """
-  if not os.path.isdir(root):
+  if not tf.io.gfile.isdir(root):
     raise errors.InputError(f"folder dataset {root}: not a directory; expected "
                             f"{_LAYOUTS}")
   folders, images = _entries(root)
@@ -126,12 +174,13 @@ def scan(root):
         f"{', '.join(name for name, _, _ in images[:3])}): put each image in "
         f"the folder of its class; expected {_LAYOUTS}")
   if not folders:
-    what = "is empty" if not os.listdir(root) else "holds no folders of images"
+    what = ("is empty" if not tf.io.gfile.listdir(root)
+            else "holds no folders of images")
     raise errors.InputError(
         f"folder dataset {root} {what}: expected {_LAYOUTS}")
-  children = {name: _entries(os.path.join(root, name)) for name in folders}
+  children = {name: _entries(paths.join(root, name)) for name in folders}
   for name, (sub_folders, sub_images) in children.items():
-    path = os.path.join(root, name)
+    path = paths.join(root, name)
     if sub_folders and sub_images:
       raise errors.InputError(
           f"{path} holds both images and folders: a class folder holds only "
@@ -157,7 +206,7 @@ def scan(root):
   for split in split_folders:
     if not _SPLIT_NAME.fullmatch(split) or split.lower() == "all":
       raise errors.InputError(
-          f"split folder {os.path.join(root, split)}: TFDS split names are "
+          f"split folder {paths.join(root, split)}: TFDS split names are "
           f"letters, digits, '_' and '-', and not 'all'")
     splits[split] = {
         name: _class_images(root, f"{split}/{name}")
@@ -171,11 +220,10 @@ def make_config(root):
   if not root:
     raise errors.InputError(
         f"dataset {PREFIX!r} names no folder: use {PREFIX}PATH")
-  if "://" in root:
-    raise errors.InputError(
-        f"folder dataset {root}: the folder must be a local directory (or "
-        f"one mounted on every host); copy it, or prepare a TFDS dataset")
-  root = os.path.abspath(os.path.expanduser(root))
+  # A URL as given (without a trailing "/"); a local path made absolute,
+  # as the fingerprint of where the images are.
+  root = (os.fspath(paths.path(root)) if paths.is_url(root)
+          else paths.shown(paths.path(root).expanduser()))
   found = scan(root)
   classes = sorted({name for by_class in found.values() for name in by_class})
   label = {name: index for index, name in enumerate(classes)}
@@ -189,7 +237,7 @@ def make_config(root):
     splits.append((split, tuple(examples)))
   digest = hashlib.sha256(
       json.dumps([root, sorted(fingerprint)]).encode()).hexdigest()
-  base = re.sub(r"[^\w-]+", "_", os.path.basename(root)).strip("_")[:40]
+  base = re.sub(r"[^\w-]+", "_", paths.path(root).name).strip("_")[:40]
   name = f"{base}-{digest[:HASH_LENGTH]}" if base else digest[:HASH_LENGTH]
   return FolderConfig(
       name=name, root=root, classes=tuple(classes), splits=tuple(splits),
@@ -242,16 +290,15 @@ class Folder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _download_and_prepare(self, dl_manager, download_config):
     self._broken = []
     super()._download_and_prepare(dl_manager, download_config)
-    # Into the directory that TFDS renames into place when it is done.
-    with open(os.path.join(self.data_dir, BROKEN_FILES), "w") as f:
-      f.writelines(f"{relative}\t{reason}\n"
-                   for relative, reason in sorted(self._broken))
+    # Into the directory that TFDS renames into place when it is done
+    # (local or a URL): no reader sees it before it is whole.
+    paths.path(paths.join(self.data_dir, BROKEN_FILES)).write_text("".join(
+        f"{relative}\t{reason}\n" for relative, reason in sorted(self._broken)))
 
   def _generate_examples(self, examples):
     for relative, label in examples:
-      path = os.path.join(self.builder_config.root, relative)
-      with open(path, "rb") as f:
-        encoded = f.read()
+      encoded = paths.path(paths.join(self.builder_config.root,
+                                      relative)).read_bytes()
       reason = undecodable(encoded)
       if reason:
         self._broken.append((relative, reason))
@@ -282,6 +329,5 @@ def undecodable(encoded):
 def broken_files(builder):
   """[(relative path, reason)] of the files that preparing `builder` (a
   prepared Folder) left out."""
-  path = os.path.join(builder.data_dir, BROKEN_FILES)
-  with open(path) as f:
-    return [tuple(line.rstrip("\n").split("\t", 1)) for line in f]
+  text = paths.path(paths.join(builder.data_dir, BROKEN_FILES)).read_text()
+  return [tuple(line.split("\t", 1)) for line in text.split("\n") if line]

@@ -1,16 +1,16 @@
 """Images for a trained model to look at: files, or a split of a dataset,
 resized exactly as evaluation resizes them (`preprocess.eval_resize`).
 
-Both give uint8 [N, size, size, 3], what the model takes.
+Both give uint8 [N, size, size, 3], what the model takes. Files, folders
+and labels files may be local or URLs (`gs://...`), read through epath.
 """
 
 import glob
-import os
 
 import numpy as np
 import tensorflow as tf
 
-from vit_jax import errors
+from vit_jax import errors, paths as paths_lib
 from vit_jax.data import pipeline, preprocess, sources, vtab_tasks
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
@@ -21,12 +21,16 @@ def expand(paths):
   or glob patterns. Raises an InputError naming what matched nothing."""
   files = []
   for path in paths:
-    if os.path.isdir(path):
-      found = sorted(os.path.join(path, name) for name in os.listdir(path)
-                     if name.lower().endswith(EXTENSIONS))
-    elif os.path.isfile(path):
+    given = paths_lib.path(path)
+    if given.is_dir():
+      found = sorted(paths_lib.join(path, child.name)
+                     for child in given.iterdir()
+                     if child.name.lower().endswith(EXTENSIONS))
+    elif given.is_file():
       found = [path]
-    else:
+    elif paths_lib.is_url(path):
+      found = sorted(tf.io.gfile.glob(path))
+    else:  # Python's glob locally: its rules (hidden files, `**`) as before.
       found = sorted(glob.glob(path))
     if not found:
       raise errors.InputError(
@@ -40,8 +44,7 @@ def from_files(files, image_size, crop_fraction=1.0):
   """The images in `files` (PNG, JPEG, GIF or BMP), as evaluation sees them."""
   images = []
   for path in files:
-    with open(path, "rb") as f:
-      encoded = f.read()
+    encoded = paths_lib.path(path).read_bytes()
     try:
       image = preprocess.decode(encoded)
     except tf.errors.InvalidArgumentError:
@@ -84,6 +87,10 @@ def name_classes(labels_file="", dataset="", data_dir=None):
   """Class names from `labels_file` (a text file, one name per line) if
   given, else from `dataset`, else None."""
   if labels_file:
-    with open(labels_file) as f:
-      return [line.strip() for line in f if line.strip()]
+    file = paths_lib.path(labels_file)
+    if not file.is_file():
+      raise errors.InputError(f"labels file {labels_file} does not exist "
+                              "(a text file, one class name per line)")
+    return [line.strip() for line in file.read_text().splitlines()
+            if line.strip()]
   return class_names(dataset, data_dir) if dataset else None

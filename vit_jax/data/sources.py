@@ -9,12 +9,16 @@ prepared into `data_dir` on first use; nothing is ever downloaded.
 `lookup` finds one dataset's `Source`; a run keeps a `Sources`, which looks
 each dataset up once (a folder is walked and hashed once per run, not at
 every evaluation).
+
+`data_dir` may be a URL (`gs://BUCKET/tensorflow_datasets`): TFDS reads
+prepared datasets there, streamed from TFRecord files. Shipped and folder
+datasets are not prepared into one: they are prepared as ArrayRecord, which
+is written and read on local paths only.
 """
 
 import contextlib
 import dataclasses
 import io
-import os
 from typing import Callable
 
 import jax
@@ -22,7 +26,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
-from vit_jax import errors
+from vit_jax import errors, paths
 from vit_jax.data import broken_records, digits, folder, vtab_tasks
 
 
@@ -104,7 +108,7 @@ def describe_broken(broken, builder, shown=3):
   lines = [
       f"Left out {len(broken)} of {total + len(broken)} files of "
       f"{builder.builder_config.root} that do not decode as images "
-      f"(all listed in {os.path.join(builder.data_dir, folder.BROKEN_FILES)}):"
+      f"(all listed in {paths.join(builder.data_dir, folder.BROKEN_FILES)}):"
   ]
   lines += [f"  {relative}: {reason}" for relative, reason in broken[:shown]]
   if len(broken) > shown:
@@ -125,7 +129,7 @@ def check_broken_images(source, policy):
         f"{len(broken)} files of {builder.builder_config.root} do not decode "
         f"as images, and config.broken_images is 'refuse': first "
         f"{broken[0][0]} ({broken[0][1]}); all listed in "
-        f"{os.path.join(builder.data_dir, folder.BROKEN_FILES)}")
+        f"{paths.join(builder.data_dir, folder.BROKEN_FILES)}")
 
 
 def _builder(dataset, data_dir, file_format=None):
@@ -159,7 +163,16 @@ def _prepare_here(builder):
   The processes of a local multi-process run all prepare at once; TFDS
   generates into a private directory and renames it into place, so every
   process but the first fails on the rename and finds the data there.
+  ArrayRecord is not prepared into a URL (`gs://`): the array_record library
+  writes and reads local files only, so such a copy could not be read.
   """
+  if (paths.is_url(builder.data_dir_root) and
+      builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD):
+    raise errors.InputError(
+        f"data_dir {builder.data_dir_root}: {builder.name} is prepared on "
+        f"first use as ArrayRecord, which is written and read on local paths "
+        f"only: set config.data_dir to a local folder, or to a gcsfuse "
+        f"mount of the bucket")
   offline = tfds.download.DownloadConfig(try_download_gcs=False)
   if jax.process_index() == 0:
     print(f"Preparing dataset {builder.name} in {builder.data_dir} (once)",

@@ -6,12 +6,11 @@ refuse what their models cannot compute, naming it.
 """
 
 import dataclasses
-import os
 
 import flax
 import numpy as np
 
-from vit_jax import errors, models
+from vit_jax import errors, models, paths
 from vit_jax.data import image_files
 from vit_jax.weights import npz as npz_lib, torch_files
 
@@ -48,8 +47,13 @@ def write(loaded, format_, out, labels_file=""):
              (image_files.name_classes("", config.dataset, config.data_dir or
                                        None) if config else None))
     torch_files.write_hf(out, flat, loaded.function, names, loaded.what)
-    return ("load it with transformers.ViTForImageClassification"
-            f".from_pretrained({os.path.abspath(out)!r})")
+    where = paths.shown(out)
+    copy = ""
+    if paths.is_url(out):  # transformers reads local folders.
+      copy = f"copy it here (gsutil -m cp -r {where} .) and "
+      where = paths.path(out).name
+    return (f"{copy}load it with transformers.ViTForImageClassification"
+            f".from_pretrained({where!r})")
   return "load it in PyTorch with:\n" + torch_files.write_timm(
       out, flat, loaded.function, loaded.what)
 

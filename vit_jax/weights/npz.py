@@ -12,6 +12,7 @@ without pickle.
 """
 
 import contextlib
+import os
 import re
 import zipfile
 
@@ -22,7 +23,7 @@ from etils import epath
 import ml_dtypes
 import numpy as np
 
-from vit_jax import errors, models
+from vit_jax import errors, models, paths
 
 
 POSEMB_KEY = models.POSEMB_KEY
@@ -43,7 +44,9 @@ def save_npz(params, path):
   `params` may be what `model.init(...)["params"]` returns (arrays boxed in
   `nn.LogicallyPartitioned`, which are unboxed here), a FrozenDict or a plain
   dict, of numpy or jax arrays (sharded ones too, when fully addressable).
-  A scanned model's stacked blocks are written one per layer.
+  A scanned model's stacked blocks are written one per layer. `path` may
+  be a URL (`gs://...`); the file replaces an old one whole, and a write
+  that fails (a full disk) leaves the old one as it was and names `path`.
   """
   params = flax.core.unfreeze(nn.meta.unbox(params))
   flat = unscan_blocks(flax.traverse_util.flatten_dict(params, sep="/"))
@@ -55,8 +58,18 @@ def save_npz(params, path):
           f"{key!r} is not an array of numbers "
           f"({type(value).__name__}); cannot save it without pickle")
     arrays[key] = array
-  with open(path, "wb") as f:
-    np.savez(f, **arrays)
+  try:
+    # A file object: np.savez adds ".npz" to a name without it, as the
+    # temporary file's is. `local` is a local temporary file, not `path`.
+    with paths.writing(path) as local, open(local, "wb") as f:
+      np.savez(f, **arrays)
+  except OSError as e:
+    if e.errno is None:
+      raise
+    # Named by the path the caller gave, not the temporary file's
+    # (vit_jax.cli prints "PATH: No space left on device").
+    raise OSError(e.errno, e.strerror or os.strerror(e.errno),
+                  os.fspath(path)) from e
 
 
 def load_npz(path):

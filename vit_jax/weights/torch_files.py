@@ -18,18 +18,19 @@
 
 Files are read through safetensors' numpy API. PyTorch pickles (`.bin`,
 `.pt`, `.pth`) are refused: unpickling runs whatever code the file holds.
-torch_layouts.py holds the key names and array conversions.
+torch_layouts.py holds the key names and array conversions. Directories
+and files may be local or URLs (`gs://`), read and written through
+vit_jax/paths.py; each file written replaces its old one whole.
 """
 
 import dataclasses
 import json
-import os
 
 import numpy as np
 import safetensors
 import safetensors.numpy
 
-from vit_jax import errors, models
+from vit_jax import errors, models, paths
 from vit_jax.weights import torch_layouts
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -69,25 +70,30 @@ def refuse_pickle(path):
 def is_hf_dir(path):
   """Whether `path` is a directory of HF weights (a workdir of ours also
   has a config.json, but never these)."""
-  return os.path.isdir(path) and any(
-      os.path.exists(os.path.join(path, name))
+  directory = paths.path(path)
+  return directory.is_dir() and any(
+      (directory / name).exists()
       for name in (HF_WEIGHTS, HF_INDEX, "pytorch_model.bin"))
 
 
 def read_safetensors(path):
-  """{name: numpy array} of a .safetensors file."""
+  """{name: numpy array} of a .safetensors file, local or a URL."""
+  if not paths.path(path).exists():
+    raise errors.InputError(f"{path} does not exist")
   try:
-    return safetensors.numpy.load_file(path)
+    # safetensors opens local files only: a URL's is copied to a local
+    # temporary file (streamed, never whole in memory) and mapped from there.
+    with paths.local_copy(path) as local:
+      return safetensors.numpy.load_file(local)
   except (safetensors.SafetensorError, OSError) as e:
-    if isinstance(e, FileNotFoundError):
-      raise errors.InputError(f"{path} does not exist") from e
     raise errors.InputError(f"{path} is not a .safetensors file: {e}") from e
 
 
 def write_safetensors(tensors, path):
-  # Written beside, then renamed: a failed write leaves no half file.
-  safetensors.numpy.save_file(tensors, path + ".tmp", metadata=METADATA)
-  os.replace(path + ".tmp", path)
+  # Written under a temporary name, then put in place whole: a failed
+  # write leaves the old file, and never half a new one.
+  with paths.writing(path) as local:
+    safetensors.numpy.save_file(tensors, local, metadata=METADATA)
 
 
 def heads_for_width(hidden_size):
@@ -101,11 +107,13 @@ def heads_for_width(hidden_size):
 
 
 def _read_json(path):
+  file = paths.path(path)
+  # Asked first: a missing object is not a FileNotFoundError on every
+  # file system epath speaks.
+  if not file.exists():
+    raise errors.InputError(f"{path} does not exist")
   try:
-    with open(path) as f:
-      return json.load(f)
-  except FileNotFoundError as e:
-    raise errors.InputError(f"{path} does not exist") from e
+    return json.loads(file.read_text())
   except json.JSONDecodeError as e:
     raise errors.InputError(f"{path} is not JSON: {e}") from e
 
@@ -133,7 +141,7 @@ class _HFModel:
 
 
 def _hf_model(directory):
-  config = _read_json(os.path.join(directory, HF_CONFIG))
+  config = _read_json(paths.join(directory, HF_CONFIG))
   model_type = config.get("model_type")
   if model_type not in HF_FAMILIES:
     raise errors.InputError(
@@ -218,17 +226,17 @@ def read_hf(directory):
 
 
 def _hf_weight_files(directory):
-  index = os.path.join(directory, HF_INDEX)
-  if os.path.exists(index):
+  index = paths.join(directory, HF_INDEX)
+  if paths.path(index).exists():
     shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
-    return [os.path.join(directory, shard) for shard in shards]
-  single = os.path.join(directory, HF_WEIGHTS)
-  if os.path.exists(single):
+    return [paths.join(directory, shard) for shard in shards]
+  single = paths.join(directory, HF_WEIGHTS)
+  if paths.path(single).exists():
     return [single]
-  pickles = [name for name in sorted(os.listdir(directory))
-             if name.endswith(PICKLE_SUFFIXES)]
+  pickles = sorted(child.name for child in paths.path(directory).iterdir()
+                   if child.name.endswith(PICKLE_SUFFIXES))
   if pickles:
-    refuse_pickle(os.path.join(directory, pickles[0]))
+    refuse_pickle(paths.join(directory, pickles[0]))
   raise errors.InputError(f"{directory} has {HF_CONFIG} but neither "
                           f"{HF_WEIGHTS} nor {HF_INDEX}")
 
@@ -369,11 +377,11 @@ def write_hf(directory, flat, function, class_names, what):
       "id2label": {str(i): name for i, name in enumerate(names)},
       "label2id": {name: i for i, name in enumerate(names)},
   }
-  os.makedirs(directory, exist_ok=True)
+  # Each file replaces its old one whole (the folder is made for them).
   write_safetensors(torch_layouts.from_release(flat, "hf", prefix="vit."),
-                    os.path.join(directory, HF_WEIGHTS))
-  with open(os.path.join(directory, HF_CONFIG), "w") as f:
-    json.dump(config, f, indent=2)
+                    paths.join(directory, HF_WEIGHTS))
+  paths.write_atomically(paths.join(directory, HF_CONFIG),
+                         json.dumps(config, indent=2))
 
 
 def write_timm(path, flat, function, what):
@@ -413,6 +421,10 @@ def write_timm(path, flat, function, what):
   if function["layer_norm_epsilon"] != TIMM_FUNCTION["layer_norm_epsilon"]:
     text += (", norm_layer=functools.partial(timm.layers.LayerNorm, "
              f"eps={function['layer_norm_epsilon']!r})")
-  return ("import functools, safetensors.torch, timm\n"
+  copy = ""
+  if paths.is_url(path):  # safetensors.torch reads local files only.
+    copy = f"# first: gsutil cp {path} .\n"
+    path = paths.path(path).name
+  return (f"{copy}import functools, safetensors.torch, timm\n"
           f"model = timm.models.vision_transformer.VisionTransformer({text})\n"
           f"model.load_state_dict(safetensors.torch.load_file({path!r}))")

@@ -1,0 +1,343 @@
+"""The user paths of the weights, data and analysis wings on gs://: each
+read or written in a local Cloud Storage (tests/conftest.py's `gcs_bucket`)
+gives what the same files give locally; what cannot work there is refused
+in one line; a write that fails keeps the old file."""
+
+import errno
+import json
+import os
+import pathlib
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow as tf
+from etils import epath
+from safetensors.numpy import load_file, save_file
+
+from tests.test_folder_dataset import CLASSES, make_folder, write_image
+from tests.test_torch_interchange import (
+  HEADS,
+  hf_config,
+  hf_shapes,
+  random_tensors,
+  timm_shapes,
+  write_hf_dir,
+)
+from tests.util import randomize, stored_examples
+from vit_jax import errors, models
+from vit_jax.analysis import attention as attention_lib
+from vit_jax.data import folder, image_files, random_access, sources
+from vit_jax.weights import exports, pretrained, torch_files
+from vit_jax.weights import npz as npz_lib
+
+
+def upload(local, url):
+  """Copies the files under the local folder `local` to `url`; returns
+  `url`."""
+  for path in sorted(pathlib.Path(local).rglob("*")):
+    if path.is_file():
+      epath.Path(path).copy(
+          epath.Path(url) / path.relative_to(local).as_posix(), overwrite=True)
+  return url
+
+
+def objects(url):
+  """The names of the files under `url`, relative to it."""
+  from tests import gcs  # pylint: disable=g-import-not-at-top
+  prefix = url[len("gs://"):].partition("/")[2].strip("/")
+  prefix = prefix + "/" if prefix else ""
+  # Less the empty "folder/" objects that tf.io.gfile's makedirs leaves.
+  return [name[len(prefix):] for name in gcs.list_objects(url)
+          if not name.endswith("/")]
+
+
+def flat(params):
+  return flax.traverse_util.flatten_dict(params, sep="/")
+
+
+def assert_same_params(got, expected):
+  got, expected = flat(got), flat(expected)
+  assert sorted(got) == sorted(expected)
+  for key, value in expected.items():
+    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(value),
+                                  err_msg=key)
+
+
+def assert_same_checkpoint(got, expected):
+  assert_same_params(got.params, expected.params)
+  assert (got.function, got.class_names) == (expected.function,
+                                             expected.class_names)
+
+
+def test_hf_directories_and_timm_files_in_a_bucket_load_as_locally(
+    tmp_path, gcs_bucket):
+  tensors = random_tensors(hf_shapes())
+  local = write_hf_dir(tmp_path / "hf", tensors, hf_config())
+  url = upload(local, f"{gcs_bucket}/hf")
+  assert torch_files.is_hf_dir(url)
+  assert_same_checkpoint(pretrained.load(url), pretrained.load(local))
+
+  # Shards listed in an index.
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[:len(names) // 2],
+            "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+  sharded = tmp_path / "sharded"
+  write_hf_dir(sharded, {}, hf_config())
+  os.remove(sharded / "model.safetensors")
+  for shard, keys in shards.items():
+    save_file({key: tensors[key] for key in keys}, str(sharded / shard))
+  (sharded / "model.safetensors.index.json").write_text(json.dumps(
+      {"weight_map": {key: shard for shard, keys in shards.items()
+                      for key in keys}}))
+  url = upload(sharded, f"{gcs_bucket}/sharded")
+  assert_same_checkpoint(pretrained.load(url), pretrained.load(local))
+
+  timm = tmp_path / "timm" / "timm.safetensors"
+  timm.parent.mkdir()
+  save_file(random_tensors(timm_shapes()), str(timm))
+  url = upload(timm.parent, f"{gcs_bucket}/timm") + "/timm.safetensors"
+  assert_same_checkpoint(pretrained.load(url, HEADS),
+                         pretrained.load(str(timm), HEADS))
+
+
+def test_what_a_bucket_does_not_hold_is_named(tmp_path, gcs_bucket):
+  pickled = tmp_path / "pickled"
+  pickled.mkdir()
+  (pickled / "config.json").write_text(json.dumps(hf_config()))
+  (pickled / "pytorch_model.bin").write_bytes(b"\x80\x02not to be unpickled")
+  url = upload(pickled, f"{gcs_bucket}/pickled")
+  with pytest.raises(errors.InputError, match="never loads") as raised:
+    pretrained.load(url)
+  assert f"{url}/pytorch_model.bin" in str(raised.value)
+  missing = f"{gcs_bucket}/none.safetensors"
+  with pytest.raises(errors.InputError, match=f"{missing} does not exist"):
+    pretrained.load(missing, HEADS)
+
+
+def model_params(seed=0):
+  model = models.create("Ti/4", num_classes=3, hidden_size=16, num_layers=2,
+                        mlp_dim=32, num_heads=2)
+  return randomize(nn.meta.unbox(model.init(
+      jax.random.key(seed), jnp.zeros((1, 8, 8, 3)), train=False)["params"]),
+                   seed)
+
+
+def test_save_npz_to_a_bucket_round_trips(gcs_bucket):
+  params = model_params()
+  url = f"{gcs_bucket}/weights/model.npz"
+  npz_lib.save_npz(params, url)
+  assert objects(gcs_bucket) == ["weights/model.npz"]  # Nothing beside it.
+  assert_same_params(npz_lib.load_npz(url), params)
+  npz_lib.save_npz(model_params(seed=1), url)  # Replaced whole.
+  assert_same_params(npz_lib.load_npz(url), model_params(seed=1))
+
+
+def test_hf_and_timm_exports_to_a_bucket_load_back(tmp_path, gcs_bucket):
+  source = write_hf_dir(tmp_path / "hf", random_tensors(hf_shapes()),
+                        hf_config("gelu_pytorch_tanh", 1e-6))
+  loaded = pretrained.load(source)
+
+  url = f"{gcs_bucket}/export/hf"
+  how = exports.write(loaded, "hf", url)
+  assert objects(url) == ["config.json", "model.safetensors"]
+  assert f"gsutil -m cp -r {url} ." in how and "from_pretrained('hf')" in how
+  assert_same_checkpoint(pretrained.load(url), loaded)
+  local = str(tmp_path / "hf_local")
+  exports.write(loaded, "hf", local)
+  for name in ("config.json", "model.safetensors"):
+    assert epath.Path(url, name).read_bytes() == (
+        pathlib.Path(local, name).read_bytes()), name
+
+  url = f"{gcs_bucket}/export/timm.safetensors"
+  how = exports.write(loaded, "timm", url)
+  assert f"gsutil cp {url} ." in how and "load_file('timm.safetensors')" in how
+  local = str(tmp_path / "timm.safetensors")
+  exports.write(loaded, "timm", local)
+  assert epath.Path(url).read_bytes() == pathlib.Path(local).read_bytes()
+  again = pretrained.load(url, HEADS)
+  assert_same_params(again.params, pretrained.load(local, HEADS).params)
+  for key, value in load_file(local).items():
+    np.testing.assert_array_equal(torch_files.read_safetensors(url)[key],
+                                  value)
+
+
+def write_pngs(directory, count=3):
+  rng = np.random.default_rng(0)
+  directory.mkdir(parents=True, exist_ok=True)
+  for i in range(count):
+    pixels = rng.integers(0, 256, (10 + i, 12, 3), np.uint8)
+    (directory / f"{i}.png").write_bytes(tf.io.encode_png(pixels).numpy())
+  (directory / "notes.txt").write_text("not an image")
+
+
+def test_images_and_labels_from_a_bucket_are_read_as_locally(tmp_path,
+                                                             gcs_bucket):
+  local = tmp_path / "images"
+  write_pngs(local)
+  (tmp_path / "labels.txt").write_text("cat\n\ndog\n  bird \n")
+  upload(tmp_path, gcs_bucket)
+  url = f"{gcs_bucket}/images"
+
+  files = image_files.expand([url])
+  assert files == [f"{url}/{i}.png" for i in range(3)]
+  assert image_files.expand([f"{url}/1.png", f"{url}/*.png"]) == (
+      [f"{url}/1.png"] + files)
+  np.testing.assert_array_equal(
+      image_files.from_files(files, 8, 0.875),
+      image_files.from_files(image_files.expand([str(local)]), 8, 0.875))
+  assert image_files.name_classes(f"{gcs_bucket}/labels.txt") == (
+      image_files.name_classes(str(tmp_path / "labels.txt"))) == [
+          "cat", "dog", "bird"]
+  with pytest.raises(errors.InputError, match="no image at"):
+    image_files.expand([f"{gcs_bucket}/nothing/*.png"])
+  with pytest.raises(errors.InputError, match="labels.txt does not exist"):
+    image_files.name_classes(f"{gcs_bucket}/nothing/labels.txt")
+
+
+def test_a_folder_dataset_in_a_bucket_reads_as_its_local_copy(
+    tmp_path, gcs_bucket):
+  local = str(tmp_path / "fruit")
+  make_folder(local)
+  # Ignored in a bucket as locally: a hidden file, another extension.
+  write_image(os.path.join(local, "train", "apple", ".hidden.png"), 0,
+              (2, 2), "rgb")
+  pathlib.Path(local, "test", "cherry", "notes.txt").write_text("ignored")
+  # A file that does not decode: left out and listed, as locally.
+  pathlib.Path(local, "train", "banana", "broken.png").write_bytes(b"\x89PNG")
+  url = upload(local, f"{gcs_bucket}/images/fruit")
+  data_dir = str(tmp_path / "data")
+
+  remote = sources.get_builder(folder.PREFIX + url, data_dir)
+  here = sources.get_builder(folder.PREFIX + local, data_dir)
+  assert remote.builder_config.root == url  # As given: no local path.
+  assert remote.builder_config.name.startswith("fruit-")
+  assert remote.info.features["label"].names == CLASSES == (
+      here.info.features["label"].names)
+  for split in ("train", "test"):
+    assert remote.info.splits[split].num_examples == (
+        here.info.splits[split].num_examples)
+    assert sorted((example["image"], example["label"]) for example in
+                  stored_examples(remote, split)) == sorted(
+                      (example["image"], example["label"])
+                      for example in stored_examples(here, split))
+  assert folder.broken_files(remote) == folder.broken_files(here) != []
+  assert folder.broken_files(remote)[0][0] == "train/banana/broken.png"
+
+  with pytest.raises(errors.InputError, match="not a directory"):
+    sources.get_builder(folder.PREFIX + f"{gcs_bucket}/absent", data_dir)
+
+
+def test_digits_prepared_into_a_bucket_is_refused_in_one_line(gcs_bucket):
+  data_dir = f"{gcs_bucket}/tensorflow_datasets"
+  for dataset in ("digits", "digits/0to4"):
+    with pytest.raises(errors.InputError) as raised:
+      sources.get_builder(dataset, data_dir)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"data_dir {data_dir}:" in message and "ArrayRecord" in message
+  assert objects(gcs_bucket) == []  # Nothing half written.
+
+
+def test_a_folder_prepared_into_a_bucket_is_refused_in_one_line(tmp_path,
+                                                                gcs_bucket):
+  local = str(tmp_path / "fruit")
+  make_folder(local, single_split=True)
+  data_dir = f"{gcs_bucket}/tensorflow_datasets"
+  with pytest.raises(errors.InputError, match=f"data_dir {data_dir}: "):
+    sources.get_builder(folder.PREFIX + local, data_dir)
+  assert objects(gcs_bucket) == []
+
+
+def test_a_dataset_prepared_in_a_bucket_reads_as_locally(
+    gcs_bucket, digits_tfrecord_data_dir, digits_data_dir):
+  """A data_dir in a bucket holding a prepared copy (as `gsutil -m cp -r`
+  puts one there): TFRecord is read, the same examples as locally;
+  ArrayRecord is refused by name (array_record reads local files only)."""
+  data_dir = upload(digits_tfrecord_data_dir, f"{gcs_bucket}/tfrecord")
+  remote = sources.get_builder("digits", data_dir)
+  assert remote.data_dir.startswith(data_dir)
+  here = sources.get_builder("digits", digits_tfrecord_data_dir)
+  for split in ("train", "test"):
+    got = stored_examples(remote, split)
+    assert len(got) == here.info.splits[split].num_examples
+    for example, expected in zip(got, stored_examples(here, split),
+                                 strict=True):
+      assert (example["image"], example["label"]) == (expected["image"],
+                                                      expected["label"])
+  data_dir = upload(digits_data_dir, f"{gcs_bucket}/array_record")
+  source = sources.lookup("digits", data_dir)
+  with pytest.raises(errors.InputError, match="local paths only"):
+    random_access.Records(source, "train")
+
+
+def test_figures_written_to_a_bucket_land_there(tmp_path, gcs_bucket):
+  model = models.create("B/8", num_classes=3, hidden_size=24, num_layers=2,
+                        mlp_dim=48, num_heads=3)
+  params = randomize(model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),
+                                train=False)["params"])
+  npz_lib.save_npz(params, tmp_path / "model.npz")
+  inference = pretrained.for_inference(str(tmp_path / "model.npz"))
+  images = np.random.default_rng(0).integers(0, 256, (2, 16, 16, 3),
+                                             np.uint8)
+  out = f"{gcs_bucket}/run/figures"
+  written = attention_lib.write_all(inference, out, (images, None, "noise"),
+                                    rollout_images=2)
+  names = ["attention_rollout.png", "embedding_filters.png",
+           "mean_attention_distance.png", "position_embedding_similarity.png"]
+  assert sorted(written) == [f"{out}/{name}" for name in names]
+  assert objects(out) == names
+  for path in written:
+    image = tf.io.decode_png(epath.Path(path).read_bytes())
+    assert image.shape[0] > 100, path
+
+
+def half_a_file_then_a_full_disk(target):
+  """Writes part of a file to `target` (a name or a file object), then
+  fails as a full disk does."""
+  if isinstance(target, (str, os.PathLike)):
+    with open(target, "wb") as f:
+      f.write(b"half a file")
+  else:
+    target.write(b"half a file")
+  raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("writer", ["npz", "timm"])
+def test_a_write_that_fails_keeps_the_old_file_whole(tmp_path, monkeypatch,
+                                                     writer):
+  if writer == "npz":
+    path = str(tmp_path / "model.npz")
+    npz_lib.save_npz(model_params(), path)
+    monkeypatch.setattr(np, "savez",
+                        lambda f, **_: half_a_file_then_a_full_disk(f))
+
+    def write():
+      npz_lib.save_npz(model_params(seed=1), path)
+  else:
+    path = str(tmp_path / "model.safetensors")
+    tensors = random_tensors(timm_shapes())
+    torch_files.write_safetensors(tensors, path)
+    monkeypatch.setattr(
+        torch_files.safetensors.numpy, "save_file",
+        lambda _, name, metadata=None: half_a_file_then_a_full_disk(name))
+
+    def write():
+      torch_files.write_safetensors(random_tensors(timm_shapes(), seed=1),
+                                    path)
+  before = pathlib.Path(path).read_bytes()
+  with pytest.raises(OSError) as raised:
+    write()
+  assert raised.value.errno == errno.ENOSPC
+  if writer == "npz":  # Named by the path given, as the tools print it.
+    assert raised.value.filename == path
+  assert pathlib.Path(path).read_bytes() == before
+  assert os.listdir(tmp_path) == [os.path.basename(path)]  # No temporary.
+  if writer == "npz":
+    assert_same_params(npz_lib.load_npz(path), model_params())
+  else:
+    for key, value in load_file(path).items():
+      np.testing.assert_array_equal(value, tensors[key])
