@@ -1,0 +1,174 @@
+"""A run whose workdir is on Cloud Storage (the local one of tests/gcs.py)
+trains, stops, resumes and is read by every tool as a local one is; nothing
+of it lands on the local disk under a folder named `gs:`."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from etils import epath
+
+from vit_jax.weights import npz, pretrained
+from tests import gcs
+from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
+                        logged, main_flags, metric_rows, run_training,
+                        small_config, start_main, start_pod, wait_for_step)
+
+# Long enough to be stopped between two saves.
+RUN = {"total_steps": 12, "log_every": 1, "checkpoint_every": 5,
+       "evaluators.test.every": 6}
+
+
+@pytest.fixture
+def away_from_repo(tmp_path):
+  """A working directory holding a plain file named `gs:`: a tool that
+  took `gs://B/x` for a local path would fail to write `./gs:/B/x`."""
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  (cwd / "gs:").write_text("a file, not a folder")
+  yield str(cwd)
+  assert sorted(os.listdir(cwd)) == ["gs:"]
+  assert (cwd / "gs:").read_text() == "a file, not a folder"
+  assert not os.path.exists(os.path.join(REPO, "gs:"))
+
+
+def args_in(cwd, workdir, data_dir, **overrides):
+  args = main_flags(workdir, data_dir, **overrides)
+  return [f"--config={os.path.join(REPO, 'configs', 'digits.py')}",
+          *args[1:]]
+
+
+def stored(url):
+  """The names of the objects under the gs:// folder `url`, relative to it
+  (its folder placeholders left out)."""
+  prefix = url.split("/", 3)[3] + "/"
+  return sorted(name[len(prefix):] for name in gcs.list_objects(url)
+                if name.startswith(prefix) and not name.endswith("/"))
+
+
+def tool(cwd, name, *args):
+  result = subprocess.run(
+      [sys.executable, "-m", f"vit_jax.{name}", *args], cwd=cwd,
+      env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
+      timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout
+
+
+def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
+    gcs_bucket, digits_data_dir, tmp_path, away_from_repo):
+  cwd = away_from_repo
+  workdir = f"{gcs_bucket}/runs/digits"
+  args = args_in(cwd, workdir, digits_data_dir, **RUN)
+  run = start_main(args, cwd=cwd)
+  wait_for_step(workdir, 3, run)
+  run.send_signal(signal.SIGTERM)
+  code, stdout, stderr = finish(run)
+  assert code == 0, stderr[-3000:]
+  stopped = int(re.search(r"stopped at step (\d+)", stdout).group(1))
+  assert 3 <= stopped < RUN["total_steps"]
+  assert f"checkpoint saved in {workdir};" in stdout
+  assert max(r["step"] for r in metric_rows(workdir)) == stopped
+
+  code, stdout, stderr = finish(start_main(args, cwd=cwd))
+  assert code == 0, stderr[-3000:]
+  assert f"tensorboard --logdir {workdir} --load_fast=false" in stdout
+  config = small_config(digits_data_dir, **RUN)
+  local = str(tmp_path / "local")
+  run_training(config, local)
+  step, params, _ = latest_checkpoint(workdir, config)
+  assert step == RUN["total_steps"]
+  _, expected, _ = latest_checkpoint(local, config)
+  assert_trees_equal(params, expected)
+  # Each step's row once, as an uninterrupted run writes them.
+  assert sorted(logged(workdir)) == sorted(logged(local))
+  assert logged(workdir, "test_accuracy") == logged(local, "test_accuracy")
+  files = stored(workdir)
+  for name in ("config.json", "metrics.jsonl", "time.json",
+               f"checkpoints/{RUN['total_steps']}/_CHECKPOINT_METADATA"):
+    assert name in files, files
+  assert any(name.startswith("events.out.tfevents") for name in files)
+  assert "lock.json" not in files  # Released.
+
+  # Finished: reported from its last checkpoint, not trained again.
+  code, again, stderr = finish(start_main(args, cwd=cwd))
+  assert code == 0, stderr[-3000:]
+  assert "test_accuracy" in again and "Training" not in again
+  assert stored(workdir) == files
+
+  # The tools take it: export to the bucket and to a local file alike.
+  exported = f"{gcs_bucket}/exports/digits.npz"
+  tool(cwd, "export", f"--workdir={workdir}", f"--out={exported}")
+  tool(cwd, "export", f"--workdir={workdir}",
+       f"--out={tmp_path / 'digits.npz'}")
+  from_bucket = npz.load_npz(exported)
+  assert_trees_equal(from_bucket, npz.load_npz(str(tmp_path / "digits.npz")))
+  assert_trees_equal(from_bucket, pretrained.load(local).params)
+
+  images = tmp_path / "images"
+  images.mkdir()
+  rng = np.random.default_rng(0)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  for i in range(3):
+    pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    (images / f"{i}.png").write_bytes(tf.io.encode_png(pixels).numpy())
+  epath.Path(gcs_bucket, "images").mkdir(parents=True, exist_ok=True)
+  for i in range(3):
+    epath.Path(images / f"{i}.png").copy(
+        epath.Path(f"{gcs_bucket}/images/{i}.png"))
+  on_gcs = tool(cwd, "predict", f"--workdir={workdir}",
+                f"--images={gcs_bucket}/images", "--json")
+  on_disk = tool(cwd, "predict", f"--workdir={local}", f"--images={images}",
+                 "--json")
+  assert on_gcs.replace(f"{gcs_bucket}/images", str(images)) == on_disk
+
+  tool(cwd, "figures", f"--workdir={workdir}", "--num_images=4",
+       "--rollout_images=2", "--split=test[:8]")
+  figures = stored(f"{workdir}/figures")
+  assert "training_curves.png" in figures and "attention_rollout.png" in (
+      figures), figures
+
+  # A fine-tune starts from the run in the bucket.
+  assert_trees_equal(pretrained.load(workdir).params,
+                     pretrained.load(local).params)
+  finetune = small_config(digits_data_dir, init_from=workdir, total_steps=2,
+                          log_every=1, checkpoint_every=2,
+                          **{"evaluators.test.every": 0,
+                             "optimizer.warmup_steps": 1})
+  assert "train_loss" in run_training(finetune, str(tmp_path / "finetune"))
+
+
+def test_a_pod_on_gcs_sets_a_damaged_checkpoint_aside(
+    gcs_bucket, digits_data_dir):
+  workdir = f"{gcs_bucket}/runs/pod"
+  pod = {**RUN, "total_steps": 10, "optimizer.name": "sgd",
+         "optimizer.weight_decay": 0.0,
+         "evaluators.test.every": 0}
+  code, out, stderr = finish(start_pod(2, 4, main_flags(
+      workdir, digits_data_dir, **pod)))
+  assert code == 0, (out + stderr)[-5000:]
+  # The newest step's array files, cut in half.
+  cut = 0
+  for name in stored(f"{workdir}/checkpoints/10"):
+    if "/d/" in f"/{name}":
+      path = epath.Path(f"{workdir}/checkpoints/10/{name}")
+      data = path.read_bytes()
+      path.write_bytes(data[:len(data) // 2])
+      cut += 1
+  assert cut
+  code, stdout, stderr = finish(start_pod(2, 4, main_flags(
+      workdir, digits_data_dir, **{**pod, "total_steps": 12})))
+  assert code == 0, stderr[-3000:]
+  assert "Resuming at step 5 of 12" in stdout
+  for process in (0, 1):
+    assert any(line.startswith(f"[{process}]") and
+               "checkpoint of step 10 does not read" in line
+               for line in (stdout + stderr).splitlines()), stdout[-3000:]
+  assert any(name.startswith("10.corrupt/")
+             for name in stored(f"{workdir}/checkpoints"))
+  assert max(logged(workdir)) == 12
+  assert not os.path.exists(os.path.join(REPO, "gs:"))
