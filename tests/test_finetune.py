@@ -33,7 +33,7 @@ def pretrained_run(digits_data_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("pretrained"))
   config = small_config(digits_data_dir, **{"model.representation_size": 32})
   run_training(config, workdir)
-  npz = os.path.join(workdir, "export.npz")
+  npz = os.path.join(workdir, "exports", "export.npz")
   done = subprocess.run(
       [sys.executable, "-m", "vit_jax.export", f"--workdir={workdir}",
        f"--out={npz}"], cwd=REPO, capture_output=True, text=True, timeout=300)

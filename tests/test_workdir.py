@@ -4,13 +4,16 @@ import errno
 import io
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from vit_jax import errors, paths, run as run_lib
-from vit_jax.runs import store, writers
+from vit_jax.data import conversion, image_files, sources
+from vit_jax.runs import store, workdir as workdir_lib, writers
 from vit_jax.runs.workdir import Workdir
-from tests.util import (finish, latest_checkpoint, main_flags, run_training,
+from tests.util import (REPO, finish, latest_checkpoint, main_flags, run_training,
                         small_config, start_main)
 
 
@@ -148,3 +151,42 @@ def test_metrics_that_do_not_fit_leave_the_file_as_it_was(tmp_path,
       b'{"step": 1}\n{"step": 2, "train_loss": 0.5}\n{"step": 3, "tr')
   writers.JsonlWriter(workdir, resume_step=1)
   assert (tmp_path / "metrics.jsonl").read_bytes() == b'{"step": 1}\n'
+
+
+def test_tools_write_in_a_workdir_only_under_its_exports_and_figures(
+    tmp_path):
+  run = Workdir(tmp_path / "run")
+  run.write_config({"model": {"name": "Ti/2"}})
+  recorded = (tmp_path / "run" / "config.json").read_bytes()
+  for inside in (tmp_path / "run", tmp_path / "run" / "config.json",
+                 tmp_path / "run" / "checkpoints" / "model.npz"):
+    with pytest.raises(errors.InputError, match="inside the workdir of a run"):
+      workdir_lib.check_output(str(inside), "--out")
+  for allowed in (f"{run.exports}/model.npz", run.exports, run.figures,
+                  str(tmp_path / "model.npz")):
+    workdir_lib.check_output(allowed, "--out")
+  # The command of issue "Every tool as careful": the run's config.json was
+  # replaced by the HF one.
+  result = subprocess.run(
+      [sys.executable, "-m", "vit_jax.export", f"--workdir={run}",
+       f"--out={run}", "--format=hf"], cwd=REPO, capture_output=True,
+      text=True, timeout=120, check=False)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.startswith(f"error: --out={run} is inside")
+  assert (tmp_path / "run" / "config.json").read_bytes() == recorded
+
+
+def test_a_labels_file_must_name_every_class(tmp_path):
+  labels = tmp_path / "labels.txt"
+  labels.write_text("cat\ndog\n")
+  assert image_files.name_classes(str(labels), num_classes=2) == ["cat",
+                                                                  "dog"]
+  with pytest.raises(errors.InputError, match="2 names for the model's 3"):
+    image_files.name_classes(str(labels), num_classes=3)
+
+
+def test_converting_into_the_tfrecord_folder_is_refused(
+    digits_tfrecord_data_dir):
+  builder = sources.get_builder("digits", digits_tfrecord_data_dir)
+  with pytest.raises(errors.InputError, match="give another folder"):
+    conversion.convert(builder, digits_tfrecord_data_dir)

@@ -28,6 +28,7 @@ if __name__ == "__main__":
 from absl import flags, logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from vit_jax import cli, cli_flags, paths
+from vit_jax.runs import workdir
 from vit_jax.weights import exports, pretrained
 
 cli_flags.define_model_source("export", verb_from="convert")
@@ -52,6 +53,7 @@ flags.register_multi_flags_validator(
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
+  workdir.check_output(f.out, "--out")
   loaded = pretrained.load(cli_flags.source_from_flags(), f.num_heads)
   if f.input_mean:
     loaded = exports.fold_input_normalization(

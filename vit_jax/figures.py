@@ -53,11 +53,14 @@ flags.register_multi_flags_validator(
 
 def main(argv):
   f = flags.FLAGS
+  if f.out:
+    workdir.check_output(f.out, "--out")
   inference = cli_flags.model_from_flags()
   dataset, data_dir = inference.data(f.dataset, f.data_dir)
   samples = attention_lib.sample_images(inference, f.images + argv[1:],
                                    f.num_images, dataset, f.split, data_dir)
-  names = image_files.name_classes(f.labels, dataset, data_dir)
+  names = image_files.name_classes(f.labels, dataset, data_dir,
+                                   inference.model.num_classes)
   out = f.out or workdir.Workdir(f.workdir).figures
   for written in attention_lib.write_all(inference, out, samples, names,
                                     f.rollout_images, f.workdir):

@@ -22,7 +22,8 @@ from vit_jax.data import image_files
 
 cli_flags.define_model_source("run")
 cli_flags.define_images()
-flags.DEFINE_integer("top", 5, "How many classes to show per image.")
+flags.DEFINE_integer("top", 5, "How many classes to show per image.",
+                     lower_bound=1)
 flags.DEFINE_integer("batch_size", 64, "Images per forward pass.")
 flags.DEFINE_bool("json", False, "One JSON object per image instead of "
                   "text.")
@@ -37,9 +38,9 @@ def main(argv):
   files = image_files.expand(paths)
   pixels = image_files.from_files(files, inference.image_size,
                              inference.crop_fraction)
-  names = (image_files.name_classes(f.labels, *inference.data(f.dataset,
-                                                         f.data_dir))
-           or inference.class_names)
+  names = (image_files.name_classes(
+      f.labels, *inference.data(f.dataset, f.data_dir),
+      num_classes=inference.model.num_classes) or inference.class_names)
   tops = predictions.top_classes(
       predictions.probabilities(inference, pixels, f.batch_size), f.top, names)
   show = predictions.as_json if f.json else predictions.as_text

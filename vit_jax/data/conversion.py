@@ -60,6 +60,11 @@ def convert(builder, out_data_dir, progress=print):
         f"--out_data_dir={out_data_dir}: ArrayRecord files are written to "
         f"and read from local paths only; use a local disk or a mounted "
         f"bucket (gcsfuse)")
+  if paths.shown(out_data_dir) == paths.shown(builder.data_dir_root):
+    raise errors.InputError(
+        f"--out_data_dir={out_data_dir} is where {builder.name} is prepared "
+        f"as TFRecord: give another folder for the ArrayRecord copy (the "
+        f"TFRecord one is kept)")
   # From here on out_data_dir is local (refused above otherwise), as the
   # ArrayRecord writer needs: os and shutil act on local folders only.
   target = destination(builder, out_data_dir)

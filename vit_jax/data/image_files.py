@@ -83,14 +83,22 @@ def class_names(dataset, data_dir=None):
   return list(builder.info.features[key].names)
 
 
-def name_classes(labels_file="", dataset="", data_dir=None):
+def name_classes(labels_file="", dataset="", data_dir=None,
+                 num_classes=None):
   """Class names from `labels_file` (a text file, one name per line) if
-  given, else from `dataset`, else None."""
+  given, else from `dataset`, else None. A file with fewer names than the
+  model's `num_classes` is refused: names would be given to other classes."""
   if labels_file:
     file = paths_lib.path(labels_file)
     if not file.is_file():
       raise errors.InputError(f"labels file {labels_file} does not exist "
                               "(a text file, one class name per line)")
-    return [line.strip() for line in file.read_text().splitlines()
-            if line.strip()]
+    names = [line.strip() for line in file.read_text().splitlines()
+             if line.strip()]
+    if num_classes is not None and len(names) != num_classes:
+      raise errors.InputError(
+          f"labels file {labels_file} has {len(names)} names for the "
+          f"model's {num_classes} classes: one name per line, in class "
+          "order")
+    return names
   return class_names(dataset, data_dir) if dataset else None

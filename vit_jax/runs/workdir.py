@@ -153,6 +153,14 @@ class Workdir:
   def exports(self):
     return os.fspath(self._file(EXPORTS))
 
+  def may_hold(self, output):
+    """Whether a tool may write `output` (a path) inside this workdir: only
+    under its exports/ or figures/ folder."""
+    output = paths.path(output)
+    return any(output == place or place in output.parents
+               for place in (paths.path(self.exports),
+                             paths.path(self.figures)))
+
   # Files that grow, on a store that cannot append.
 
   def _lines(self, name):
@@ -165,3 +173,20 @@ class Workdir:
   def _rewrite_lines(self, name, lines):
     self.path.mkdir(parents=True, exist_ok=True)
     paths.write_atomically(self._file(name), "".join(lines))
+
+
+def check_output(output, flag):
+  """Refuses `output`, a file or folder a tool (export, figures) is about to
+  write as `flag`, when it lies inside a run's workdir other than under
+  that workdir's exports/ or figures/: a run's files are the run's (an HF
+  export's config.json would replace the run's)."""
+  path = paths.path(output)
+  for folder in [path, *path.parents]:
+    workdir = Workdir(folder)
+    if workdir.has_run():
+      if workdir.may_hold(path):
+        return
+      raise errors.InputError(
+          f"{flag}={output} is inside the workdir of a run ({workdir}), "
+          f"whose files are the run's: write under {workdir.exports} (or "
+          f"{workdir.figures}), or outside the workdir")
