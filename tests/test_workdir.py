@@ -190,3 +190,30 @@ def test_converting_into_the_tfrecord_folder_is_refused(
   builder = sources.get_builder("digits", digits_tfrecord_data_dir)
   with pytest.raises(errors.InputError, match="give another folder"):
     conversion.convert(builder, digits_tfrecord_data_dir)
+
+
+def test_damaged_run_files_are_named_in_one_line(tmp_path):
+  run = Workdir(tmp_path)
+  (tmp_path / "config.json").write_text('{"model": {"name": "Ti/')
+  with pytest.raises(errors.InputError, match="config.json is damaged"):
+    run.read_config()
+  with pytest.raises(errors.InputError, match="is a file, not a workdir"):
+    Workdir("/etc/passwd").read_config()
+  # A metrics file that ends in bytes that are not UTF-8 (a disk's garbage):
+  # its rows read, and a resumed run drops the line.
+  (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n\xff\xfe\x00')
+  assert writers.read_rows(run) == [{"step": 1}]
+  writers.JsonlWriter(run, resume_step=1)
+  assert (tmp_path / "metrics.jsonl").read_bytes() == b'{"step": 1}\n'
+
+
+def test_a_write_that_fails_names_its_target(tmp_path, monkeypatch):
+  target = tmp_path / "model.npz"
+  target.write_bytes(b"the old file")
+  monkeypatch.setattr(paths, "open", lambda name, mode: _FillsUp(name, mode),
+                      raising=False)
+  with pytest.raises(OSError) as raised:
+    paths.write_atomically(target, b"x" * 100)
+  assert raised.value.filename == str(target)
+  assert "No space left" in raised.value.strerror
+  assert target.read_bytes() == b"the old file"

@@ -56,8 +56,23 @@ def writing(target):
 
   A local target's temporary file sits beside it (a rename within one file
   system is atomic). A URL's is written to a local temporary file and then
-  copied up in one object write, which a store like GCS makes atomic."""
+  copied up in one object write, which a store like GCS makes atomic. An
+  OSError on the way (a full disk) is raised again naming `target`, not
+  the temporary file (vit_jax.cli prints "TARGET: No space left on
+  device")."""
   target = os.fspath(target)
+  try:
+    with _replacing(target) as local:
+      yield local
+  except OSError as e:
+    if e.errno is None or e.filename == target:
+      raise
+    raise OSError(e.errno, e.strerror or os.strerror(e.errno), target) from e
+
+
+@contextlib.contextmanager
+def _replacing(target):
+  """`writing`'s work, its errors as they come."""
   if is_url(target):
     directory = tempfile.mkdtemp(prefix="vit_jax_upload_")
     local = os.path.join(directory, os.path.basename(target.rstrip("/")))

@@ -12,7 +12,6 @@ without pickle.
 """
 
 import contextlib
-import os
 import re
 import zipfile
 
@@ -58,18 +57,10 @@ def save_npz(params, path):
           f"{key!r} is not an array of numbers "
           f"({type(value).__name__}); cannot save it without pickle")
     arrays[key] = array
-  try:
-    # A file object: np.savez adds ".npz" to a name without it, as the
-    # temporary file's is. `local` is a local temporary file, not `path`.
-    with paths.writing(path) as local, open(local, "wb") as f:
-      np.savez(f, **arrays)
-  except OSError as e:
-    if e.errno is None:
-      raise
-    # Named by the path the caller gave, not the temporary file's
-    # (vit_jax.cli prints "PATH: No space left on device").
-    raise OSError(e.errno, e.strerror or os.strerror(e.errno),
-                  os.fspath(path)) from e
+  # A file object: np.savez adds ".npz" to a name without it, as the
+  # temporary file's is. `local` is a local temporary file, not `path`.
+  with paths.writing(path) as local, open(local, "wb") as f:
+    np.savez(f, **arrays)
 
 
 def load_npz(path):
