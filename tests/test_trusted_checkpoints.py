@@ -9,17 +9,20 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
 
 from vit_jax import errors
+from vit_jax.data import sources
 from vit_jax.runs import fingerprints, lock
-from tests.util import (assert_trees_equal, finish, latest_checkpoint,
+from vit_jax.weights import npz, pretrained
+from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
                         made_once, main_flags, metric_rows, poison_step,
                         run_training, small_config, start_main,
-                        wait_for_step)
+                        stored_examples, wait_for_step)
 
 # Checkpoints at 4, 6 and 8 are kept (the issue's 100/150/200, in small).
 SAVED = {"total_steps": 8, "checkpoint_every": 2, "keep_checkpoints": 3,
@@ -239,3 +242,64 @@ def test_a_loss_that_turns_nan_soon_after_a_restore_blames_the_checkpoint(
   with pytest.raises(errors.RunError, match="train_loss is nan at step 8, 2 "
                      "steps after resuming from the checkpoint of step 6"):
     run_training(config, workdir)
+
+
+def every_data_file_flipped(step_dir):
+  """8 bytes flipped in the middle of each array file of the step: the
+  params' among them, whichever files hold them."""
+  for root, _, names in os.walk(step_dir):
+    for name in names:
+      if os.sep + "d" + os.sep in os.path.join(root, name) + os.sep:
+        path = os.path.join(root, name)
+        with open(path, "r+b") as f:
+          data = bytearray(f.read())
+          middle = len(data) // 2
+          data[middle:middle + 8] = bytes(b ^ 0xFF
+                                          for b in data[middle:middle + 8])
+          f.seek(0)
+          f.write(data)
+
+
+def tool(name, *args):
+  """(stdout, stderr) of `python -m vit_jax.NAME ARGS`, which must succeed."""
+  done = subprocess.run([sys.executable, "-m", f"vit_jax.{name}", *args],
+                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout, done.stderr
+
+
+def test_read_only_tools_name_a_damaged_step_and_read_the_one_before(
+    saved_run, digits_data_dir, tmp_path, caplog):
+  original, _, _ = saved_run
+  damaged, whole = str(tmp_path / "damaged"), str(tmp_path / "whole")
+  shutil.copytree(original, damaged)
+  every_data_file_flipped(os.path.join(damaged, "checkpoints", "8"))
+  shutil.copytree(original, whole, ignore=lambda d, names: (
+      ["8"] if d.endswith("checkpoints") else []))
+  # An image of the digits' test split, from the prepared dataset.
+  builder = sources.get_builder("digits", digits_data_dir)
+  image = tmp_path / "digit.png"
+  image.write_bytes(stored_examples(builder, "test")[0]["image"])
+
+  outputs = {}
+  for name, workdir in (("damaged", damaged), ("whole", whole)):
+    _, said = tool("export", f"--workdir={workdir}",
+                   f"--out={tmp_path / name}.npz")
+    predicted, _ = tool("predict", f"--workdir={workdir}", f"--images={image}")
+    outputs[name] = (npz.load_npz(f"{tmp_path / name}.npz"), predicted, said)
+  assert "checkpoint of step 8" in outputs["damaged"][2]
+  assert "checkpoint of step" not in outputs["whole"][2]
+  assert_trees_equal(outputs["damaged"][0], outputs["whole"][0])
+  assert outputs["damaged"][1] == outputs["whole"][1]
+  assert sorted(os.listdir(os.path.join(damaged, "checkpoints"))) == [
+      "4", "6", "8"]  # Read-only: nothing set aside.
+
+  # init_from (and figures, which reads its model the same way).
+  with caplog.at_level(logging.WARNING):
+    loaded = pretrained.load(damaged)
+  assert "step 6" in loaded.what
+  assert any("checkpoint of step 8" in r.getMessage() for r in caplog.records)
+  assert_trees_equal(loaded.params, pretrained.load(whole).params)
+  with pytest.raises(errors.InputError, match="step 8 "):
+    pretrained.load(f"{damaged}:8")

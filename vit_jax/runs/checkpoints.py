@@ -68,22 +68,72 @@ def params_reader(directory):
       options=ocp.CheckpointManagerOptions(read_only=True, create=False))
 
 
-def restore_params(reader, step):
-  """(params, "Polyak average" or "params") of `step`, read by
-  `params_reader` as numpy on the host: the Polyak average when the run
-  kept one, else its params."""
-  saved = reader.item_metadata(step)["state"].tree
-  name = "polyak" if saved.get("polyak") else "params"
-  shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
-                        saved[name])
-  # As numpy: the saved sharding belongs to another mesh.
-  restored = reader.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(
-          item={name: shapes}, partial_restore=True,
-          restore_args={name: jax.tree.map(
-              lambda _: ocp.RestoreArgs(restore_type=np.ndarray), shapes)})))
-  return restored.state[name], ("Polyak average" if name == "polyak"
-                                else "params")
+def restore_newest_whole_params(reader, step=None):
+  """(step, params, "Polyak average" or "params") of the newest checkpoint
+  (or of `step`) that `reader` (`params_reader`) reads whole and unaltered,
+  as numpy on the host: the Polyak average when the run kept one, else its
+  params. What the read-only tools (export, predict, figures, init_from)
+  take from a workdir.
+
+  A checkpoint that fails restore_newest_whole's checks (commit markers,
+  arrays that read, their fingerprints) is named in a warning and the one
+  before it read; nothing is renamed (the workdir is the run's). When none
+  is whole, or `step` is not, an InputError names each and what failed."""
+  steps = sorted(reader.all_steps(), reverse=True)
+  if step is not None:
+    steps = [step]
+  failed = []
+  for candidate in steps:
+    params, what, problem = _read_params_verified(reader, candidate)
+    if problem is None:
+      return candidate, params, what
+    if step is None:
+      logging.warning("The checkpoint of step %d in %s %s: reading the one "
+                      "before it", candidate, reader.directory, problem)
+    failed.append(f"step {candidate} {problem}")
+  raise errors.InputError(
+      f"no checkpoint in {reader.directory} reads whole: {'; '.join(failed)}")
+
+
+def _read_params_verified(reader, step):
+  """(params, what, None) of `step`, or (None, None, what is wrong)."""
+  directory = epath.Path(reader.directory) / str(step)
+  missing = [m for m in COMMIT_MARKERS if not (directory / m).exists()]
+  if missing:
+    return None, None, f"lacks its commit markers ({', '.join(missing)})"
+  try:
+    saved = reader.item_metadata(step)["state"].tree
+    name = "polyak" if saved.get("polyak") else "params"
+    shapes = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
+                          saved[name])
+    # As numpy: the saved sharding belongs to another mesh.
+    restored = reader.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(
+            item={name: shapes}, partial_restore=True,
+            restore_args={name: jax.tree.map(
+                lambda _: ocp.RestoreArgs(restore_type=np.ndarray), shapes)}),
+        progress=ocp.args.JsonRestore()))
+  except Exception as e:  # pylint: disable=broad-except
+    return None, None, f"does not read ({_first_line(e)})"
+  params = restored.state[name]
+  # The state's fingerprints are keyed by its paths (".params['x']...").
+  prefix = f".{name}"
+  expected = {key[len(prefix):]: value for key, value in
+              restored.progress.get("fingerprints", {}).items()
+              if key.startswith(prefix + "[")}
+  if expected:  # Checkpoints saved before they existed have none.
+    changed = fingerprints.mismatches(expected, params)
+    if changed:
+      return None, None, (f"has arrays that differ from those saved "
+                          f"({name}{', '.join(changed[:3])}"
+                          f"{', ...' if len(changed) > 3 else ''})")
+  return params, "Polyak average" if name == "polyak" else "params", None
+
+
+def _first_line(e):
+  """An exception's first line: orbax adds pages of context."""
+  text = str(e).strip()
+  return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def save(checkpoints, step, state, progress):
@@ -195,11 +245,8 @@ def _read_verified(checkpoints, step, state_shapes):
         state=ocp.args.StandardRestore(state_shapes),
         progress=ocp.args.JsonRestore()))
   except Exception as e:  # pylint: disable=broad-except
-    # Any failure to read what was written is this checkpoint's; the
-    # message's first line says which (orbax adds pages of context).
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else (
-        type(e).__name__)
-    return None, f"does not read ({reason[:200]})"
+    # Any failure to read what was written is this checkpoint's.
+    return None, f"does not read ({_first_line(e)})"
   expected = restored.progress.get("fingerprints")
   if expected is not None:  # Checkpoints saved before they existed: none.
     changed = fingerprints.mismatches(expected, restored.state)

@@ -166,23 +166,25 @@ def _agrees(key, value, source_value):
 
 
 def load_run(workdir, step=None):
-  """Params of step `step` (default: the newest) of the run in `workdir`:
-  its Polyak average when it kept one, else its params."""
+  """Params of step `step` (default: the newest whole one) of the run in
+  `workdir`: its Polyak average when it kept one, else its params, verified
+  as a resume verifies them (checkpoints.restore_newest_whole_params)."""
   workdir = Workdir(workdir)
   reader = workdir.params_reader()
-  steps = reader.all_steps()
-  if not steps:
-    raise errors.InputError(
-        f"{workdir} holds no checkpoint (looked in {workdir.checkpoints}); "
-        "a source is a workdir of ours, an .npz, an HF transformers "
-        "directory or a timm .safetensors file")
-  step = max(steps) if step is None else step
-  if step not in steps:
-    raise errors.InputError(
-        f"{workdir} has no checkpoint of step {step}; it has "
-        f"{sorted(steps)}")
-  params, what = checkpoints.restore_params(reader, step)
-  reader.close()
+  try:
+    steps = reader.all_steps()
+    if not steps:
+      raise errors.InputError(
+          f"{workdir} holds no checkpoint (looked in {workdir.checkpoints}); "
+          "a source is a workdir of ours, an .npz, an HF transformers "
+          "directory or a timm .safetensors file")
+    if step is not None and step not in steps:
+      raise errors.InputError(
+          f"{workdir} has no checkpoint of step {step}; it has "
+          f"{sorted(steps)}")
+    step, params, what = checkpoints.restore_newest_whole_params(reader, step)
+  finally:
+    reader.close()
   return params, f"{workdir} step {step} ({what})"
 
 
