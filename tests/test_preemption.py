@@ -5,6 +5,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -211,3 +212,25 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(
     assert step == 20
   finally:
     subprocess.run(["umount", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("how,when", [(signal.SIGINT, "starting"),
+                                      (signal.SIGTERM, "holding the lock")])
+def test_a_signal_before_the_loop_stops_in_one_line_and_frees_the_workdir(
+    digits_data_dir, tmp_path, how, when):
+  workdir = str(tmp_path)
+  run = start_main(main_flags(workdir, digits_data_dir))
+  lock = os.path.join(workdir, "lock.json")
+  if when == "starting":
+    time.sleep(2)  # Importing JAX and TensorFlow.
+  else:  # Making the initial state, before the first step.
+    while not os.path.exists(lock) and run.poll() is None:
+      time.sleep(0.005)
+  run.send_signal(how)
+  code, stdout, stderr = finish(run)
+  assert code == 128 + how, stderr[-3000:]
+  assert stderr.splitlines() == [
+      f"error: stopped by {how.name}; files written so far are whole: run "
+      "the same command again"], stderr[-3000:]
+  assert "step 1/" not in stdout
+  assert not os.path.exists(lock)
