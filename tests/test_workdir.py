@@ -217,3 +217,26 @@ def test_a_write_that_fails_names_its_target(tmp_path, monkeypatch):
   assert raised.value.filename == str(target)
   assert "No space left" in raised.value.strerror
   assert target.read_bytes() == b"the old file"
+
+
+@pytest.mark.parametrize("key,value,named", [
+    ("train_split", "train[:0]", "config.train_split"),
+    ("evaluators.test.split", "test[:0]", "config.evaluators.test"),
+])
+def test_an_empty_split_is_refused_before_anything_is_written(
+    digits_data_dir, tmp_path, key, value, named):
+  config = small_config(digits_data_dir, **{key: value})
+  with pytest.raises(errors.ConfigError, match="holds no examples") as raised:
+    run_lib.resolve(config, str(tmp_path / "run"))
+  assert named in str(raised.value) or "train[:0]" in str(raised.value)
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_dataset_of_one_class_is_refused(tmp_path):
+  from tests.test_folder_dataset import write_png  # pylint: disable=g-import-not-at-top
+  for i in range(4):
+    write_png(tmp_path / "images" / "cat" / f"{i}.png")
+  config = small_config(str(tmp_path / "data"),
+                        dataset=f"folder:{tmp_path / 'images'}")
+  with pytest.raises(errors.ConfigError, match="has 1 class"):
+    run_lib.resolve(config, str(tmp_path / "run"))

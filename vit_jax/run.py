@@ -180,6 +180,11 @@ def check_data(config, data):
           f"{config.dataset} is multi-label (each image a set of classes): "
           f"train it with config.loss='sigmoid', one binary problem a class")
     data().num_examples(config.train_split)
+    if data().num_classes < 2 and not config.model.get("mpp"):
+      raise errors.ConfigError(
+          f"{config.dataset} has {data().num_classes} class: a classifier "
+          "learns nothing from one (its loss is 0 from the start); a folder "
+          "dataset needs a folder of images per class, two at least")
     sources.check_broken_images(data(), config.broken_images)
     evaluators.check(config, data)
   except errors.InputError as e:

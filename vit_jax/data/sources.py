@@ -211,9 +211,10 @@ class Source:
   multi_label: bool = False
 
   def num_examples(self, split: str) -> int:
-    """Examples in `split`, which may be a slice such as "train[:90%]"."""
+    """Examples in `split`, which may be a slice such as "train[:90%]"; an
+    InputError for one that holds none (it could train or score nothing)."""
     try:
-      return self.builder.info.splits[split].num_examples
+      count = self.builder.info.splits[split].num_examples
     except (KeyError, ValueError) as e:
       hint = ""
       if self.name.startswith(FOLDER_PREFIX):
@@ -224,6 +225,11 @@ class Source:
                 f"'{folder.SINGLE_SPLIT}[:90%]' and evaluators.test.split "
                 f"'{folder.SINGLE_SPLIT}[90%:]'.")
       raise errors.InputError(f"dataset {self.name!r}: {e}{hint}") from None
+    if count < 1:
+      raise errors.InputError(
+          f"dataset {self.name!r}: split {split!r} holds no examples: give "
+          "a split that holds some")
+    return count
 
 
 def lookup(dataset: str, data_dir: str | None) -> Source:
