@@ -303,3 +303,17 @@ def test_read_only_tools_name_a_damaged_step_and_read_the_one_before(
   assert_trees_equal(loaded.params, pretrained.load(whole).params)
   with pytest.raises(errors.InputError, match="step 8 "):
     pretrained.load(f"{damaged}:8")
+
+
+def test_a_checkpoint_of_another_model_is_a_config_error_not_corruption(
+    saved_run, digits_data_dir, tmp_path):
+  original, _, _ = saved_run
+  workdir = str(tmp_path / "run")
+  shutil.copytree(original, workdir)
+  os.remove(os.path.join(workdir, "config.json"))  # Nothing to compare to.
+  wider = small_config(digits_data_dir, **{**LONGER, "model.hidden_size": 48})
+  with pytest.raises(errors.ConfigError, match="hold another model") as e:
+    run_training(wider, workdir)
+  assert "saved (32,), config (48,)" in str(e.value)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
+      "4", "6", "8"]  # None set aside as *.corrupt.

@@ -214,8 +214,12 @@ def restore_newest_whole(checkpoints, state_shapes):
   a pod agree on each verdict. When every checkpoint fails, a RunError
   names each and what failed.
   """
+  steps = sorted(checkpoints.all_steps(), reverse=True)
+  if steps:
+    _refuse_another_model(checkpoints.directory, steps[0],
+                          state_shapes.params)
   failed = []
-  for step in sorted(checkpoints.all_steps(), reverse=True):
+  for step in steps:
     restored, problem = _read_verified(checkpoints, step, state_shapes)
     problem = _agreed(problem)
     if problem is None:
@@ -232,6 +236,38 @@ def restore_newest_whole(checkpoints, state_shapes):
         f"{'; '.join(failed)}. Each was renamed *.corrupt, not deleted; "
         "run the same command again to start the run afresh")
   return None
+
+
+def _refuse_another_model(directory, step, param_shapes):
+  """A ConfigError, naming the params, when the checkpoint of `step` holds
+  params of other names or shapes than the config's model: a config
+  mismatch (config.json lost, or edited), not a damaged checkpoint to set
+  aside. A checkpoint whose description does not read is left to the
+  checks of restore_newest_whole."""
+  reader = params_reader(directory)
+  try:
+    saved = reader.item_metadata(step)["state"].tree["params"]
+  except Exception:  # pylint: disable=broad-except
+    return
+  finally:
+    reader.close()
+  def shapes(tree):
+    leaves = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
+    return {jax.tree_util.keystr(path): tuple(leaf.shape)
+            for path, leaf in leaves}
+  saved, wanted = shapes(saved), shapes(param_shapes)
+  differ = [f"params{key}: saved {saved.get(key, 'absent')}, config "
+            f"{wanted.get(key, 'absent')}"
+            for key in sorted(saved.keys() | wanted.keys())
+            if saved.get(key) != wanted.get(key)]
+  if differ:
+    raise errors.ConfigError(
+        f"the checkpoints in {directory} hold another model than the "
+        f"config's ({len(differ)} params differ: {'; '.join(differ[:3])}"
+        f"{'; ...' if len(differ) > 3 else ''}); they are left as they "
+        "were. Resume with the config the run was started with, or use a "
+        "new --workdir")
 
 
 def _read_verified(checkpoints, step, state_shapes):
