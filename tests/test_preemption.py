@@ -96,8 +96,14 @@ def test_kill_9_during_a_save_keeps_the_previous_checkpoint(
   run = subprocess.Popen(
       [sys.executable, "-c", HOLD_SAVE, "50", marker, *args], cwd=REPO,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 300
   while not os.path.exists(marker):
     assert run.poll() is None, run.stderr.read()[-3000:]
+    if time.time() > deadline:  # A hang fails here, not at CI's limit.
+      run.kill()
+      raise AssertionError("step 50's save never reached its rename: "
+                           f"{run.communicate()[1][-3000:]}")
+    time.sleep(0.01)  # Not a spin: the run needs the cores.
   run.kill()  # SIGKILL: no handler, no cleanup.
   run.communicate()
   checkpoints = os.listdir(os.path.join(workdir, "checkpoints"))
