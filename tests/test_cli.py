@@ -237,6 +237,35 @@ def test_callbacks_to_a_closed_event_loop_are_quiet(verbose):
   assert "KeyError: 'another unraisable error'" in done.stderr
 
 
+# A tool whose signal arrives while a garbage collector's callback runs (JAX
+# registers one), where Python prints the handler's exception and drops it.
+SIGNAL_IN_A_GC_CALLBACK_TOOL = """
+from vit_jax import cli
+cli.prepare()
+import gc, os, signal, time
+def in_collection(phase, info):
+  if phase == "start":
+    os.kill(os.getpid(), signal.SIGINT)  # Its handler runs here.
+def main(argv):
+  gc.callbacks.append(in_collection)
+  gc.collect()
+  gc.callbacks.remove(in_collection)
+  time.sleep(5)
+  print("went on")
+cli.run(main)
+"""
+
+
+def test_a_signal_inside_a_gc_callback_still_stops_the_tool():
+  done = subprocess.run([sys.executable, "-c", SIGNAL_IN_A_GC_CALLBACK_TOOL],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 128 + 2, done.stdout + done.stderr
+  assert "went on" not in done.stdout
+  assert done.stderr.splitlines()[-1] == (
+      "error: stopped by SIGINT; files written so far are whole: run the "
+      "same command again"), done.stderr
+
+
 def test_user_errors_are_told_by_kind():
   assert cli.is_user_error(errors.InputError("x"))
   assert cli.is_user_error(FileNotFoundError(errno.ENOENT, "gone", "/a"))

@@ -33,6 +33,7 @@ import logging as std_logging
 import os
 import signal
 import sys
+import threading
 import traceback
 import warnings
 
@@ -91,6 +92,7 @@ def _stop_quietly_on_signals():
   for number in (signal.SIGINT, signal.SIGTERM):
     if signal.getsignal(number) is not signal.SIG_IGN:
       signal.signal(number, _raise_stopped)
+  sys.unraisablehook = _stopped_again(sys.unraisablehook)
   previous = sys.excepthook
 
   def last_handler(kind, value, trace):
@@ -98,6 +100,29 @@ def _stop_quietly_on_signals():
       _exit_stopped(value)
     previous(kind, value, trace)
   sys.excepthook = last_handler
+
+
+def _stopped_again(hook):
+  """`hook` (sys.unraisablehook), but a Stopped that Python could not raise
+  is raised again.
+
+  A signal's handler runs wherever the main thread is. There, inside a
+  garbage collector's callback (JAX registers one) or a finalizer, Python
+  prints the exception and drops it: the tool went on and exited 0. The
+  signal is sent again, a moment later from a timer's thread (sent from
+  here, its handler would run at once, still inside the callback), for the
+  handler to run once the callback has returned; if it lands in one again,
+  this happens again.
+  """
+  def again(unraisable):
+    if isinstance(unraisable.exc_value, Stopped):
+      resend = threading.Timer(0.01, os.kill, (
+          os.getpid(), unraisable.exc_value.signum))
+      resend.daemon = True
+      resend.start()
+    else:
+      hook(unraisable)
+  return again
 
 
 def _exit_stopped(stopped):
