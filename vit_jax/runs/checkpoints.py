@@ -131,9 +131,13 @@ def _read_params_verified(reader, step):
 
 
 def _first_line(e):
-  """An exception's first line: orbax adds pages of context."""
+  """The first line of the exception that `e` goes back to: orbax wraps
+  tensorstore's error (which names the array and what is wrong with its
+  bytes) in one that prints a Python method's repr and pages of spec."""
+  while e.__cause__ is not None or e.__context__ is not None:
+    e = e.__cause__ or e.__context__
   text = str(e).strip()
-  return text.splitlines()[0][:200] if text else type(e).__name__
+  return text.splitlines()[0][:300] if text else type(e).__name__
 
 
 def save(checkpoints, step, state, progress):
