@@ -18,6 +18,10 @@ def get_config():
   # batches are the same on every mesh whose data x fsdp divides it, so the
   # run can resume on a smaller or larger slice (vit_jax/data/shares.py).
   config.input_shares = ml_collections.config_dict.placeholder(int)
+  # A folder dataset's contents as the run recorded them (a fingerprint of
+  # its files): "" takes the folder as it is, and a resume refuses one whose
+  # files changed; naming the new contents allows it (vit_jax/run.py).
+  config.folder_contents = ""
   config.image_size = 0
   # Comma-separated: flip, shift, inception_crop, random_crop (resize to 7/6
   # of image_size, crop back: the fine-tuning recipe).

@@ -1,6 +1,7 @@
 """`folder:PATH` datasets: layouts, labels, shares, fresh copies, errors."""
 
 import collections
+import json
 import os
 
 import numpy as np
@@ -333,6 +334,29 @@ def test_malformed_folders_are_clear_errors(tmp_path):
     sources.get_builder(folder.PREFIX, str(data_dir))
 
 
+def test_file_names_that_are_not_utf8_are_read_and_class_names_refused(
+    tmp_path):
+  root = str(tmp_path / "fruit")
+  expected = list(make_folder(root, single_split=True).values())
+  # Latin-1 names, as an old camera or a Windows archive leaves them.
+  apple = os.fsencode(os.path.join(root, "apple"))
+  with open(os.path.join(root, "apple", "a.png"), "rb") as f:
+    png = f.read()
+  os.rename(os.path.join(root, "apple", "a.png"), apple + b"/caf\xe9.png")
+  with open(apple + b"/d\xe9j\xe0.png", "wb") as f:
+    f.write(png[:len(png) // 2])
+  dataset, data_dir = folder.PREFIX + root, str(tmp_path / "data")
+  builder = sources.get_builder(dataset, data_dir)
+  assert [relative for relative, _ in folder.broken_files(builder)] == [
+      os.fsdecode(b"apple/d\xe9j\xe0.png")]
+  found = identify(eval_examples(dataset, "train", data_dir), expected)
+  assert sorted(found) == list(range(7))  # café.png among them.
+
+  os.rename(apple, os.fsencode(os.path.join(root, "")) + b"pomme \xe0")
+  message = folder_error(root, tmp_path / "data2")
+  assert "'pomme \\xe0' is not UTF-8: rename it" in message, message
+
+
 def odd_and_broken_folder(root):
   """A single-split folder: IMAGES' 7 train images, 4 images that decode
   but are unusual, and 4 files that do not decode. Returns ({relative path:
@@ -413,7 +437,8 @@ def test_a_run_trains_past_broken_files_or_refuses_them(tmp_path):
                  str(tmp_path / "typo"))
 
 
-def test_a_folder_is_scanned_once_per_run(tmp_path, monkeypatch):
+def test_a_folder_is_scanned_once_per_run_and_its_changes_refused_on_resume(
+    tmp_path, monkeypatch):
   root = str(tmp_path / "fruit")
   make_folder(root, single_split=True)
   scans = []
@@ -425,8 +450,36 @@ def test_a_folder_is_scanned_once_per_run(tmp_path, monkeypatch):
       "evaluators.test.split": "train[75%:]", "evaluators.test.every": 2,
       "image_size": 8, "total_steps": 6})
   config.evaluators.held = dict(kind="accuracy", every=2, split="train[:4]")
-  result = run_training(config, str(tmp_path / "run"))
+  workdir = str(tmp_path / "run")
+  result = run_training(config, workdir)
   # Three evaluations by each of two evaluators, a training stream, the
   # preparation: one walk of the folder.
   assert {"test_accuracy", "held_accuracy"} <= set(result)
   assert scans == [root]
+
+  before = folder.make_config(root).name
+  # Edited since: the 75% slices would shift. The resume is refused, the
+  # files named, before the folder is prepared again.
+  os.remove(os.path.join(root, "apple", "a.png"))
+  write_image(os.path.join(root, "banana", "new.png"), 11, (4, 4), "rgb")
+  longer = small_config(str(tmp_path / "data"), **{
+      "dataset": folder.PREFIX + root, "train_split": "train[:75%]",
+      "evaluators.test.split": "train[75%:]", "evaluators.test.every": 2,
+      "image_size": 8, "total_steps": 8})
+  prepared = os.listdir(tmp_path / "data" / "folder")
+  with pytest.raises(errors.ConfigError) as refused:
+    run_training(longer, workdir)
+  now = folder.make_config(root).name
+  message = str(refused.value)
+  assert ("changed since the run in" in message and
+          "(2: removed apple/a.png, added banana/new.png)" in message and
+          f"--config.folder_contents={now} " in message), message
+  assert os.listdir(tmp_path / "data" / "folder") == prepared
+
+  # Named: the run goes on, on the new copy, and the change is recorded.
+  longer.folder_contents = now
+  run_training(longer, workdir)
+  with open(os.path.join(workdir, "config_changes.jsonl")) as f:
+    change = json.loads(f.read().splitlines()[-1])["changes"]
+  assert change["folder_contents"] == {"old": before, "new": now}
+  assert metric_rows(workdir)[-1]["step"] == 8

@@ -13,6 +13,8 @@ anything is compiled or written:
      naming the key;
   5. the datasets it reads, each looked up once (data/sources.py), with the
      evaluators' splits and the broken-image policy checked against them;
+     a folder's files compared with the run's record before it is
+     prepared;
   6. the input shares the training split is read in: as recorded, else as
      set, else chosen for the data-parallel size (data/shares.py);
   7. what differs from the workdir's recorded config: a change that a
@@ -64,6 +66,8 @@ def resolve(config, workdir, devices=None):
   config = pretrained.with_source(config, recorded)  # The run's own copy.
   mesh = resolve_program(config, devices)
   data = sources.Sources(config.dataset, config.data_dir)
+  with config.unlocked():
+    config.folder_contents = folder_contents(config, recorded, data, workdir)
   check_data(config, data)
   with config.unlocked():
     config.input_shares = input_shares(config, recorded, mesh, data)
@@ -191,6 +195,44 @@ def check_data(config, data):
     if isinstance(e, errors.ConfigError):
       raise
     raise errors.ConfigError(str(e)) from e
+
+
+def folder_contents(config, recorded, data, workdir):
+  """The run's folder_contents: for a folder dataset, the name of the copy
+  its images are prepared in (a fingerprint of their paths, sizes and
+  times), else "".
+
+  A restart on a folder whose files changed since the run recorded it is
+  refused, naming them: its slices (train[:80%], train[80%:]) would shift,
+  and test images could become training images. Setting
+  config.folder_contents to the folder's name now allows it, and the
+  change is recorded in config_changes.jsonl (runs/store.py).
+  """
+  found = data.folder_config()
+  wanted = config.get("folder_contents") or ""
+  if found is None:
+    if wanted:
+      raise errors.ConfigError(
+          f"config.folder_contents is for folder datasets, but "
+          f"config.dataset is {config.dataset!r}: leave it unset")
+    return ""
+  if wanted and wanted != found.name:
+    raise errors.ConfigError(
+        f"config.folder_contents={wanted!r}, but the folder {found.root} "
+        f"holds {found.name!r} now")
+  before = recorded.get("folder_contents") if recorded else None
+  if before and before != found.name and not wanted:
+    changed = data.folder_changes(before)
+    listed = (f" ({len(changed)}: {', '.join(changed[:3])}"
+              f"{', ...' if len(changed) > 3 else ''})" if changed else "")
+    raise errors.ConfigError(
+        f"the files of the folder {found.root} changed since the run in "
+        f"{workdir} started{listed}: its splits and slices would no longer "
+        f"hold the same images. Put them back, use a new --workdir, or "
+        f"resume on the folder as it is with "
+        f"--config.folder_contents={found.name} (recorded in "
+        f"config_changes.jsonl)")
+  return found.name
 
 
 def input_shares(config, recorded, mesh, data):

@@ -38,8 +38,12 @@ use: `data_dir/folder/<config>/1.1.0`, where the config's name is the folder's
 base name and a hash of its absolute path and of the sorted (relative path,
 size, mtime) of its images. Adding, removing or replacing an image therefore
 makes a new config, prepared afresh, rather than reading a stale copy; the
-copies of earlier contents stay in `data_dir` until deleted. The folder is
-scanned (one `stat` per entry) each time the dataset is opened. PATH may
+copies of earlier contents stay in `data_dir` until deleted; each lists
+the files it was made of in FILES, so that a run resumed on a changed folder
+is told which changed (`changed_files`; vit_jax/run.py refuses it). The
+folder is scanned (one `stat` per entry) each time the dataset is opened.
+A file name that is not UTF-8 is read as its bytes; a folder's must be
+UTF-8, since it names a class. PATH may
 be a local directory (the same on every host of a pod) or a URL
 (`folder:gs://BUCKET/images`), listed and read through tf.io.gfile; a URL
 is used as given, a local path made absolute.
@@ -64,6 +68,9 @@ SINGLE_SPLIT = "train"  # The split of the root/<class>/<image> layout.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 # Next to the prepared copy: "relative path<TAB>reason" per file left out.
 BROKEN_FILES = "broken_files.txt"
+# And "relative path<TAB>size<TAB>mtime_ns" per image found: what a run
+# that trained on the copy compares the folder with (`changed_files`).
+FILES = "files.tsv"
 _SPLIT_NAME = re.compile(r"[\w-]+")  # What TFDS accepts in split names.
 _LAYOUTS = ("root/<class>/<image> or root/<split>/<class>/<image>, images "
             "being .png, .jpg or .jpeg files")
@@ -75,10 +82,12 @@ class FolderConfig(tfds.core.BuilderConfig):
   """A folder's contents when scanned; the name is their fingerprint.
 
   splits: ((split, ((relative path, label id), ...)), ...), sorted.
+  files: ((relative path, size, mtime_ns), ...), sorted.
   """
   root: str = ""
   classes: tuple[str, ...] = dataclasses.field(default=(), repr=False)
   splits: tuple = dataclasses.field(default=(), repr=False)
+  files: tuple = dataclasses.field(default=(), repr=False)
 
 
 # Entries of a folder in a bucket are looked at this many at a time: each
@@ -104,11 +113,33 @@ def _stat(path):
   return stat_lib.S_ISDIR(found.st_mode), found.st_size, found.st_mtime_ns
 
 
+def _listdir(path):
+  """The names in the folder at `path`. Locally, os.listdir's: a name that
+  is not UTF-8 keeps its bytes as surrogates, where tf.io.gfile's fails on
+  it. (An object name in a bucket is UTF-8.)"""
+  return tf.io.gfile.listdir(path) if paths.is_url(path) else os.listdir(path)
+
+
+def _not_utf8(name):
+  """True for a local name that is not UTF-8 (held with surrogates)."""
+  try:
+    name.encode("utf-8")
+  except UnicodeEncodeError:
+    return True
+  return False
+
+
+def _printable(name):
+  """`name` with the bytes that are not UTF-8 written as \\xNN."""
+  return name.encode("utf-8", "surrogateescape").decode("utf-8",
+                                                        "backslashreplace")
+
+
 def _entries(path):
   """(sub-folder names, [(image name, size, mtime_ns)]) of path, sorted."""
   url = paths.is_url(path)
   folders, others = set(), set()
-  for name in tf.io.gfile.listdir(path):
+  for name in _listdir(path):
     if name.startswith("."):
       continue
     if name.endswith("/"):  # A bucket's sub-folder, as tf.io.gfile names it.
@@ -174,10 +205,16 @@ def scan(root):
         f"{', '.join(name for name, _, _ in images[:3])}): put each image in "
         f"the folder of its class; expected {_LAYOUTS}")
   if not folders:
-    what = ("is empty" if not tf.io.gfile.listdir(root)
+    what = ("is empty" if not _listdir(root)
             else "holds no folders of images")
     raise errors.InputError(
         f"folder dataset {root} {what}: expected {_LAYOUTS}")
+  for name in folders:
+    if _not_utf8(name):
+      # A class folder's name is a label's name, which TFDS stores as text.
+      raise errors.InputError(
+          f"folder dataset {_printable(root)}: the name of folder "
+          f"'{_printable(name)}' is not UTF-8: rename it")
   children = {name: _entries(paths.join(root, name)) for name in folders}
   for name, (sub_folders, sub_images) in children.items():
     path = paths.join(root, name)
@@ -208,6 +245,11 @@ def scan(root):
       raise errors.InputError(
           f"split folder {paths.join(root, split)}: TFDS split names are "
           f"letters, digits, '_' and '-', and not 'all'")
+    for name in children[split][0]:
+      if _not_utf8(name):
+        raise errors.InputError(
+            f"folder dataset {_printable(root)}: the name of folder "
+            f"'{split}/{_printable(name)}' is not UTF-8: rename it")
     splits[split] = {
         name: _class_images(root, f"{split}/{name}")
         for name in children[split][0]
@@ -241,6 +283,7 @@ def make_config(root):
   name = f"{base}-{digest[:HASH_LENGTH]}" if base else digest[:HASH_LENGTH]
   return FolderConfig(
       name=name, root=root, classes=tuple(classes), splits=tuple(splits),
+      files=tuple(sorted(fingerprint)),
       description=f"The images under {root}, one class per folder.")
 
 
@@ -292,8 +335,10 @@ class Folder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     super()._download_and_prepare(dl_manager, download_config)
     # Into the directory that TFDS renames into place when it is done
     # (local or a URL): no reader sees it before it is whole.
-    paths.path(paths.join(self.data_dir, BROKEN_FILES)).write_text("".join(
-        f"{relative}\t{reason}\n" for relative, reason in sorted(self._broken)))
+    _write_lines(paths.join(self.data_dir, BROKEN_FILES),
+                 [(relative, reason) for relative, reason in
+                  sorted(self._broken)])
+    _write_lines(paths.join(self.data_dir, FILES), self.builder_config.files)
 
   def _generate_examples(self, examples):
     for relative, label in examples:
@@ -303,8 +348,11 @@ class Folder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       if reason:
         self._broken.append((relative, reason))
         continue
-      # The path relative to the root is a stable, unique key.
-      yield relative, {"image": encoded, "label": label}
+      # The path relative to the root is a stable, unique key; as its bytes,
+      # which TFDS hashes as they are (a file name need not be UTF-8, which
+      # TFDS would encode a str key to).
+      yield relative.encode("utf-8", "surrogateescape"), {
+          "image": encoded, "label": label}
 
 
 def undecodable(encoded):
@@ -329,5 +377,43 @@ def undecodable(encoded):
 def broken_files(builder):
   """[(relative path, reason)] of the files that preparing `builder` (a
   prepared Folder) left out."""
-  text = paths.path(paths.join(builder.data_dir, BROKEN_FILES)).read_text()
-  return [tuple(line.split("\t", 1)) for line in text.split("\n") if line]
+  return [tuple(row) for row in
+          _read_lines(paths.join(builder.data_dir, BROKEN_FILES), 2)]
+
+
+def changed_files(builder, contents):
+  """What differs between the folder as `builder` (a Folder, of the folder
+  now) found it and as it was when a copy named `contents` was prepared:
+  ["added a/1.png", "removed b/2.png", "changed c/3.png", ...] in path
+  order; None when that copy is not in data_dir any more."""
+  listing = paths.join(builder.data_dir_root, builder.name, contents,
+                       str(builder.version), FILES)
+  try:
+    before = {relative: (size, mtime) for relative, size, mtime in
+              _read_lines(listing, 3)}
+  except FileNotFoundError:
+    return None
+  now = {relative: (str(size), str(mtime))
+         for relative, size, mtime in builder.builder_config.files}
+  changes = []
+  for relative in sorted(before.keys() | now.keys()):
+    if relative not in before:
+      changes.append(f"added {_printable(relative)}")
+    elif relative not in now:
+      changes.append(f"removed {_printable(relative)}")
+    elif before[relative] != now[relative]:
+      changes.append(f"changed {_printable(relative)}")
+  return changes
+
+
+def _write_lines(path, rows):
+  """Rows of fields as tab-separated lines, names as their bytes (a file
+  name need not be UTF-8)."""
+  paths.path(path).write_bytes("".join(
+      "\t".join(str(field) for field in row) + "\n" for row in rows
+  ).encode("utf-8", "surrogateescape"))
+
+
+def _read_lines(path, fields):
+  text = paths.path(path).read_bytes().decode("utf-8", "surrogateescape")
+  return [line.split("\t", fields - 1) for line in text.split("\n") if line]

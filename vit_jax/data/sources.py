@@ -58,7 +58,7 @@ MULTI_LABEL_FEATURE = "labels"
 
 
 def get_builder(dataset: str, data_dir: str | None,
-                file_format: str = PREPARED_FORMAT):
+                file_format: str = PREPARED_FORMAT, folder_config=None):
   """The prepared TFDS builder of `dataset`; never downloads anything.
 
   `dataset` is a TFDS name ("cifar10", "imagenet2012:5.1.0", ...), one of
@@ -66,12 +66,13 @@ def get_builder(dataset: str, data_dir: str | None,
   `data_dir` the first time (a folder again whenever its files change), in
   `file_format`. Other datasets must have been prepared in `data_dir` (None
   or "", as configs leave it: TFDS's default) beforehand. A prepared
-  dataset is read in the format it was written in.
+  dataset is read in the format it was written in. `folder_config`: the
+  folder's folder.make_config, when it has been scanned already.
   """
   data_dir = data_dir or None
   if dataset.startswith(FOLDER_PREFIX):
-    return _folder_builder(dataset[len(FOLDER_PREFIX):], data_dir,
-                           file_format)
+    config = folder_config or folder.make_config(dataset[len(FOLDER_PREFIX):])
+    return _folder_builder(config, data_dir, file_format)
   builder = _builder(dataset, data_dir)
   if builder.is_prepared():
     return builder
@@ -86,10 +87,9 @@ def get_builder(dataset: str, data_dir: str | None,
   return _builder(dataset, data_dir)
 
 
-def _folder_builder(root, data_dir, file_format):
+def _folder_builder(config, data_dir, file_format):
   # Named by a fingerprint of the folder's files: a changed folder is a new
   # config, prepared afresh, and never the stale copy of an earlier one.
-  config = folder.make_config(root)
   builder = folder.Folder(config=config, data_dir=data_dir)
   if builder.is_prepared():
     return builder
@@ -232,16 +232,16 @@ class Source:
     return count
 
 
-def lookup(dataset: str, data_dir: str | None) -> Source:
+def lookup(dataset: str, data_dir: str | None, folder_config=None) -> Source:
   """The Source of `dataset` (see the module docstring for the names),
-  prepared if it is one we can prepare."""
+  prepared if it is one we can prepare (`folder_config`: get_builder's)."""
   if dataset.startswith(VTAB_PREFIX):
     task = vtab_tasks.get(dataset[len(VTAB_PREFIX):])
     builder = get_builder(task.tfds_name, data_dir)
     label = task.label or _feature("label")
     return Source(dataset, builder, task.num_classes, label, task.image_key,
                   task.image)
-  builder = get_builder(dataset, data_dir)
+  builder = get_builder(dataset, data_dir, folder_config=folder_config)
   features = builder.info.features
   key = LABEL_FEATURES.get(builder.name, "label")
   if key not in features and MULTI_LABEL_FEATURE in features and (
@@ -283,9 +283,29 @@ class Sources:
   def __init__(self, dataset: str, data_dir: str | None):
     self.dataset, self.data_dir = dataset, data_dir
     self._found = {}
+    self._scanned = {}
 
   def __call__(self, dataset: str = "") -> Source:
     dataset = dataset or self.dataset
     if dataset not in self._found:
-      self._found[dataset] = lookup(dataset, self.data_dir)
+      self._found[dataset] = lookup(dataset, self.data_dir,
+                                    self.folder_config(dataset))
     return self._found[dataset]
+
+  def folder_config(self, dataset: str = ""):
+    """The folder.FolderConfig of a folder dataset as it is now, scanned
+    once (before anything is prepared); None for any other dataset."""
+    dataset = dataset or self.dataset
+    if not dataset.startswith(FOLDER_PREFIX):
+      return None
+    if dataset not in self._scanned:
+      self._scanned[dataset] = folder.make_config(
+          dataset[len(FOLDER_PREFIX):])
+    return self._scanned[dataset]
+
+  def folder_changes(self, contents: str):
+    """folder.changed_files between the run's folder now and the copy of
+    it named `contents` in data_dir (None: that copy is gone)."""
+    return folder.changed_files(
+        folder.Folder(config=self.folder_config(), data_dir=self.data_dir
+                      or None), contents)

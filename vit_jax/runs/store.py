@@ -23,11 +23,12 @@ from vit_jax import errors, sharding
 # it evaluates and what it recomputes (neither changes what it trains), and
 # the hardware it runs on: the mesh, and the micro-batches that a smaller
 # slice needs to hold the same global batch (vit_jax/data/shares.py keeps
-# the batches). fnmatch patterns of dotted keys.
+# the batches). folder_contents: vit_jax/run.py has refused a change the
+# user did not ask for. fnmatch patterns of dotted keys.
 CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
                    "total_steps", "data_dir", "evaluators.*",
                    "model.remat_policy", "broken_images", "mesh.*",
-                   "accum_steps")
+                   "accum_steps", "folder_contents")
 # A value of ADDED_KEYS: whatever the restart resolves the key to.
 RESOLVED = object()
 # Keys added since runs were first recorded, with the value that does what
@@ -43,7 +44,7 @@ ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
               "randaugment": "", "optimizer.layer_decay": 1.0,
               "optimizer.lr_mults": [], "optimizer.frozen": "",
               "model.layer_scale": None, "model.num_registers": 0,
-              "model.qk_norm": False}
+              "model.qk_norm": False, "folder_contents": RESOLVED}
 
 
 def differences_allowed(config, recorded, workdir):
