@@ -11,8 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from vit_jax import errors, models
-from vit_jax.runs import storage
+from vit_jax import errors, models, paths
 from vit_jax.weights import adaptation, npz as npz_lib, pretrained
 from tests import reference_vit
 from tests.util import as_siglip_tower, randomize
@@ -374,11 +373,11 @@ def test_missing_and_unexpected_keys_are_named(trained_tiny):
 
 
 def test_storage_failures_are_told_apart_from_bugs():
-  assert storage.failure(
+  assert paths.storage_failure(
       OSError(errno.ENOSPC, "No space left on device")) == (
           "No space left on device")
   # Tensorstore's form, from orbax's background writes.
-  assert storage.failure(ValueError(
+  assert paths.storage_failure(ValueError(
       'RESOURCE_EXHAUSTED: Error writing "params.head" in OCDBT database: '
       "Failed to write 294181 bytes to file 15: No space left on device "
       "[os_error_code='28']")) == "No space left on device"
@@ -388,18 +387,18 @@ def test_storage_failures_are_told_apart_from_bugs():
     except PermissionError as e:
       raise RuntimeError("commit failed") from e
   except RuntimeError as e:
-    assert storage.failure(e) == "Permission denied"
-  assert storage.failure(ValueError(
+    assert paths.storage_failure(e) == "Permission denied"
+  assert paths.storage_failure(ValueError(
       "PERMISSION_DENIED: gs://bucket/run/checkpoints/5")).startswith(
           "PERMISSION_DENIED from storage")
   # TensorFlow's file errors (TensorBoard's writer) only say it.
-  assert storage.failure(RuntimeError(
+  assert paths.storage_failure(RuntimeError(
       "events.out.tfevents.1; No space left on device\n\tFailed to flush 8 "
       "events")) == "No space left on device"
   # A bug stays a bug: its traceback is shown.
-  assert storage.failure(ValueError("shapes (3,) and (4,) do not "
-                                               "match")) is None
-  assert storage.failure(OSError(errno.ENOENT, "gone")) is None
+  assert paths.storage_failure(ValueError("shapes (3,) and (4,) do not "
+                                         "match")) is None
+  assert paths.storage_failure(OSError(errno.ENOENT, "gone")) is None
 
 
 @pytest.mark.parametrize("options", [

@@ -3,6 +3,7 @@
 import collections
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ import tensorflow_datasets as tfds
 
 from vit_jax import errors
 from vit_jax.data import folder, pipeline as pipeline_lib, sources
-from tests.util import metric_rows, run_training, small_config, stored_examples
+from tests.util import (metric_rows, run_training, small_config, small_disk,
+                        stored_examples)
 
 CLASSES = ["apple", "banana", "cherry"]
 # (split, class, file name, (height, width), mode): every image a solid
@@ -355,6 +357,26 @@ def test_file_names_that_are_not_utf8_are_read_and_class_names_refused(
   os.rename(apple, os.fsencode(os.path.join(root, "")) + b"pomme \xe0")
   message = folder_error(root, tmp_path / "data2")
   assert "'pomme \\xe0' is not UTF-8: rename it" in message, message
+
+
+def test_a_disk_that_fills_while_preparing_stops_in_a_line_and_keeps_nothing(
+    tmp_path):
+  root = tmp_path / "noise"
+  rng = np.random.default_rng(0)
+  for name in ("a", "b"):  # 20 noise PNGs of 12 kB: 250 kB, for 150 kB.
+    for i in range(10):
+      pixels = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+      os.makedirs(root / name, exist_ok=True)
+      (root / name / f"{i}.png").write_bytes(tf.io.encode_png(pixels).numpy())
+  with small_disk(tmp_path / "disk", "150k") as data_dir:
+    message = folder_error(root, data_dir)
+    assert message.startswith(
+        f"could not prepare folder in {data_dir}/folder/noise-"), message
+    assert re.search(r"No space left on device \(its images take 2\d\d kB, "
+                     r".*; 15\d kB are free\)", message), message
+    assert "Nothing of it was kept" in message and "\n" not in message
+    assert [files for _, _, files in os.walk(data_dir) if files] == []
+    assert not os.path.exists(os.path.join(data_dir, "folder"))
 
 
 def odd_and_broken_folder(root):

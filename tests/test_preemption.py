@@ -14,7 +14,7 @@ import pytest
 from vit_jax import errors
 from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
                         main_flags, metric_rows, poison_step, run_training,
-                        small_config, start_main, wait_for_step)
+                        small_config, small_disk, start_main, wait_for_step)
 
 # With the from-scratch recipe's draws, keyed by (seed, example) and
 # (seed, step): a resume must draw them as they were.
@@ -201,23 +201,15 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(
   # The real thing behind the test above (whose restart covers this one's):
   # tensorstore's and TensorBoard's own errors on a disk that is full.
   config, _ = uninterrupted
-  disk = tmp_path / "disk"
-  disk.mkdir()
   # Room for the first checkpoint (about 0.5 MB) but not for a second one.
-  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=800k",
-                            "tmpfs", str(disk)], capture_output=True)
-  if mounted.returncode:
-    pytest.skip("mounting a small tmpfs needs root")
-  try:
-    workdir = str(disk / "run")
+  with small_disk(tmp_path / "disk", "800k") as disk:
+    workdir = os.path.join(disk, "run")
     args = main_flags(workdir, digits_data_dir, **SAVES_EVERY_20)
     code, _, stderr = finish(start_main(args))
     assert code == 2, stderr[-3000:]
     assert_stopped_by_a_full_disk(stderr)
     step, _, _ = latest_checkpoint(workdir, config)
     assert step == 20
-  finally:
-    subprocess.run(["umount", str(disk)], check=False)
 
 
 @pytest.mark.parametrize("how,when", [(signal.SIGINT, "starting"),

@@ -9,6 +9,7 @@ import pytest
 
 from vit_jax import errors
 from vit_jax.data import conversion, pipeline, random_access, sources
+from tests.util import small_disk
 
 # 1,024 records in batches of 64: an epoch is 16 batches. Streamed in 16
 # shares with a window of 5 of each share's 64 records, the ratio of
@@ -113,6 +114,20 @@ def test_a_converted_tfrecord_dataset_reads_the_same_records_at_random(
     conversion.convert(builder, out)
   with pytest.raises(errors.InputError, match="is ArrayRecord already"):
     conversion.convert(converted.builder, str(tmp_path / "again"))
+
+
+def test_a_conversion_onto_a_full_disk_stops_in_a_line_and_keeps_nothing(
+    digits_tfrecord_data_dir, tmp_path):
+  builder = sources.get_builder("digits", digits_tfrecord_data_dir)
+  with small_disk(tmp_path / "disk", "64k") as out:
+    with pytest.raises(errors.InputError) as error:
+      conversion.convert(builder, out, progress=lambda _: 0)
+    message = str(error.value)
+    assert message.startswith(f"could not write {out}/digits/all/1.0.0: No "
+                              "space left on device (the copy needs about "
+                              ), message
+    assert "The partial copy was removed" in message
+    assert [files for _, _, files in os.walk(out) if files] == []
 
 
 def test_the_streaming_reader_hints_at_conversion_only_for_small_windows(

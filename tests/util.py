@@ -273,6 +273,23 @@ def stored_examples(builder, split):
 
 
 @contextlib.contextmanager
+def small_disk(path, size):
+  """A tmpfs of `size` ("800k") mounted at `path` (made) for the block: a
+  disk that fills up for real. Skips the test where mounting needs the
+  root this is not."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  os.makedirs(path, exist_ok=True)
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}",
+                            "tmpfs", str(path)], capture_output=True)
+  if mounted.returncode:
+    pytest.skip("mounting a small tmpfs needs root")
+  try:
+    yield str(path)
+  finally:
+    subprocess.run(["umount", str(path)], check=False)
+
+
+@contextlib.contextmanager
 def mocked_tfds(data_dir, records):
   """tfds.testing.mock_data over the metadata in `data_dir`, with
   `records(builder, split)` serving the examples of a split: also to the

@@ -10,7 +10,9 @@ can use it. Paths stay as the user gave them: a URL is never made
 """
 
 import contextlib
+import errno
 import os
+import re
 import shutil
 import tempfile
 
@@ -110,3 +112,54 @@ def local_copy(source):
     yield local
   finally:
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def free_bytes(local):
+  """The bytes free on the disk of the local path `local` (or of its
+  nearest parent that exists)."""
+  local = os.path.abspath(os.fspath(local))
+  while not os.path.exists(local):
+    local = os.path.dirname(local)
+  return shutil.disk_usage(local).free
+
+
+def describe_bytes(count):
+  """`count` bytes for a person: "640 kB", "3.2 MB", "1.4 GB"."""
+  for unit, size in (("GB", 1e9), ("MB", 1e6)):
+    if count >= size:
+      return f"{count / size:,.1f} {unit}"
+  return f"{count / 1e3:,.0f} kB"
+
+
+# Failures of storage, told apart from bugs: a full disk, no permission, a
+# storage service that keeps failing (tensorstore and TensorFlow retried
+# transient errors first).
+FAILING_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM,
+                  errno.EROFS, errno.EIO}
+# Status names of tensorstore's and cloud storage's errors.
+FAILING_STATUSES = ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED",
+                    "UNAUTHENTICATED", "UNAVAILABLE", "DEADLINE_EXCEEDED",
+                    "DATA_LOSS")
+
+
+def storage_failure(exception):
+  """Why `exception` (or one it was raised from) is a failure of storage,
+  in a few words; None when it is not one."""
+  seen = set()
+  while exception is not None and id(exception) not in seen:
+    seen.add(id(exception))
+    if isinstance(exception, OSError) and exception.errno in FAILING_ERRNOS:
+      return os.strerror(exception.errno)
+    text = str(exception)
+    # Tensorstore names the errno; TensorFlow's file errors only say it.
+    code = re.search(r"os_error_code='(\d+)'", text)
+    if code and int(code.group(1)) in FAILING_ERRNOS:
+      return os.strerror(int(code.group(1)))
+    for number in sorted(FAILING_ERRNOS):
+      if os.strerror(number) in text:
+        return os.strerror(number)
+    status = re.search(r"\b(" + "|".join(FAILING_STATUSES) + r")\b", text)
+    if status:
+      return f"{status.group(1)} from storage: {text.splitlines()[0][:200]}"
+    exception = exception.__cause__ or exception.__context__
+  return None

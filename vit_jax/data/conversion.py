@@ -9,9 +9,9 @@ changed. Record i of a split is the same example in both copies, so
 evaluation and the broken records' indices agree across them.
 
 The copy is written into a temporary folder beside its destination and
-renamed into place when complete: an interrupted conversion leaves nothing
-that TFDS would take for a prepared dataset, and running it again starts
-over.
+renamed into place when complete: a conversion that fails (a full disk) or
+is stopped removes it, one killed leaves nothing that TFDS would take for a
+prepared dataset, and running it again starts over.
 
 The TFRecord copy is read through tf.io.gfile, so its data_dir may be a URL
 (`gs://`); the ArrayRecord copy is written to a local folder only (the
@@ -74,23 +74,37 @@ def convert(builder, out_data_dir, progress=print):
         f"again, or set config.data_dir to {out_data_dir}")
   partial = target + ".incomplete"
   shutil.rmtree(partial, ignore_errors=True)
-  os.makedirs(partial)
-  before = after = 0
   # tf.io.gfile: the TFRecord copy may be in a bucket.
-  for name in sorted(tf.io.gfile.listdir(builder.data_dir)):
-    path = paths.join(builder.data_dir, name)
-    if tf.io.gfile.isdir(path):
-      continue
-    if f".{fmt.value}-" in name:
-      out = os.path.join(partial, array_record_name(name, fmt.value))
-      progress(f"  {name} -> {os.path.basename(out)}")
-      _copy_records(path, out)
-      before += tf.io.gfile.stat(path).length
-      after += os.path.getsize(out)
-    elif name == INFO_FILE:
-      _write_info(path, paths.join(partial, name))
-    else:  # features.json, label names: unchanged.
-      tf.io.gfile.copy(path, paths.join(partial, name))
+  names = [name for name in sorted(tf.io.gfile.listdir(builder.data_dir))
+           if not tf.io.gfile.isdir(paths.join(builder.data_dir, name))]
+  records = [name for name in names if f".{fmt.value}-" in name]
+  before = sum(tf.io.gfile.stat(paths.join(builder.data_dir, name)).length
+               for name in records)
+  after = 0
+  try:
+    os.makedirs(partial)
+    for name in names:
+      path = paths.join(builder.data_dir, name)
+      if name in records:
+        out = os.path.join(partial, array_record_name(name, fmt.value))
+        progress(f"  {name} -> {os.path.basename(out)}")
+        _copy_records(path, out)
+        after += os.path.getsize(out)
+      elif name == INFO_FILE:
+        _write_info(path, paths.join(partial, name))
+      else:  # features.json, label names: unchanged.
+        tf.io.gfile.copy(path, paths.join(partial, name))
+  except BaseException as e:  # A signal too: no partial copy is left.
+    shutil.rmtree(partial, ignore_errors=True)
+    cause = paths.storage_failure(e)
+    if cause is None or not isinstance(e, Exception):
+      raise
+    raise errors.InputError(
+        f"could not write {target}: {cause} (the copy needs about "
+        f"{paths.describe_bytes(before)}, as its TFRecord files; "
+        f"{paths.describe_bytes(paths.free_bytes(out_data_dir))} are free). "
+        "The partial copy was removed: free space, or give another "
+        "--out_data_dir, and run the same command again") from e
   os.replace(partial, target)
   return target, before, after
 

@@ -19,6 +19,7 @@ is written and read on local paths only.
 import contextlib
 import dataclasses
 import io
+import os
 from typing import Callable
 
 import jax
@@ -180,9 +181,49 @@ def _prepare_here(builder):
   try:
     with _quiet_unless_verbose():
       builder.download_and_prepare(download_config=offline)
-  except OSError:
-    if not builder.is_prepared():
+  except Exception as e:  # pylint: disable=broad-except
+    if builder.is_prepared():  # By another process, first.
+      return
+    cause = paths.storage_failure(e)
+    if cause is None:
       raise
+    # TFDS has removed its partial copy; the folders it made for it go too.
+    _remove_empty_folders(builder.data_dir, builder.data_dir_root)
+    raise errors.InputError(
+        f"could not prepare {builder.name} in {builder.data_dir}: {cause}"
+        f"{_room(builder)}. Nothing of it was kept: free space, or set "
+        "config.data_dir to a disk with room, and run the same command "
+        "again") from e
+
+
+def _room(builder):
+  """' (its images take N MB, ...; M MB are free)' for a local data_dir,
+  as far as it is known."""
+  parts = []
+  files = getattr(builder.builder_config, "files", ())
+  if files:
+    images = sum(size for _, size, _ in files)
+    parts.append(f"its images take {paths.describe_bytes(images)}, which "
+                 "the copy needs and a little more")
+  if not paths.is_url(builder.data_dir_root):
+    free = paths.free_bytes(builder.data_dir_root)
+    parts.append(f"{paths.describe_bytes(free)} are free")
+  return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _remove_empty_folders(path, root):
+  """Removes `path` and its parents up to `root` (excluded) while empty
+  (local paths; a bucket has no empty folders)."""
+  if paths.is_url(path):
+    return
+  path, root = os.path.abspath(path), os.path.abspath(root)
+  while path.startswith(root + os.sep):
+    try:
+      os.rmdir(path)
+    except OSError:  # Not empty, or gone.
+      if os.path.exists(path):
+        return
+    path = os.path.dirname(path)
 
 
 def _quiet_unless_verbose():
