@@ -2,6 +2,7 @@
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -125,7 +126,8 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
   config = small_config(digits_data_dir, total_steps=12, log_every=1,
                         checkpoint_every=2,
                         **{"evaluators.test.every": 12})
-  with pytest.raises(errors.RunError, match="train_loss is nan at step 5"):
+  with pytest.raises(errors.RunError, match="train_loss is nan at step 5"
+                     ) as stopped:
     run_training(config, str(tmp_path))
   step, params, _ = latest_checkpoint(str(tmp_path), config)
   assert step == 4
@@ -133,6 +135,36 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(
   rows = metric_rows(tmp_path)
   assert max(r["step"] for r in rows if "train_loss" in r) == 4
   assert all(np.isfinite(v) for r in rows for v in r.values())
+  # Told from the numbers: sane params at step 4, a sudden NaN after.
+  message = str(stopped.value)
+  assert "The checkpoint of step 4 that it saved last is sane" in message
+  assert f"--config.init_from={tmp_path}:4 and " in message, message
+  assert "blew up" not in message and "\n" not in message
+
+
+def test_a_blown_up_run_is_told_so_before_and_after_a_resume(
+    digits_data_dir, tmp_path):
+  # Adam's first update at a learning rate of 1e9 moves every param by about
+  # 1e9: the checkpoint of step 1 holds that (its fingerprints hold: it is
+  # what was saved), and the loss turns NaN a step or two later.
+  config = small_config(digits_data_dir, total_steps=40, log_every=1,
+                        checkpoint_every=1, **{
+                            "evaluators.test.every": 0,
+                            "optimizer.learning_rate": 1e9,
+                            "optimizer.warmup_steps": 0})
+  for _ in range(2):  # The second time, a step after resuming.
+    with pytest.raises(errors.RunError) as stopped:
+      run_training(config, str(tmp_path))
+    message = str(stopped.value)
+    nan_step = int(re.match(r"train_loss is nan at step (\d+): ",
+                            message).group(1))
+    assert re.search(
+        rf"The run blew up before it: the checkpoint of step {nan_step - 1} "
+        r"already holds (params up to \d\.\de\+\d\d|values that are not "
+        r"finite) ", message), message
+    assert ("Start again in a new --workdir with "
+            "--config.optimizer.learning_rate=1e+08 or lower") in message
+    assert "suspect" not in message
 
 
 # Runs vit_jax.main through the tools' entry wrapper with orbax's final

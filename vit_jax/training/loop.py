@@ -13,12 +13,8 @@ import numpy as np
 from vit_jax import errors
 from vit_jax.data import broken_records, pipeline, shares
 from vit_jax.runs import checkpoints, store
-from vit_jax.training import (evaluators, goodput, polyak, preemption,
-                              reporting, step as step_lib, timing)
-
-
-# A loss that turns NaN this soon after a restore points at the checkpoint.
-RECENT_RESTORE_STEPS = 10
+from vit_jax.training import (divergence, evaluators, goodput, polyak,
+                              preemption, reporting, step as step_lib, timing)
 
 
 def train_and_evaluate(run, started=None):
@@ -37,7 +33,10 @@ def train_and_evaluate(run, started=None):
     if finished is not None:
       return finished
     with run.workdir.lock():
-      return train(run, program, accounts)
+      try:
+        return train(run, program, accounts)
+      except divergence.Diverged as e:
+        raise errors.RunError(divergence.explain(run, program, e)) from None
   finally:
     accounts.close()
 
@@ -146,20 +145,9 @@ def train_batches(run, start_step):
 
 
 def ensure_finite(metrics, step, resumed_at=None):
-  """Stops the run at a non-finite loss, before anything of it is saved.
-  `resumed_at`: the step this run resumed from, if it did."""
+  """Stops the run at a non-finite loss (divergence.Diverged), before
+  anything of it is saved. `resumed_at`: the step this run resumed from,
+  if it did."""
   loss = float(metrics["train_loss"])
-  if np.isfinite(loss):
-    return
-  if resumed_at is not None and step - resumed_at <= RECENT_RESTORE_STEPS:
-    raise errors.RunError(
-        f"train_loss is {loss} at step {step}, {step - resumed_at} steps after "
-        f"resuming from the checkpoint of step {resumed_at}: stopped before "
-        "saving any state of that step. So soon after a restore, suspect the "
-        f"checkpoint: move checkpoints/{resumed_at} aside and run the same "
-        "command to resume from the one before it.")
-  raise errors.RunError(
-      f"train_loss is {loss} at step {step}: stopped before saving any "
-      "state of that step, so the workdir keeps its last good checkpoint. "
-      "A lower optimizer.learning_rate, a longer warm-up or "
-      "optimizer.grad_clip_norm may help.")
+  if not np.isfinite(loss):
+    raise divergence.Diverged(step, loss, resumed_at)
