@@ -318,6 +318,15 @@ def test_a_checkpoint_of_another_model_is_a_config_error_not_corruption(
   wider = small_config(digits_data_dir, **{**LONGER, "model.hidden_size": 48})
   with pytest.raises(errors.ConfigError, match="hold another model") as e:
     run_training(wider, workdir)
+  assert "params/Transformer/" in str(e.value)
   assert "saved (32,), config (48,)" in str(e.value)
+  # Another optimizer: the same params, other moments.
+  sgd = small_config(digits_data_dir, **{**LONGER, "optimizer.name": "sgd",
+                                         "optimizer.weight_decay": 0.0})
+  with pytest.raises(errors.ConfigError, match="hold another model or "
+                     "optimizer") as e:
+    run_training(sgd, workdir)
+  assert "opt_state/1/mu/" in str(e.value) and "config absent" in str(
+      e.value), str(e.value)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
       "4", "6", "8"]  # None set aside as *.corrupt.

@@ -220,8 +220,7 @@ def restore_newest_whole(checkpoints, state_shapes):
   """
   steps = sorted(checkpoints.all_steps(), reverse=True)
   if steps:
-    _refuse_another_model(checkpoints.directory, steps[0],
-                          state_shapes.params)
+    _refuse_another_model(checkpoints.directory, steps[0], state_shapes)
   failed = []
   for step in steps:
     restored, problem = _read_verified(checkpoints, step, state_shapes)
@@ -242,36 +241,50 @@ def restore_newest_whole(checkpoints, state_shapes):
   return None
 
 
-def _refuse_another_model(directory, step, param_shapes):
-  """A ConfigError, naming the params, when the checkpoint of `step` holds
-  params of other names or shapes than the config's model: a config
-  mismatch (config.json lost, or edited), not a damaged checkpoint to set
-  aside. A checkpoint whose description does not read is left to the
-  checks of restore_newest_whole."""
+def _refuse_another_model(directory, step, state_shapes):
+  """A ConfigError, naming the arrays, when the checkpoint of `step` holds
+  a state of other names or shapes than the config's (its model's params,
+  or its optimizer's state): a config mismatch (config.json lost, or
+  edited), not a damaged checkpoint to set aside. A checkpoint whose
+  description does not read is left to the checks of
+  restore_newest_whole."""
   reader = params_reader(directory)
   try:
-    saved = reader.item_metadata(step)["state"].tree["params"]
+    saved = reader.item_metadata(step)["state"].tree
   except Exception:  # pylint: disable=broad-except
     return
   finally:
     reader.close()
-  def shapes(tree):
-    leaves = jax.tree_util.tree_flatten_with_path(
-        tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
-    return {jax.tree_util.keystr(path): tuple(leaf.shape)
-            for path, leaf in leaves}
-  saved, wanted = shapes(saved), shapes(param_shapes)
-  differ = [f"params{key}: saved {saved.get(key, 'absent')}, config "
+  saved, wanted = _shapes(saved), _shapes(state_shapes)
+  # The params first: a model of other sizes changes its optimizer's
+  # moments too.
+  keys = sorted(saved.keys() | wanted.keys(),
+                key=lambda key: (not key.startswith("params/"), key))
+  differ = [f"{key}: saved {saved.get(key, 'absent')}, config "
             f"{wanted.get(key, 'absent')}"
-            for key in sorted(saved.keys() | wanted.keys())
-            if saved.get(key) != wanted.get(key)]
+            for key in keys if saved.get(key) != wanted.get(key)]
   if differ:
     raise errors.ConfigError(
-        f"the checkpoints in {directory} hold another model than the "
-        f"config's ({len(differ)} params differ: {'; '.join(differ[:3])}"
-        f"{'; ...' if len(differ) > 3 else ''}); they are left as they "
-        "were. Resume with the config the run was started with, or use a "
-        "new --workdir")
+        f"the checkpoints in {directory} hold another model or optimizer "
+        f"than the config's ({len(differ)} arrays differ: "
+        f"{'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}); "
+        "they are left as they were. Resume with the config the run was "
+        "started with, or use a new --workdir")
+
+
+def _shapes(tree):
+  """{"params/Transformer/...": shape} of a state's arrays, alike for
+  orbax's description of a saved state (dicts and lists) and for the
+  config's (a TrainState of optax's named tuples)."""
+  def name(entry):
+    for field in ("key", "idx", "name"):  # DictKey, SequenceKey, GetAttrKey
+      if hasattr(entry, field):
+        return str(getattr(entry, field))
+    return str(entry)
+  leaves = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: hasattr(x, "shape"))[0]
+  return {"/".join(name(entry) for entry in path): tuple(leaf.shape)
+          for path, leaf in leaves if hasattr(leaf, "shape")}
 
 
 def _read_verified(checkpoints, step, state_shapes):
