@@ -236,16 +236,25 @@ def test_a_finished_run_is_reported_without_writing_to_its_workdir(
   assert snapshot(workdir) == before
 
 
-def test_a_loss_that_turns_nan_soon_after_a_restore_blames_the_checkpoint(
+def test_a_loss_that_turns_nan_soon_after_a_restore_does_not_blame_a_sane_one(
     saved_run, tmp_path, monkeypatch):
+  # The checkpoint passed its fingerprint check and holds sane numbers:
+  # the steps since are what diverged, and the advice starts from it.
   original, _, config = saved_run
   workdir = str(tmp_path / "run")
   shutil.copytree(original, workdir)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "8"))
   poison_step(monkeypatch, 8)
-  with pytest.raises(errors.RunError, match="train_loss is nan at step 8, 2 "
-                     "steps after resuming from the checkpoint of step 6"):
+  with pytest.raises(errors.RunError) as stopped:
     run_training(config, workdir)
+  message = str(stopped.value)
+  assert message.startswith(
+      "train_loss is nan at step 8: stopped before saving any state of that "
+      "step. The checkpoint of step 6 that it resumed from is sane "
+      "(params up to "), message
+  assert "the 2 steps since diverged" in message
+  assert f"--config.init_from={workdir}:6 and " in message
+  assert "suspect" not in message and "move" not in message
 
 
 def every_data_file_flipped(step_dir):
