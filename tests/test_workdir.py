@@ -14,7 +14,7 @@ from vit_jax.data import conversion, image_files, sources
 from vit_jax.runs import store, workdir as workdir_lib, writers
 from vit_jax.runs.workdir import Workdir
 from tests.util import (REPO, finish, latest_checkpoint, main_flags, run_training,
-                        small_config, start_main)
+                        small_config, small_disk, start_main)
 
 
 def snapshot(directory):
@@ -217,6 +217,41 @@ def test_a_write_that_fails_names_its_target(tmp_path, monkeypatch):
   assert raised.value.filename == str(target)
   assert "No space left" in raised.value.strerror
   assert target.read_bytes() == b"the old file"
+
+
+def test_an_export_onto_a_full_disk_keeps_the_file_it_replaces(tmp_path):
+  # The command of issue "Every tool as careful": `export --out=prev.npz`
+  # onto a nearly full disk left a 294,912-byte file that was no zip, and
+  # `--format=hf` there a SafetensorError traceback.
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import npz  # pylint: disable=g-import-not-at-top
+  model = models.create("Ti/2", 10, hidden_size=64, num_layers=4,
+                        mlp_dim=256, num_heads=2)
+  params = model.init(jax.random.key(0), np.zeros((1, 8, 8, 3), np.float32),
+                      train=False)["params"]
+  source = str(tmp_path / "model.npz")  # About 0.8 MB.
+  npz.save_npz(params, source)
+  with small_disk(tmp_path / "disk", "256k") as disk:
+    previous = os.path.join(disk, "prev.npz")
+    np.savez(previous, kept=np.arange(10))
+    kept = open(previous, "rb").read()
+    for out, extra in ((previous, []), (os.path.join(disk, "hf"),
+                                        ["--format=hf"])):
+      done = subprocess.run(
+          [sys.executable, "-m", "vit_jax.export", f"--from={source}",
+           f"--out={out}", *extra], cwd=REPO, capture_output=True,
+          text=True, timeout=300, check=False)
+      assert done.returncode == 2, done.stderr[-3000:]
+      assert "Traceback" not in done.stderr, done.stderr[-3000:]
+      assert done.stderr.startswith("error: "), done.stderr
+      assert "No space left on device" in done.stderr, done.stderr
+      assert disk in done.stderr, done.stderr  # The path is named.
+    assert open(previous, "rb").read() == kept
+    # No part left.
+    assert [name for _, _, names in os.walk(disk) for name in names] == [
+        "prev.npz"]
 
 
 @pytest.mark.parametrize("key,value,named", [

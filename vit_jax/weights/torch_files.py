@@ -25,6 +25,8 @@ vit_jax/paths.py; each file written replaces its old one whole.
 
 import dataclasses
 import json
+import os
+import re
 
 import numpy as np
 import safetensors
@@ -93,7 +95,16 @@ def write_safetensors(tensors, path):
   # Written under a temporary name, then put in place whole: a failed
   # write leaves the old file, and never half a new one.
   with paths.writing(path) as local:
-    safetensors.numpy.save_file(tensors, local, metadata=METADATA)
+    try:
+      safetensors.numpy.save_file(tensors, local, metadata=METADATA)
+    except safetensors.SafetensorError as e:
+      # An I/O failure (a full disk) comes as safetensors' own error, which
+      # gives the OS's only in its message: "... (os error 28)".
+      number = re.search(r"\(os error (\d+)\)", str(e))
+      if number is None:
+        raise
+      raise OSError(int(number.group(1)), os.strerror(int(number.group(1))),
+                    local) from e
 
 
 def heads_for_width(hidden_size):
