@@ -38,7 +38,8 @@ os.environ["XLA_FLAGS"] += " " + runtime.kernel_flags(
 runtime.compile_ahead_of_time()
 # The libraries as quiet as the tools make them (some CPUs get a notice from
 # TensorFlow's oneDNN at import otherwise), in the processes tests start too.
-for name, value in runtime.QUIET_ENVIRONMENT.items():
+for name, value in {**runtime.QUIET_ENVIRONMENT,
+                    **runtime.LEAN_TENSORFLOW}.items():
   os.environ.setdefault(name, value)
 # One XLA compilation cache for the session, shared by the pytest workers and
 # every process the tests start: many tests compile the same small programs,

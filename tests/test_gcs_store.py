@@ -116,15 +116,14 @@ def test_orbax_checkpoint_manager(gcs_bucket):
              for n in gcs.list_objects(directory))
 
 
-def test_clu_writer(gcs_bucket):
+def test_tensorboard_writer(gcs_bucket):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from clu import metric_writers  # pylint: disable=g-import-not-at-top
+  from vit_jax.runs import writers  # pylint: disable=g-import-not-at-top
   logdir = f"{gcs_bucket}/tensorboard"
-  writer = metric_writers.create_default_writer(logdir)
+  writer = writers.TensorBoardWriter(logdir)
   writer.write_scalars(1, {"loss": 0.5})
   writer.write_scalars(2, {"loss": 0.25})
   writer.flush()
-  writer.close()
   events = tf.io.gfile.glob(f"{logdir}/events.out.tfevents.*")
   assert len(events) == 1
   steps = []

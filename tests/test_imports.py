@@ -40,7 +40,7 @@ PACKAGE = pathlib.Path(REPO) / "vit_jax"
 SCRIPT = r"""
 import importlib, json, logging, os, pkgutil, sys, threading, warnings
 
-import absl.flags, absl.logging, clu.metric_writers, clu.parameter_overview, flax.linen
+import absl.flags, absl.logging, clu.parameter_overview, flax.linen
 import grain  # Defines absl flags of its own (and array_record's).
 import jax, jax.numpy, matplotlib, ml_collections.config_flags, optax
 import orbax.checkpoint as ocp, scipy.ndimage, sklearn.datasets

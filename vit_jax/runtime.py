@@ -3,7 +3,8 @@
 The entry points (vit_jax/cli.py for every tool, tests/conftest.py, the
 Makefile, the benchmarks) apply them; importing any vit_jax module sets
 none. `prepare` is what a tool does first, before JAX or TensorFlow loads:
-quiet libraries (QUIET_ENVIRONMENT, unless --verbose), the CPU as JAX's
+quiet libraries (QUIET_ENVIRONMENT, unless --verbose), TensorFlow without
+Keras (LEAN_TENSORFLOW), the CPU as JAX's
 platform on a host with no TPU or GPU (else libtpu, installed with the
 `tpu` extra, probes for chips and logs its failure), and the CPU defaults
 (`apply`): TCMalloc, or glibc's malloc keeping freed memory in huge pages;
@@ -36,6 +37,12 @@ QUIET_ENVIRONMENT = {
     "GRPC_VERBOSITY": "ERROR",
     "TF_ENABLE_ONEDNN_OPTS": "0",  # Its notice, and TF computes no model here.
 }
+# TensorFlow imports the whole of Keras 3 as it loads (and scikit-learn with
+# it), a third of a tool's start (docs/speed_on_cpu.md); told to use Keras 2
+# instead, it imports that only where installed (tf_keras, which vit_jax
+# does not install). Nothing in vit_jax uses Keras. Set in every tool, quiet
+# or not.
+LEAN_TENSORFLOW = {"TF_USE_LEGACY_KERAS": "1"}
 # The allocator where JAX computes on the CPU: XLA:CPU allocates each step's
 # temp buffers afresh and frees them after, and glibc's heap kept growing
 # under that, each step that grew it faulting its new pages in.
@@ -88,6 +95,8 @@ AHEAD_OF_TIME = {"JAX_PLATFORMS": "cpu", "TPU_SKIP_MDS_QUERY": "1",
 def prepare(verbose=False):
   """A tool's settings, before JAX, TensorFlow or any thread starts (see the
   module docstring); may re-execute the command."""
+  for name, value in LEAN_TENSORFLOW.items():
+    os.environ.setdefault(name, value)
   if not verbose:
     for name, value in QUIET_ENVIRONMENT.items():
       os.environ.setdefault(name, value)

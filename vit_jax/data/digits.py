@@ -6,8 +6,6 @@ seconds; it is the project's default job and what the tests train on.
 
 from etils import epath
 import numpy as np
-from sklearn import datasets as sklearn_datasets
-from sklearn import model_selection
 import tensorflow_datasets as tfds
 
 IMAGE_SIZE = 8
@@ -22,6 +20,9 @@ def to_uint8(pixels):
 
 def split_indices(labels):
   """Fixed stratified (train, test) indices into `load_digits()`."""
+  # scikit-learn loads in a second or more: only when digits is prepared,
+  # not in every tool that looks the dataset up.
+  from sklearn import model_selection  # pylint: disable=g-import-not-at-top
   return model_selection.train_test_split(
       np.arange(len(labels)), test_size=NUM_TEST_EXAMPLES, stratify=labels,
       random_state=0)
@@ -82,7 +83,8 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager):
     del dl_manager  # Nothing to download: the data comes with scikit-learn.
-    digits = sklearn_datasets.load_digits()
+    from sklearn import datasets  # pylint: disable=g-import-not-at-top
+    digits = datasets.load_digits()
     train, test = split_indices(digits.target)
     return {
         "train": self._generate_examples(digits, train),

@@ -10,18 +10,23 @@ reader (`read_rows`, a user's `tail`) sees every row as soon as it is
 written, and a crash leaves the file as it was before the row. Each write
 costs the whole file, a few hundred bytes a row (docs/runs.md, "Workdirs on
 Cloud Storage").
+
+The event files are TensorFlow's summaries, written as each row comes: a
+storage failure surfaces at that row or at the next flush. (CLU's writers
+are not used: importing them imports TensorBoard's hparams plugin, whose
+use of tf.keras would load Keras into every tool, runtime.LEAN_TENSORFLOW.)
 """
 
 import json
 
 import jax
-from clu import metric_writers
+from absl import logging
 
 from vit_jax.runs import storage
 from vit_jax.runs.workdir import Workdir
 
 
-class JsonlWriter(metric_writers.interface.MetricWriter):
+class JsonlWriter:
   """Adds `{"step": n, name: value, ...}` rows to a workdir's metrics.jsonl,
   dropping first the rows after `resume_step` (None: keeps them all)."""
 
@@ -41,14 +46,6 @@ class JsonlWriter(metric_writers.interface.MetricWriter):
     self._dirty = True
     self.flush()
 
-  def write_summaries(self, step, values, metadata=None): pass
-  def write_images(self, step, images): pass
-  def write_videos(self, step, videos): pass
-  def write_audios(self, step, audios, *, sample_rate): pass
-  def write_texts(self, step, texts): pass
-  def write_histograms(self, step, arrays, num_buckets=None): pass
-  def write_hparams(self, hparams): pass
-
   def flush(self):
     """Replaces the file with the rows so far (when any are new); after a
     failed write, the next one writes them all."""
@@ -60,22 +57,65 @@ class JsonlWriter(metric_writers.interface.MetricWriter):
     self.flush()
 
 
+class TensorBoardWriter:
+  """Scalars into TensorBoard event files in `logdir` (a path or URL)."""
+
+  def __init__(self, logdir):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    self._tf = tf
+    self._writer = tf.summary.create_file_writer(logdir)
+
+  def write_scalars(self, step, scalars):
+    with self._writer.as_default():
+      for name, value in scalars.items():
+        self._tf.summary.scalar(name, value, step=step)
+
+  def flush(self):
+    self._writer.flush()
+
+
+class LoggingWriter:
+  """Each row as one line of the log."""
+
+  def write_scalars(self, step, scalars):
+    logging.info("[%d] %s", step, ", ".join(
+        f"{name}={value}" for name, value in scalars.items()))
+
+  def flush(self):
+    pass
+
+
+class Writers:
+  """Each row and flush to every one of `writers`."""
+
+  def __init__(self, writers):
+    self._writers = writers
+
+  def write_scalars(self, step, scalars):
+    for writer in self._writers:
+      writer.write_scalars(step, scalars)
+
+  def flush(self):
+    for writer in self._writers:
+      writer.flush()
+
+
 def create(workdir, resume_step):
   """The run's writer (`workdir`: a runs.workdir.Workdir); only process 0
   writes files, the others only log. A disk that cannot take the metrics
   stops the run in one message."""
   if jax.process_index() > 0:
-    return metric_writers.create_default_writer(workdir.events,
-                                                just_logging=True)
+    return LoggingWriter()
   with storage.stops_on_failure(f"write the metrics in {workdir}"):
     jsonl = JsonlWriter(workdir, resume_step)
-  return StoppingOnStorageFailure(metric_writers.MultiWriter([
-      metric_writers.create_default_writer(workdir.events), jsonl]), workdir)
+    events = TensorBoardWriter(workdir.events)
+  return StoppingOnStorageFailure(
+      Writers([LoggingWriter(), events, jsonl]), workdir)
 
 
 class StoppingOnStorageFailure:
-  """`writer`, whose storage failures (TensorBoard's asynchronous ones
-  among them, which surface at a later write or flush) end the run with
+  """`writer`, whose storage failures (TensorBoard's among them, which its
+  file writer may raise at a later write or flush) end the run with
   storage.stops_on_failure's message."""
 
   def __init__(self, writer, workdir):
