@@ -68,8 +68,10 @@ def test_sigterm_saves_at_the_next_step_and_resumes_bitwise(
       30, 60]
 
 
-# Runs vit_jax.main with orbax's final rename of one step's checkpoint held
-# back, after a marker file says that the step's data is being written.
+# Runs vit_jax.main through the tools' entry wrapper (quiet: nothing reads
+# its pipes before the kill, and a full pipe would stop it) with orbax's
+# final rename of one step's checkpoint held back, after a marker file says
+# that the step's data is being written.
 HOLD_SAVE = """
 import asyncio, os, sys
 from orbax.checkpoint._src.path import atomicity
@@ -81,10 +83,9 @@ async def finalize(self):
     await asyncio.sleep(3600)
   return await real_finalize(self)
 atomicity.AtomicRenameTemporaryPath.finalize = finalize
-from absl import app
-from vit_jax import main
+from vit_jax import cli, main
 sys.argv = ["vit_jax.main"] + sys.argv[3:]
-app.run(main.main)
+cli.run(main.main)
 """
 
 
