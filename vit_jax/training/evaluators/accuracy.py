@@ -41,6 +41,8 @@ class Accuracy:
                                           train=False), batch),
         "examples": batch["mask"].sum()})
     self.total = run.sources(settings.dataset).num_examples(settings.split)
+    self.batches = batches.Batches(program, run, settings.dataset,
+                                   settings.split, extras=self.extras)
 
   @staticmethod
   def check(settings, data):
@@ -50,8 +52,6 @@ class Accuracy:
     return {}
 
   def __call__(self, params):
-    totals = batches.sum_over(self.step, params, batches.global_batches(
-        self.program, self.run, self.settings.dataset,
-        self.settings.split, extras=self.extras))
+    totals = batches.sum_over(self.step, params, self.batches)
     return {f"{self.name}_accuracy": totals["correct"] / totals["count"],
             **batches.scored(self.name, self.total, totals["examples"])}

@@ -7,22 +7,33 @@ from vit_jax import sharding
 from vit_jax.data import broken_records, pipeline
 
 
-def global_batches(program, run, dataset, split, extras=None):
+class Batches:
   """Every evaluation batch of `split` as global arrays, padded and masked
-  (pipeline.eval_dataset), read by each process for its devices; the
-  log names the first broken images (broken_records.named)."""
-  # One share per data-parallel device: an evaluation counts every example
-  # once on any mesh, so its batches need not outlive one.
-  shares, num_shares = sharding.process_blocks(program.batch_sharding.mesh)
-  config, source = run.config, run.sources(dataset)
-  rows = pipeline.eval_dataset(
-      source, split, batch_size=config.batch_size,
-      image_size=config.image_size, shares=shares, num_shares=num_shares,
-      eval_crop_fraction=config.eval_crop_fraction, extras=extras)
-  for batch in broken_records.named(rows.as_numpy_iterator(),
-                                    f"{source.name} {split}",
-                                    config.broken_images):
-    yield pipeline.to_global(batch, program.batch_sharding)
+  (pipeline.eval_dataset), read by each process for its devices; the log
+  names the first broken images (broken_records.named). The input pipeline
+  is built at the first evaluation and read again at the next: building it
+  traces its functions, most of a small evaluation's time."""
+
+  def __init__(self, program, run, dataset, split, extras=None):
+    self._program, self._run = program, run
+    self._dataset, self._split, self._extras = dataset, split, extras
+    self._rows = None
+
+  def __iter__(self):
+    config, source = self._run.config, self._run.sources(self._dataset)
+    sharded = self._program.batch_sharding
+    if self._rows is None:
+      # One share per data-parallel device: an evaluation counts every
+      # example once on any mesh, so its batches need not outlive one.
+      shares, num_shares = sharding.process_blocks(sharded.mesh)
+      self._rows = pipeline.eval_dataset(
+          source, self._split, batch_size=config.batch_size,
+          image_size=config.image_size, shares=shares, num_shares=num_shares,
+          eval_crop_fraction=config.eval_crop_fraction, extras=self._extras)
+    for batch in broken_records.named(self._rows.as_numpy_iterator(),
+                                      f"{source.name} {self._split}",
+                                      config.broken_images):
+      yield pipeline.to_global(batch, sharded)
 
 
 def scored(name, total, examples):

@@ -64,6 +64,7 @@ class FewShot:
               "label": batch["label"], "mask": batch["mask"]}
 
     self.features = batches.jit(program, features)
+    self._batches = {}  # (dataset, split): batches.Batches
 
   @staticmethod
   def check(settings, data):
@@ -125,8 +126,7 @@ class FewShot:
     the (deterministic) order the evaluation batches bring them; reading
     stops once every class has them."""
     per_class = [[] for _ in range(num_classes)]
-    for batch in batches.global_batches(self.program, self.run, dataset,
-                                        split):
+    for batch in self._split_batches(dataset, split):
       out = self.features(params, batch)
       for feature, label, mask in zip(np.asarray(out["features"]),
                                       np.asarray(out["label"]),
@@ -140,10 +140,15 @@ class FewShot:
     return [np.stack(rows) if rows else np.zeros((0, 0)) for rows in
             per_class]
 
+  def _split_batches(self, dataset, split):
+    if (dataset, split) not in self._batches:
+      self._batches[dataset, split] = batches.Batches(self.program, self.run,
+                                                      dataset, split)
+    return self._batches[dataset, split]
+
   def collect(self, params, dataset, split):
     features, labels = [], []
-    for batch in batches.global_batches(self.program, self.run, dataset,
-                                        split):
+    for batch in self._split_batches(dataset, split):
       out = self.features(params, batch)
       keep = np.asarray(out["mask"]) > 0
       features.append(np.asarray(out["features"])[keep])
