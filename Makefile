@@ -37,6 +37,7 @@ transfer: $(VENV)/installed
 	done
 
 test: $(VENV)/installed
+	$(PYTHON) -m ruff check --quiet .
 	$(TEST_ENV) $(PYTHON) -m pytest -n 2 --dist worksteal -q --durations=15
 
 clean:

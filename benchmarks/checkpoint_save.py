@@ -23,11 +23,14 @@ flags.DEFINE_integer("repeats", 3, "Saves of each kind; the median is shown.")
 
 
 def state_of(name):
-  from configs import digits  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from vit_jax import (
+    models,  # pylint: disable=g-import-not-at-top
+    sharding,  # pylint: disable=g-import-not-at-top
+  )
   from vit_jax.training import step  # pylint: disable=g-import-not-at-top
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
   config = digits.get_config()
   classes = 10
   if name != "digits":  # The variant's sizes over the digits model's.
@@ -49,6 +52,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # Orbax narrates every save.
   import jax  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+
   from vit_jax.runs import checkpoints, fingerprints  # pylint: disable=g-import-not-at-top
   print("| state | MB | save with fingerprints | orbax alone | "
         "fingerprints |\n|---|---|---|---|---|")

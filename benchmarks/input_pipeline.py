@@ -35,8 +35,8 @@ import sys
 import tempfile
 import time
 
-from absl import app, flags, logging
 import numpy as np
+from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -132,6 +132,7 @@ def baseline_batches(builder, batch_size, image_size):
   """A plain pipeline: decode, inception crop, resize, flip, batch."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   from vit_jax.data import preprocess
 
   def example(record):
@@ -165,6 +166,7 @@ def grain_batches(source, threads):
   Not the project's reader: the alternative it was measured against."""
   import grain  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from vit_jax.data import preprocess, random_access
   records = random_access.Records(source, "train")
   order = random_access.Order(records.size, seed=0)

@@ -38,8 +38,9 @@ ROW = {"train_loss": 2.302585, "learning_rate": 0.001, "grad_norm": 1.05,
 
 
 def median_row_seconds(location, rows, repeats):
-  from vit_jax.runs import workdir, writers  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
+
+  from vit_jax.runs import workdir, writers  # pylint: disable=g-import-not-at-top
   place = workdir.Workdir(location)
   place.write_metrics_lines(
       [json.dumps({"step": s, **ROW}) + "\n" for s in range(1, rows + 1)])

@@ -19,8 +19,8 @@ import os
 import sys
 import time
 
-from absl import app, flags
 import numpy as np
+from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -51,6 +51,7 @@ def host_mix(images, labels, num_classes, rng):
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
+
   from vit_jax.training import targets  # pylint: disable=g-import-not-at-top
   n, side = FLAGS.batch_size, FLAGS.image_size
   rng = np.random.default_rng(0)

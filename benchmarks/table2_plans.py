@@ -30,6 +30,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from vit_jax import runtime
+
 runtime.compile_ahead_of_time()  # Before JAX is imported.
 from configs.table2 import finetune, pretrain
 from vit_jax.planning import catalogue, cost as cost_lib

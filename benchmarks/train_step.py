@@ -55,8 +55,9 @@ def prepared_step(config, num_classes=1000):
   """The run's jitted train step, a fresh state and a fixed random batch."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import pipeline
+
   from vit_jax import sharding
+  from vit_jax.data import pipeline
   from vit_jax.training import step as step_lib
   mesh = sharding.make_mesh(config.mesh)
   program = step_lib.build(config, mesh, num_classes)
@@ -91,6 +92,7 @@ def time_train_step(config, steps, matmul, warmup=2):
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
+
   from vit_jax.models import flops as flops_lib
   f = flags.FLAGS
   matmul = flops_lib.MatmulRate(f.matmul_size)

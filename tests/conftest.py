@@ -13,6 +13,7 @@ gcs.enter_namespace()
 # reads a file which the run it started has rewritten since would read the
 # new file cut at the old size (rows lost at the end).
 import os  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 os.environ.setdefault("GCS_STAT_CACHE_MAX_AGE", "0")
 
 import atexit
@@ -32,6 +33,7 @@ if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 # CPU (vit_jax/runtime.py), here too: the tests compare their own runs
 # with those of the processes they start.
 from vit_jax import runtime
+
 os.environ["XLA_FLAGS"] += " " + runtime.kernel_flags(
     os.environ["XLA_FLAGS"])
 # test_plan.py compiles for TPU slices in the pytest processes.

@@ -39,9 +39,9 @@ import fcntl
 import http.client
 import http.server
 import json
-import re
 import os
 import random
+import re
 import select
 import shutil
 import signal

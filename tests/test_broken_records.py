@@ -13,11 +13,17 @@ import pytest
 import tensorflow as tf
 from array_record.python import array_record_module
 
+from tests.util import (
+  assert_trees_equal,
+  latest_checkpoint,
+  made_once,
+  metric_rows,
+  run_training,
+  small_config,
+)
 from vit_jax import errors
 from vit_jax.data import conversion, pipeline, sources
 from vit_jax.training import step as step_lib
-from tests.util import (assert_trees_equal, latest_checkpoint, made_once,
-                        metric_rows, run_training, small_config)
 
 # Positions in each split of the prepared digits whose image bytes are
 # replaced: by bytes that are no image, or by the first half of a PNG.

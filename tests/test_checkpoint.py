@@ -11,10 +11,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from vit_jax import errors, models, paths
-from vit_jax.weights import adaptation, npz as npz_lib, pretrained
 from tests import reference_vit
 from tests.util import as_siglip_tower, randomize
+from vit_jax import errors, models, paths
+from vit_jax.weights import adaptation, npz as npz_lib, pretrained
 
 TINY = dict(num_layers=3, hidden_size=32, mlp_dim=64, num_heads=4)
 

@@ -11,9 +11,9 @@ import jax
 import numpy as np
 import pytest
 
+from tests.util import REPO
 from vit_jax import cli, errors, models, runtime
 from vit_jax.weights import npz as npz_lib
-from tests.util import REPO
 
 DIGITS = ["vit_jax.main", "--config=configs/digits.py"]
 

@@ -9,12 +9,20 @@ import sys
 import numpy as np
 import pytest
 
+from tests.util import (
+  REPO,
+  finish,
+  logged,
+  logging_batches,
+  main_flags,
+  pid_of_process,
+  run_training,
+  small_config,
+  wait_for_step,
+)
 from vit_jax import errors, run as run_lib
 from vit_jax.data import shares as shares_lib
 from vit_jax.training import loop
-from tests.util import (REPO, finish, logged, logging_batches, main_flags,
-                        pid_of_process, run_training, small_config,
-                        wait_for_step)
 
 # Pure data parallelism, so that 8, 4 and 2 x 2 devices all run it; the
 # test split evaluated once, at the end.

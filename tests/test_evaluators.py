@@ -10,12 +10,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from tests.test_train import compiles_during
+from tests.util import mocked_tfds, randomize, run_training, small_config
 from vit_jax import run, sharding
 from vit_jax.data import preprocess, sources
 from vit_jax.training import evaluators, step as step_lib
 from vit_jax.training.evaluators import fewshot, real
-from tests.test_train import compiles_during
-from tests.util import mocked_tfds, randomize, run_training, small_config
 
 # --- ReaL ---------------------------------------------------------------------
 

@@ -14,13 +14,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.util import (
+  REPO,
+  made_once,
+  randomize,
+  run_training,
+  small_config,
+  stored_examples,
+)
 from vit_jax import errors, models
 from vit_jax.analysis import attention as attention_lib, predictions
 from vit_jax.data import image_files, sources
 from vit_jax.runs import writers
 from vit_jax.weights import npz, pretrained
-from tests.util import (REPO, made_once, randomize, run_training, small_config,
-                        stored_examples)
 
 FIGURES = ("embedding_filters.png", "position_embedding_similarity.png",
            "mean_attention_distance.png", "attention_rollout.png")

@@ -10,14 +10,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.util import (
+  REPO,
+  SMALL,
+  assert_trees_equal,
+  latest_checkpoint,
+  run_training,
+  small_config,
+)
 from vit_jax import sharding
 from vit_jax.data import pipeline, sources
 from vit_jax.runs import checkpoints as checkpoints_lib
 from vit_jax.training import step as step_lib
 from vit_jax.weights import adaptation, npz as npz_lib, pretrained
-from tests.util import (REPO, SMALL, assert_trees_equal,
-                        latest_checkpoint, run_training,
-                        small_config)
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
 

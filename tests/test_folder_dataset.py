@@ -10,10 +10,15 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from tests.util import (
+  metric_rows,
+  run_training,
+  small_config,
+  small_disk,
+  stored_examples,
+)
 from vit_jax import errors
 from vit_jax.data import folder, pipeline as pipeline_lib, sources
-from tests.util import (metric_rows, run_training, small_config, small_disk,
-                        stored_examples)
 
 CLASSES = ["apple", "banana", "cherry"]
 # (split, class, file name, (height, width), mode): every image a solid

@@ -31,8 +31,7 @@ from tests.util import randomize, stored_examples
 from vit_jax import errors, models
 from vit_jax.analysis import attention as attention_lib
 from vit_jax.data import folder, image_files, random_access, sources
-from vit_jax.weights import exports, pretrained, torch_files
-from vit_jax.weights import npz as npz_lib
+from vit_jax.weights import exports, npz as npz_lib, pretrained, torch_files
 
 
 def upload(local, url):

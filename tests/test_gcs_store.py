@@ -118,6 +118,7 @@ def test_orbax_checkpoint_manager(gcs_bucket):
 
 def test_tensorboard_writer(gcs_bucket):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   from vit_jax.runs import writers  # pylint: disable=g-import-not-at-top
   logdir = f"{gcs_bucket}/tensorboard"
   writer = writers.TensorBoardWriter(logdir)

@@ -12,11 +12,22 @@ import numpy as np
 import pytest
 from etils import epath
 
-from vit_jax.weights import npz, pretrained
 from tests import gcs
-from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
-                        logged, main_flags, metric_rows, run_training,
-                        small_config, start_main, start_pod, wait_for_step)
+from tests.util import (
+  REPO,
+  assert_trees_equal,
+  finish,
+  latest_checkpoint,
+  logged,
+  main_flags,
+  metric_rows,
+  run_training,
+  small_config,
+  start_main,
+  start_pod,
+  wait_for_step,
+)
+from vit_jax.weights import npz, pretrained
 
 # Long enough to be stopped between two saves.
 RUN = {"total_steps": 12, "log_every": 1, "checkpoint_every": 5,

@@ -8,10 +8,17 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from tests.util import (
+  finish,
+  latest_checkpoint,
+  main_flags,
+  metric_rows,
+  small_config,
+  start_main,
+  wait_for_step,
+)
 from vit_jax.runs.workdir import Workdir
 from vit_jax.training import goodput
-from tests.util import (finish, latest_checkpoint, main_flags, metric_rows,
-                        small_config, start_main, wait_for_step)
 
 RUN = {"total_steps": 40, "log_every": 1, "checkpoint_every": 10,
        "evaluators.test.every": 20}

@@ -6,13 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import errors, models
-from vit_jax.models import flops
-from vit_jax.weights import npz as npz_lib
 from tests import reference_vit
 from tests.test_compute import xla_forward_flops
 from tests.test_train import MESHES, first_losses
 from tests.util import randomize, small_config
+from vit_jax import errors, models
+from vit_jax.models import flops
+from vit_jax.weights import npz as npz_lib
 
 # Two stages of one unit at a root width of 32: 8 times smaller feature
 # maps, the smallest stem with a strided stage and GroupNorm's 32 groups.

@@ -6,11 +6,18 @@ shrunk, on random examples (tests/test_table2.py's mock TFDS)."""
 import pytest
 
 from configs.imagenet import paper, plain
+
+# metadata_dir and mock_tfds: fixtures, which pytest finds by their names.
+from tests.test_table2 import (  # noqa: F401
+  flat_keys,
+  metadata_dir,
+  mock_tfds,
+  shrunk,
+  small_split,
+)
+from tests.util import check_config, run_training
 from vit_jax.data import sources
 from vit_jax.weights import pretrained
-from tests.test_table2 import (flat_keys, metadata_dir, mock_tfds,  # pylint: disable=unused-import
-                               shrunk, small_split)
-from tests.util import check_config, run_training
 
 # ImageNet-1k's train split less the 1% held out: TFDS rounds 1,281,167 x
 # 0.99 to 1,268,355.
@@ -56,7 +63,8 @@ def test_plain_is_the_big_vision_recipe(epochs, steps):
     assert config.cutmix.prob == 0
 
 
-def test_the_split_sizes_are_tfds_own(mock_tfds):
+@pytest.mark.usefixtures("mock_tfds")
+def test_the_split_sizes_are_tfds_own():
   source = sources.lookup("imagenet2012", None)
   assert source.num_examples("train[:99%]") == TRAIN_IMAGES
   assert source.num_examples("train[99%:]") == 1_281_167 - TRAIN_IMAGES
@@ -71,8 +79,9 @@ def get(name):
   return {"paper": paper, "plain": plain}[file].get_config(arg)
 
 
+@pytest.mark.usefixtures("mock_tfds")
 @pytest.mark.parametrize("name", NAMES)
-def test_full_size_config_passes_its_checks(mock_tfds, name):
+def test_full_size_config_passes_its_checks(name):
   from configs import digits  # pylint: disable=g-import-not-at-top
   config = get(name)
   sizes = {"model.hidden_size", "model.num_layers", "model.mlp_dim",
@@ -88,7 +97,8 @@ def test_bad_arguments_show_the_usage():
     plain.get_config("S/16,100")
 
 
-def test_plain_runs_two_steps_with_its_augmentations(mock_tfds, tmp_path):
+@pytest.mark.usefixtures("mock_tfds")
+def test_plain_runs_two_steps_with_its_augmentations(tmp_path):
   """RandAugment, Mixup, GAP and sin-cos position embeddings, every
   evaluator (minival, validation, ReaL, v2), on a tiny model."""
   config = shrunk(get("plain:S/16,90"), image_size=32)

@@ -11,8 +11,8 @@ import pathlib
 import subprocess
 import sys
 
-from vit_jax import runtime
 from tests.util import REPO
+from vit_jax import runtime
 
 # The commands users type, each a `python -m vit_jax.X`.
 COMMANDS = {"main", "plan", "export", "predict", "figures", "vtab",

@@ -5,15 +5,19 @@ import collections
 import jax
 import numpy as np
 import pytest
-from sklearn import datasets as sklearn_datasets
-from sklearn import model_selection
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from sklearn import datasets as sklearn_datasets, model_selection
 
-from vit_jax import errors
-from vit_jax.data import (digits, pipeline as pipeline_lib, preprocess,
-                          shares as shares_lib, sources)
 from tests.util import stored_examples
+from vit_jax import errors
+from vit_jax.data import (
+  digits,
+  pipeline as pipeline_lib,
+  preprocess,
+  shares as shares_lib,
+  sources,
+)
 
 
 def take(dataset, num_batches):

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.util import randomize
 from vit_jax import errors, models
 from vit_jax.weights import npz
-from tests.util import randomize
 
 
 def abstract_params(model, image_size):

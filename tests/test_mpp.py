@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from configs import mpp as mpp_config
+from tests.util import SMALL, latest_checkpoint, run_training, small_config
 from vit_jax import errors, run, sharding
 from vit_jax.models import masked_patches
 from vit_jax.runs import writers
 from vit_jax.training import step
-from tests.util import SMALL, latest_checkpoint, run_training, small_config
 
 
 def test_a_patch_of_one_colour_gives_its_3_bit_class():

@@ -71,6 +71,7 @@ def test_bad_optimizer_settings_are_named():
 def small_model_params(num_layers, scan_layers):
   """Abstract params of a tiny ViT: their names and shapes."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from vit_jax import models  # pylint: disable=g-import-not-at-top
   model = models.create("Ti/2", 3, hidden_size=8, num_layers=num_layers,
                         mlp_dim=16, num_heads=2, scan_layers=scan_layers)
@@ -128,9 +129,10 @@ def test_lr_mults_multiply_the_first_matching_parameters_rate():
 def test_frozen_parameters_are_bitwise_unchanged_and_hold_no_state(
     digits_data_dir):
   import jax  # pylint: disable=g-import-not-at-top
+
+  from tests.util import small_config, train_steps  # pylint: disable=g-import-not-at-top
   from vit_jax import sharding  # pylint: disable=g-import-not-at-top
   from vit_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
-  from tests.util import small_config, train_steps  # pylint: disable=g-import-not-at-top
   frozen = r"embedding/.*|cls|Transformer/posembed_input/.*|Transformer/encoderblock_0/.*"
   states = {}
   for name, pattern in (("frozen", frozen), ("trained", "")):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from configs.table2 import pretrain
+from tests.util import REPO
 from vit_jax import errors, models
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, cost as cost_lib, report
-from tests.util import REPO
 
 GiB = 2**30
 

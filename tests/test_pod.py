@@ -9,9 +9,17 @@ import jax
 import numpy as np
 import pytest
 
-from tests.util import (finish, latest_checkpoint, logged, main_flags,
-                        pid_of_process, run_training, small_config, start_pod,
-                        wait_for_step)
+from tests.util import (
+  finish,
+  latest_checkpoint,
+  logged,
+  main_flags,
+  pid_of_process,
+  run_training,
+  small_config,
+  start_pod,
+  wait_for_step,
+)
 
 # The digits mesh, data 4 x model 2: each process holds two data rows and
 # both halves of the model axis. The test split does not divide evenly

@@ -6,12 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.util import small_config, train_steps
 from vit_jax import errors, models, sharding
 from vit_jax.analysis import attention
 from vit_jax.models import vit
 from vit_jax.training import step
 from vit_jax.weights import adaptation, npz as npz_lib
-from tests.util import small_config, train_steps
 
 ROW, COL = models.POSEMB_2D_KEYS
 

@@ -12,10 +12,22 @@ import jax
 import numpy as np
 import pytest
 
+from tests.util import (
+  REPO,
+  assert_trees_equal,
+  finish,
+  latest_checkpoint,
+  made_once,
+  main_flags,
+  metric_rows,
+  poison_step,
+  run_training,
+  small_config,
+  small_disk,
+  start_main,
+  wait_for_step,
+)
 from vit_jax import errors
-from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
-                        main_flags, metric_rows, poison_step, run_training,
-                        small_config, small_disk, start_main, wait_for_step)
 
 # With the from-scratch recipe's draws, keyed by (seed, example) and
 # (seed, step): a resume must draw them as they were.
@@ -27,10 +39,11 @@ LONG = {"total_steps": 60, "log_every": 1, "evaluators.test.every": 30,
 
 @pytest.fixture(scope="module")
 def uninterrupted(digits_data_dir, tmp_path_factory):
-  """Final params of the LONG run, trained without a break."""
-  workdir = str(tmp_path_factory.mktemp("uninterrupted"))
+  """Final params of the LONG run, trained without a break (once for both
+  pytest workers)."""
   config = small_config(digits_data_dir, **LONG)
-  run_training(config, workdir)
+  workdir = made_once(tmp_path_factory, "preemption_uninterrupted",
+                      lambda path: run_training(config, path))
   step, params, _ = latest_checkpoint(workdir, config)
   assert step == LONG["total_steps"]
   return config, params

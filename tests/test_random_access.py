@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
+from tests.util import small_disk
 from vit_jax import errors
 from vit_jax.data import conversion, pipeline, random_access, sources
-from tests.util import small_disk
 
 # 1,024 records in batches of 64: an epoch is 16 batches. Streamed in 16
 # shares with a window of 5 of each share's 64 records, the ratio of

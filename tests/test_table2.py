@@ -23,12 +23,12 @@ import tensorflow_datasets as tfds
 
 from configs import digits
 from configs.table2 import finetune, pretrain
+from tests.test_train import compiles_during
+from tests.util import check_config, mocked_tfds, run_training
 from vit_jax import errors, models, sharding
 from vit_jax.data import sources
 from vit_jax.models import flops
 from vit_jax.training import step as step_lib
-from tests.test_train import compiles_during
-from tests.util import check_config, mocked_tfds, run_training
 
 # Table 3 (Section 4.1) and Table 1's widths, for Table 2's three columns.
 PRETRAIN = {

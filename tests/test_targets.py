@@ -10,10 +10,10 @@ import numpy as np
 import optax
 import pytest
 
+from tests.util import check_config, small_config
 from vit_jax import errors, sharding
 from vit_jax.models import losses
 from vit_jax.training import step as step_lib, targets
-from tests.util import check_config, small_config
 
 LOGITS = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]], np.float32)
 
@@ -208,11 +208,13 @@ def test_a_multi_label_dataset_trains_with_the_sigmoid_loss(tmp_path):
   a top class that is one of an image's. (Random examples served as the
   metadata's splits say, tests/util.py's mocked_tfds.)"""
   import os  # pylint: disable=g-import-not-at-top
+
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
+
   from tests.test_table2 import _split_dict  # pylint: disable=g-import-not-at-top
   from tests.util import mocked_tfds, run_training  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
 
   data_dir = str(tmp_path / "data")
   builder = tfds.builder("voc/2007", data_dir=data_dir)

@@ -17,15 +17,24 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from vit_jax import errors, models
-from vit_jax.weights import exports, pretrained
 from tests import reference_vit
 from tests.test_finetune import flat, start_of
-from tests.test_torch_interchange import (CLASSES, HEADS, LAYERS, MLP, PATCH,
-                                          SIDE, WIDTH, images, logits_of,
-                                          random_tensors, write_hf_dir)
-from tests.util import (as_siglip_tower, metric_rows, run_training,
-                        small_config)
+from tests.test_torch_interchange import (
+  CLASSES,
+  HEADS,
+  LAYERS,
+  MLP,
+  PATCH,
+  SIDE,
+  WIDTH,
+  images,
+  logits_of,
+  random_tensors,
+  write_hf_dir,
+)
+from tests.util import as_siglip_tower, metric_rows, run_training, small_config
+from vit_jax import errors, models
+from vit_jax.weights import exports, pretrained
 
 # The digits model's side and patch (configs/digits.py), for the fine-tunes.
 DIGITS_SIDE = 8

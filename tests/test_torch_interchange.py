@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from vit_jax import errors, models
-from vit_jax.runs.workdir import Workdir
-from vit_jax.weights import adaptation, exports, npz as npz_lib, pretrained
 from tests import reference_vit
 from tests.test_finetune import POSEMB, flat, start_of
 from tests.util import run_training, small_config
+from vit_jax import errors, models
+from vit_jax.runs.workdir import Workdir
+from vit_jax.weights import adaptation, exports, npz as npz_lib, pretrained
 
 # A model of SMALL's sizes (tests/util.py), trained at 16x16 with 5 classes.
 WIDTH, LAYERS, MLP, HEADS, PATCH, SIDE, CLASSES = 32, 2, 64, 4, 2, 16, 5

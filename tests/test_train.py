@@ -11,12 +11,18 @@ import jax
 import numpy as np
 import pytest
 
+from tests.util import (
+  REPO,
+  latest_checkpoint,
+  metric_rows,
+  run_training,
+  small_config,
+  train_steps,
+)
 from vit_jax import errors, runtime, sharding
 from vit_jax.data import pipeline
 from vit_jax.models import flops
 from vit_jax.training import step as step_lib
-from tests.util import (REPO, latest_checkpoint, metric_rows, run_training,
-                        small_config, train_steps)
 
 
 def first_losses(config, devices, num_steps=3):

@@ -15,14 +15,25 @@ import time
 import numpy as np
 import pytest
 
+from tests.util import (
+  REPO,
+  assert_trees_equal,
+  finish,
+  latest_checkpoint,
+  made_once,
+  main_flags,
+  metric_rows,
+  poison_step,
+  run_training,
+  small_config,
+  start_main,
+  stored_examples,
+  wait_for_step,
+)
 from vit_jax import errors
 from vit_jax.data import sources
 from vit_jax.runs import fingerprints, lock
 from vit_jax.weights import npz, pretrained
-from tests.util import (REPO, assert_trees_equal, finish, latest_checkpoint,
-                        made_once, main_flags, metric_rows, poison_step,
-                        run_training, small_config, start_main,
-                        stored_examples, wait_for_step)
 
 # Checkpoints at 4, 6 and 8 are kept (the 100/150/200, in small).
 SAVED = {"total_steps": 8, "checkpoint_every": 2, "keep_checkpoints": 3,

@@ -14,11 +14,12 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from configs import vtab as vtab_config
-from vit_jax import errors, vtab_suite
-from vit_jax.data import vtab_tasks as registry
 from tests.test_table2 import TINY_MODEL, _split_dict
 from tests.test_vtab_registry import SPLIT_SIZES
 from tests.util import REPO, check_config, mocked_tfds
+from vit_jax import errors, vtab_suite
+from vit_jax.data import vtab_tasks as registry
+
 
 @pytest.fixture(scope="module")
 def vtab_data_dir(tmp_path_factory):

@@ -9,12 +9,20 @@ import sys
 
 import pytest
 
+from tests.util import (
+  REPO,
+  finish,
+  latest_checkpoint,
+  main_flags,
+  run_training,
+  small_config,
+  small_disk,
+  start_main,
+)
 from vit_jax import errors, paths, run as run_lib
 from vit_jax.data import conversion, image_files, sources
 from vit_jax.runs import store, workdir as workdir_lib, writers
 from vit_jax.runs.workdir import Workdir
-from tests.util import (REPO, finish, latest_checkpoint, main_flags, run_training,
-                        small_config, small_disk, start_main)
 
 
 def snapshot(directory):
@@ -225,6 +233,7 @@ def test_an_export_onto_a_full_disk_keeps_the_file_it_replaces(tmp_path):
   # `--format=hf` there a SafetensorError traceback.
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+
   from vit_jax import models  # pylint: disable=g-import-not-at-top
   from vit_jax.weights import npz  # pylint: disable=g-import-not-at-top
   model = models.create("Ti/2", 10, hidden_size=64, num_layers=4,

@@ -99,6 +99,7 @@ def poison_step(monkeypatch, at_step):
   """Makes the train step of the runs built from now on turn their params
   and loss into NaN at step `at_step`."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
   from vit_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
   real_make_train_step = step_lib.make_train_step
 
@@ -119,8 +120,7 @@ def poison_step(monkeypatch, at_step):
 def train_steps(program, state, config, num_steps, augment=()):
   """(the losses, the state) after `num_steps` steps of `program` on digits
   batches of `config`'s size."""
-  from vit_jax.data import sources
-  from vit_jax.data import pipeline as pipeline_lib
+  from vit_jax.data import pipeline as pipeline_lib, sources
   batches = pipeline_lib.train_dataset(sources.lookup("digits",
                                                       config.data_dir),
                                        "train",
@@ -210,9 +210,9 @@ def wait_for_step(workdir, step, process, timeout=300):
 
 def latest_checkpoint(workdir, config):
   """(step, params, progress) of the newest checkpoint in `workdir`."""
+  from vit_jax import sharding
   from vit_jax.runs import checkpoints as checkpoints_lib
   from vit_jax.runs.workdir import Workdir
-  from vit_jax import sharding
   from vit_jax.training import step as step_lib
   mesh = sharding.make_mesh(config.mesh)
   program = step_lib.build(config, mesh, num_classes=10)
@@ -297,6 +297,7 @@ def mocked_tfds(data_dir, records):
   asks for a share by a tensor: `split` is then None."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   from vit_jax.data import pipeline as pipeline_lib
 
   def examples(table, share):

@@ -7,6 +7,7 @@ replaced whole when the figure is complete.
 
 import matplotlib
 import numpy as np
+
 # Figures without pyplot: PNG files only, no display (a TPU VM, CI), and no
 # backend chosen for the rest of the process.
 from matplotlib.figure import Figure

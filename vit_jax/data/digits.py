@@ -4,9 +4,9 @@ The data ships inside scikit-learn, so the dataset is prepared offline in
 seconds; it is the project's default job and what the tests train on.
 """
 
-from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
+from etils import epath
 
 IMAGE_SIZE = 8
 NUM_TEST_EXAMPLES = 360

@@ -57,9 +57,9 @@ import os
 import re
 import stat as stat_lib
 
-from etils import epath
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from etils import epath
 
 from vit_jax import errors, paths
 

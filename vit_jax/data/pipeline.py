@@ -25,10 +25,10 @@ looked up once per run.
 """
 
 import jax
-from absl import logging
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from absl import logging
 
 from vit_jax import errors
 from vit_jax.data import broken_records, preprocess, random_access

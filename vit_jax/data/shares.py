@@ -27,7 +27,6 @@ leaves each share MIN_SHARE_EXAMPLES examples:
 
 from vit_jax import sharding
 
-
 MAX_SHARES = 2048
 
 

@@ -30,7 +30,6 @@ from absl import logging
 from vit_jax import errors, paths
 from vit_jax.data import broken_records, digits, folder, vtab_tasks
 
-
 # Builders of ours, prepared on first use instead of by `tfds build`; not
 # registered with TFDS, so importing vit_jax adds nothing to its catalog.
 # "digits/0to4" names one of a builder's configs.

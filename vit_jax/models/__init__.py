@@ -7,8 +7,12 @@ import flax
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.models.vit import (CONFIG_FIELDS, MaskedPatchViT, ViTConfig,
-                                VisionTransformer)
+from vit_jax.models.vit import (
+  CONFIG_FIELDS,
+  MaskedPatchViT,
+  VisionTransformer,
+  ViTConfig,
+)
 
 # Where the release layout keeps the position embedding ("learn"), and where
 # the "learn2d" kind keeps its row and column tables.

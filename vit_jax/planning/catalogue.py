@@ -16,7 +16,6 @@ from jax.experimental import topologies
 from vit_jax import errors, sharding
 from vit_jax.models import flops
 
-
 GiB = 2**30
 
 

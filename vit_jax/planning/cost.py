@@ -37,7 +37,6 @@ from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, report
 from vit_jax.training import step as step_lib
 
-
 # Evaluation, checkpoints and restarts after preemption, on top of the
 # training steps. A stated guess, not a measurement: Table 2's pre-training
 # evaluates about 0.2% of the images it trains on (51,200 held out plus the

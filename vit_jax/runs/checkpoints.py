@@ -18,7 +18,6 @@ from jax.experimental import multihost_utils
 from vit_jax import errors, paths
 from vit_jax.runs import fingerprints, storage
 
-
 # Orbax splits the writing of a replicated array among its replicas. For a
 # small array that saves nothing, and every (shape, device) pair costs a
 # compiled slicing program (docs/runs.md, "Saving"). Below 1 MiB per slice,

@@ -26,7 +26,6 @@ import time
 
 import jax
 
-
 BUCKETS = ("startup", "compile", "train", "input", "checkpoint", "eval",
            "lost", "other")
 # JAX's time spans of the three stages of making a program; a cache hit is

@@ -13,8 +13,16 @@ import numpy as np
 from vit_jax import errors
 from vit_jax.data import broken_records, pipeline, shares
 from vit_jax.runs import checkpoints, store
-from vit_jax.training import (divergence, evaluators, goodput, polyak,
-                              preemption, reporting, step as step_lib, timing)
+from vit_jax.training import (
+  divergence,
+  evaluators,
+  goodput,
+  polyak,
+  preemption,
+  reporting,
+  step as step_lib,
+  timing,
+)
 
 
 def train_and_evaluate(run, started=None):

@@ -11,7 +11,6 @@ from absl import logging
 from vit_jax import errors, models
 from vit_jax.weights import npz
 
-
 # What pre-training adds to a model and fine-tuning drops: the pre-logits
 # layer, and masked patch prediction's mask embedding and per-patch head.
 _PRETRAINING_ONLY = ("pre_logits/", "mask_embedding", "mpp_head/")

@@ -18,12 +18,11 @@ import zipfile
 import flax
 import flax.linen as nn
 import jax
-from etils import epath
 import ml_dtypes
 import numpy as np
+from etils import epath
 
 from vit_jax import errors, models, paths
-
 
 POSEMB_KEY = models.POSEMB_KEY
 
