@@ -28,7 +28,7 @@ def get_config():
   config.augment = ""
   # RandAugment "N,M": N ops a image at magnitude M of 10, after the crop
   # and the resize (docs/randaugment.md); "" for none. "2,10" is the plain
-  # ImageNet baseline's (configs/from_scratch/plain_vit.py).
+  # ImageNet baseline's (configs/imagenet/plain.py).
   config.randaugment = ""
   # Evaluation resizes to image_size; f < 1 resizes to image_size / f and
   # takes the central crop (0.875: 256 -> 224).

@@ -1,7 +1,7 @@
 """Importing a vit_jax module changes nothing outside it: the settings of a
 process are made by the tools' entry points (vit_jax/cli.py), not by an
 import in a notebook. And each module imports only from its own floor of the
-package or below (docs: DESIGN.md, Layout)."""
+package or below (FLOORS, below)."""
 
 import ast
 import graphlib
