@@ -202,6 +202,24 @@ def test_a_config_file_that_does_not_load_is_named(args, message):
   assert done.stderr.startswith(f"error: {message}"), done.stderr
 
 
+def test_configs_load_from_any_folder(tmp_path):
+  # A shipped config by its absolute path, and a user's own beside them
+  # that builds on the shipped base.
+  (tmp_path / "mine.py").write_text(
+      "from configs import base\n"
+      "def get_config():\n"
+      "  config = base.get_config()\n"
+      "  config.total_steps = 7\n"
+      "  return config\n")
+  for config, total_steps in ((os.path.join(REPO, "configs", "digits.py"),
+                               "1000"), ("mine.py", "7")):
+    done = subprocess.run(
+        [sys.executable, "-c", CONFIG_TOOL, f"--config={config}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [total_steps]
+
+
 # A tool whose main leaves a tensorstore future's callback to an event loop
 # that is closed, as a failed checkpoint write leaves orbax's, then raises
 # another error where nothing can catch it.

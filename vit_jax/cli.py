@@ -54,6 +54,8 @@ _USER_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC,
                 errno.EROFS, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR,
                 errno.EEXIST, errno.ENAMETOOLONG}
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The checkout that holds the package, with the shipped configs/ beside it.
+_CHECKOUT_DIR = os.path.dirname(_PACKAGE_DIR)
 
 
 def verbose_requested(argv=None):
@@ -143,7 +145,18 @@ def run(main, positional=False):
     if len(argv) > 1 and not positional:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     return main(argv)
+  _shipped_configs_importable()
   app.run(lambda argv: _end(_call(checked, argv)), flags_parser=_parse_flags)
+
+
+def _shipped_configs_importable():
+  """Lets a config file loaded from any folder import the shipped configs
+  as `configs` (its siblings, or `base` under a user's own file), as it
+  does in the checkout; last on the path, so a folder's own `configs`
+  wins."""
+  if (os.path.exists(os.path.join(_CHECKOUT_DIR, "configs", "base.py"))
+      and _CHECKOUT_DIR not in sys.path):
+    sys.path.append(_CHECKOUT_DIR)
 
 
 def _end(code):
