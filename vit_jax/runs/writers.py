@@ -53,9 +53,6 @@ class JsonlWriter:
       self._workdir.write_metrics_lines(self._lines)
       self._dirty = False
 
-  def close(self):
-    self.flush()
-
 
 class TensorBoardWriter:
   """Scalars into TensorBoard event files in `logdir` (a path or URL)."""
@@ -85,21 +82,6 @@ class LoggingWriter:
     pass
 
 
-class Writers:
-  """Each row and flush to every one of `writers`."""
-
-  def __init__(self, writers):
-    self._writers = writers
-
-  def write_scalars(self, step, scalars):
-    for writer in self._writers:
-      writer.write_scalars(step, scalars)
-
-  def flush(self):
-    for writer in self._writers:
-      writer.flush()
-
-
 def create(workdir, resume_step):
   """The run's writer (`workdir`: a runs.workdir.Workdir); only process 0
   writes files, the others only log. A disk that cannot take the metrics
@@ -109,25 +91,26 @@ def create(workdir, resume_step):
   with storage.stops_on_failure(f"write the metrics in {workdir}"):
     jsonl = JsonlWriter(workdir, resume_step)
     events = TensorBoardWriter(workdir.events)
-  return StoppingOnStorageFailure(
-      Writers([LoggingWriter(), events, jsonl]), workdir)
+  return FileWriters([LoggingWriter(), events, jsonl], workdir)
 
 
-class StoppingOnStorageFailure:
-  """`writer`, whose storage failures (TensorBoard's among them, which its
-  file writer may raise at a later write or flush) end the run with
-  storage.stops_on_failure's message."""
+class FileWriters:
+  """Each row and flush to every one of `writers`; their storage failures
+  (TensorBoard's among them, which its file writer may raise at a later
+  write or flush) end the run with storage.stops_on_failure's message."""
 
-  def __init__(self, writer, workdir):
-    self._writer, self._workdir = writer, workdir
+  def __init__(self, writers, workdir):
+    self._writers, self._workdir = writers, workdir
 
   def write_scalars(self, step, scalars):
     with storage.stops_on_failure(f"write the metrics in {self._workdir}"):
-      self._writer.write_scalars(step, scalars)
+      for writer in self._writers:
+        writer.write_scalars(step, scalars)
 
   def flush(self):
     with storage.stops_on_failure(f"write the metrics in {self._workdir}"):
-      self._writer.flush()
+      for writer in self._writers:
+        writer.flush()
 
 
 def read_rows(workdir):
