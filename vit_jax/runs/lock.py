@@ -37,6 +37,17 @@ class WorkdirLock:
     self._renewer = None
 
   def __enter__(self):
+    try:
+      return self._enter()
+    except BaseException:
+      # A signal (cli.Stopped) or an error after our lock was written but
+      # before `with` could call __exit__: the lock goes all the same.
+      self._stop.set()
+      if jax.process_index() == 0 and self._held_by_me():
+        self._path.unlink(missing_ok=True)
+      raise
+
+  def _enter(self):
     holder = self._acquire() if jax.process_index() == 0 else None
     if jax.process_count() > 1:  # Every process stops, or none.
       refused = multihost_utils.broadcast_one_to_all(
