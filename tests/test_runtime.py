@@ -154,3 +154,14 @@ def test_what_the_user_set_wins_and_no_second_run_when_set():
                  f"{runtime.DEVICES_FLAG}="
                  f"{runtime.cpu_device_count()}"]
   assert run(VIT_JAX_CPU_DEFAULTS="0") == ["started"] + ["None"] * 4
+
+
+def test_no_cpu_flags_where_an_accelerator_computes():
+  """A GPU's jaxlib may be another XLA that stops at a CPU flag it does not
+  know: XLA_FLAGS stays as the user set it."""
+  out = run(JAX_PLATFORMS="cuda", GLIBC_TUNABLES=TUNABLES,
+            LD_PRELOAD=NOT_AN_ALLOCATOR)
+  assert out[:3] == ["started", TUNABLES, "None"]
+  out = run(JAX_PLATFORMS="tpu", GLIBC_TUNABLES=TUNABLES,
+            LD_PRELOAD=NOT_AN_ALLOCATOR, XLA_FLAGS="--xla_dump_to=/tmp/x")
+  assert out[:3] == ["started", TUNABLES, "--xla_dump_to=/tmp/x"]

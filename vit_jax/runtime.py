@@ -291,8 +291,9 @@ def kernel_flags(xla_flags):
 
 
 def apply():
-  """Adds KERNEL_FLAGS and DEVICES_FLAG to XLA_FLAGS unless set there, and
-  re-executes with `allocator_environment` if it changes the environment.
+  """Where the CPU computes, adds KERNEL_FLAGS and DEVICES_FLAG to XLA_FLAGS
+  unless set there; re-executes with `allocator_environment` if it changes
+  the environment.
 
   Call it first thing in a `__main__` block, before JAX is imported,
   anything is printed or any thread is started: the loader reads LD_PRELOAD
@@ -300,11 +301,14 @@ def apply():
   """
   if os.environ.get("VIT_JAX_CPU_DEFAULTS") == "0":
     return
-  xla_flags = os.environ.get("XLA_FLAGS", "")
-  xla_flags = f"{xla_flags} {kernel_flags(xla_flags)}"
-  if DEVICES_FLAG not in xla_flags:
-    xla_flags = f"{xla_flags} {DEVICES_FLAG}={cpu_device_count()}"
-  os.environ["XLA_FLAGS"] = xla_flags.strip()
+  # XLA:CPU's flags only where the CPU computes: a GPU's jaxlib may be
+  # another XLA, which stops at a flag it does not know.
+  if computes_on_cpu():
+    xla_flags = os.environ.get("XLA_FLAGS", "")
+    xla_flags = f"{xla_flags} {kernel_flags(xla_flags)}"
+    if DEVICES_FLAG not in xla_flags:
+      xla_flags = f"{xla_flags} {DEVICES_FLAG}={cpu_device_count()}"
+    os.environ["XLA_FLAGS"] = xla_flags.strip()
   wanted = allocator_environment()
   if all(os.environ.get(name, "") == value
          for name, value in wanted.items()):
