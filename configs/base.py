@@ -41,7 +41,9 @@ def get_config():
   # models.create's. posemb: "learn" (1-D, as released), "learn2d",
   # "sincos2d" or "none" (Appendix D.4). mpp: pre-train by masked patch
   # prediction (configs/mpp.py). remat_policy and scan_layers trade
-  # speed for memory and compile time, and leave the results as they are.
+  # speed for memory and compile time, and leave the results as they are;
+  # attention "fused" computes the same function through cuDNN's kernel on
+  # NVIDIA GPUs (docs/models.md), "einsum" keeps the weights for figures.
   # What a checkpoint fixes beyond its sizes, left unset (None) here: the
   # function, layer_norm_epsilon, gelu ("tanh", "exact") and final_norm
   # ("tokens", "pooled"), and the architecture, classifier ("token",
@@ -57,7 +59,8 @@ def get_config():
       name="", classifier=placeholder(str),
       representation_size=placeholder(int),
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="float32",
-      remat_policy="", scan_layers=False, posemb="learn", mpp=False,
+      remat_policy="", scan_layers=False, attention="einsum",
+      posemb="learn", mpp=False,
       layer_norm_epsilon=placeholder(float), gelu=placeholder(str),
       final_norm=placeholder(str), head_bias_init=0.0,
       layer_scale=placeholder(float), num_registers=placeholder(int),

@@ -133,6 +133,12 @@ def test_attention_weights_are_the_models_own():
   np.testing.assert_allclose(maps,
                              attention_lib.attention_rollout(attention[:, :3]),
                              rtol=1e-5)
+  # A model with the fused attention, which keeps no weights, has them read
+  # through the einsum's.
+  fused = models.create("Ti/4", num_classes=5, hidden_size=32, num_layers=3,
+                        mlp_dim=64, num_heads=4, attention="fused")
+  np.testing.assert_array_equal(
+      attention_lib.attention_weights(fused, params, pixels)[1], attention)
   # Layer order: a change to the last block changes only the last layer's.
   params["Transformer"]["encoderblock_2"]["LayerNorm_0"]["scale"] *= 2
   _, changed = attention_lib.attention_weights(model, params, pixels)

@@ -210,3 +210,36 @@ def test_the_architecture_is_read_back_from_the_params(overrides):
   read, image_size = models.from_params(nn.meta.unbox(params))
   assert image_size == 20
   assert read == model
+
+
+@pytest.mark.parametrize("overrides", [{}, {"classifier": "map"},
+                                       {"qk_norm": True, "num_registers": 2}])
+def test_fused_attention_computes_the_einsum_function(overrides):
+  """Same params, same logits and gradients: a run may switch between them
+  (on a GPU, "fused" is cuDNN's kernel; here, XLA's)."""
+  images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3), minval=-1)
+  einsum = tiny(num_layers=2, **overrides)
+  fused = tiny(num_layers=2, attention="fused", **overrides)
+  params = randomize(nn.meta.unbox(
+      einsum.init(jax.random.key(0), images, train=False)["params"]))
+
+  def logits_and_grads(model):
+    def total(params):
+      logits = model.apply({"params": params}, images, train=True)
+      return jnp.sum(logits ** 2), logits
+    return jax.jit(jax.grad(total, has_aux=True))(params)
+
+  expected_grads, expected = logits_and_grads(einsum)
+  grads, logits = logits_and_grads(fused)
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
+                                                       atol=1e-5),
+               grads, expected_grads)
+
+
+def test_fused_attention_refuses_attention_dropout():
+  with pytest.raises(errors.InputError, match="attention_dropout_rate"):
+    models.create("B/16", num_classes=10, attention="fused",
+                  attention_dropout_rate=0.1)
+  with pytest.raises(errors.InputError, match="attention must be one of"):
+    models.create("B/16", num_classes=10, attention="flash")

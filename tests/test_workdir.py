@@ -58,10 +58,12 @@ def test_a_changed_model_is_refused_before_anything_is_written(
 
 def test_extending_total_steps_is_allowed_and_recorded(digits_data_dir,
                                                        tmp_path):
+  """And the attention's implementation, which computes the same."""
   workdir = str(tmp_path)
   config = small_config(digits_data_dir, total_steps=3)
   run_training(config, workdir)
-  longer = small_config(digits_data_dir, total_steps=6, log_every=2)
+  longer = small_config(digits_data_dir, total_steps=6, log_every=2,
+                        **{"model.attention": "fused"})
   run_training(longer, workdir)
 
   step, _, _ = latest_checkpoint(workdir, longer)
@@ -69,9 +71,11 @@ def test_extending_total_steps_is_allowed_and_recorded(digits_data_dir,
   with open(os.path.join(workdir, "config.json")) as f:
     saved = json.load(f)
   assert saved["total_steps"] == 6 and saved["log_every"] == 2
+  assert saved["model"]["attention"] == "fused"
   with open(os.path.join(workdir, "config_changes.jsonl")) as f:
     changes = [json.loads(line)["changes"] for line in f]
   assert changes == [{"log_every": {"old": 3, "new": 2},
+                      "model.attention": {"old": "einsum", "new": "fused"},
                       "total_steps": {"old": 3, "new": 6}}]
 
 

@@ -7,6 +7,7 @@ the tests; vit_jax/analysis/plots.py draws them, and `write_all` writes every
 figure of a model. `python -m vit_jax.figures` is the command line.
 """
 
+import dataclasses
 import functools
 import re
 
@@ -57,6 +58,9 @@ def attention_summary(model, params, images, rollout_count, batch_size=8):
 
 @functools.lru_cache(maxsize=4)
 def _sowing_apply(model):
+  # Only the einsum attention keeps its weights; the function is the same.
+  model = model.clone(config=dataclasses.replace(model.config,
+                                                 attention="einsum"))
   return jax.jit(lambda params, images: model.apply(
       {"params": params}, images, train=False, mutable="intermediates"))
 

@@ -40,6 +40,7 @@ REMAT_POLICIES = {
 
 
 POSEMB_KINDS = ("learn", "learn2d", "sincos2d", "none")
+ATTENTION_KINDS = ("einsum", "fused")
 CLASSIFIERS = ("token", "gap", "map")
 
 
@@ -67,6 +68,12 @@ class ViTConfig:
     a leading "layers" axis: the step compiles one block, not num_layers.
     `weights.npz` converts to and from the release's `encoderblock_{i}`.
     Neither remat_policy nor scan_layers changes the results.
+  attention: how the blocks compute attention, one of ATTENTION_KINDS; the
+    function is the same (softmax in float32 either way). "einsum", the
+    reference: two einsums and a softmax, whose weights the Section 4.5
+    figures read. "fused": `jax.nn.dot_product_attention`, through cuDNN's
+    fused kernel where JAX runs on NVIDIA GPUs in bfloat16 or float16,
+    else XLA's; it keeps no weights and takes no attention dropout.
   posemb: the position embedding, one of POSEMB_KINDS (Appendix D.4): the
     released models' "learn" (1-D), "learn2d", "sincos2d" or "none".
   resnet_stages: None for a plain ViT; for a hybrid, the units of each
@@ -104,6 +111,7 @@ class ViTConfig:
   param_dtype: Dtype = jnp.float32
   remat_policy: str = ""
   scan_layers: bool = False
+  attention: str = "einsum"
   posemb: str = "learn"
   resnet_stages: Optional[tuple] = None
   resnet_width: int = 64
@@ -171,6 +179,11 @@ class Attention(nn.Module):
             name=f"{name}_norm")(y)
       return y
 
+    if config.attention == "fused":
+      out = _fused_attention(project("query"), project("key"),
+                             project("value"))
+      return _attention_out(out, width, config)
+
     # Heads before tokens, [..., heads, tokens, head_dim], for both
     # batched matmuls: left to itself, XLA:CPU lays weights.v out with the
     # tokens last and runs it far below its matmul rate
@@ -186,14 +199,41 @@ class Attention(nn.Module):
     weights = nn.Dropout(config.attention_dropout_rate)(
         weights, deterministic=not train)
     out = jnp.einsum("...hqk,...hkd->...hqd", weights.astype(config.dtype), v)
-    out = jnp.swapaxes(out, -2, -3)
-    return nn.DenseGeneral(
-        width, axis=(-2, -1), dtype=config.dtype,
-        param_dtype=config.param_dtype,
-        kernel_init=_init(nn.initializers.xavier_uniform(),
-                          ("heads", "kv", "embed")),
-        bias_init=_init(nn.initializers.zeros, ("embed",)),
-        name="out")(out)
+    return _attention_out(jnp.swapaxes(out, -2, -3), width, config)
+
+
+def _attention_out(out, width, config):
+  """[..., tokens, heads, head_dim] -> [..., tokens, width]."""
+  return nn.DenseGeneral(
+      width, axis=(-2, -1), dtype=config.dtype,
+      param_dtype=config.param_dtype,
+      kernel_init=_init(nn.initializers.xavier_uniform(),
+                        ("heads", "kv", "embed")),
+      bias_init=_init(nn.initializers.zeros, ("embed",)),
+      name="out")(out)
+
+
+def _fused_attention(query, keys, values):
+  """jax.nn.dot_product_attention of [N, tokens, heads, head_dim] inputs:
+  cuDNN's kernel where it runs (NVIDIA GPUs, half precision), else XLA's."""
+  if jax.default_backend() != "gpu" or query.dtype not in (jnp.bfloat16,
+                                                            jnp.float16):
+    return jax.nn.dot_product_attention(query, keys, values,
+                                        implementation="xla")
+  # cuDNN trains on even token counts only (a ViT has 197 tokens): pad the
+  # queries and keys with one token each, masked out, and drop its output.
+  tokens, key_tokens = query.shape[1], keys.shape[1]
+
+  def even(x):
+    return jnp.pad(x, [(0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)])
+
+  batch = query.shape[0]
+  out = jax.nn.dot_product_attention(
+      even(query), even(keys), even(values),
+      query_seq_lengths=jnp.full((batch,), tokens, jnp.int32),
+      key_value_seq_lengths=jnp.full((batch,), key_tokens, jnp.int32),
+      implementation="cudnn")
+  return out[:, :tokens]
 
 
 class MlpBlock(nn.Module):
@@ -468,7 +508,9 @@ class MAPHead(nn.Module):
                        (1, 1, x.shape[-1]), config.param_dtype)
     probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))
     # big_vision's and timm's pooling normalise no queries or keys.
-    y = Attention(config=dataclasses.replace(config, qk_norm=False),
+    # One query token: the fused kernel has nothing to gain here.
+    y = Attention(config=dataclasses.replace(config, qk_norm=False,
+                                             attention="einsum"),
                   record=False, name="MultiHeadDotProductAttention_0")(
                       probe, train=False, kv=x)
     z = _layer_norm("LayerNorm_0", config)(y)
@@ -592,6 +634,13 @@ class VisionTransformer(nn.Module):
         or not isinstance(config.layer_scale, (int, float))):
       raise errors.InputError(f"layer_scale must be None or a number, got "
                               f"{config.layer_scale!r}")
+    if config.attention not in ATTENTION_KINDS:
+      raise errors.InputError(f"attention must be one of {ATTENTION_KINDS}, "
+                              f"got {config.attention!r}")
+    if config.attention == "fused" and config.attention_dropout_rate:
+      raise errors.InputError(
+          "attention 'fused' takes no attention_dropout_rate; set it to 0 or "
+          "use attention 'einsum'")
     if config.posemb not in POSEMB_KINDS:
       raise errors.InputError(f"posemb must be one of {POSEMB_KINDS}, got "
                               f"{config.posemb!r}")

@@ -27,15 +27,16 @@ from vit_jax import errors, sharding
 # user did not ask for. fnmatch patterns of dotted keys.
 CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
                    "total_steps", "data_dir", "evaluators.*",
-                   "model.remat_policy", "broken_images", "mesh.*",
-                   "accum_steps", "folder_contents")
+                   "model.remat_policy", "model.attention", "broken_images",
+                   "mesh.*", "accum_steps", "folder_contents")
 # A value of ADDED_KEYS: whatever the restart resolves the key to.
 RESOLVED = object()
 # Keys added since runs were first recorded, with the value that does what
 # a run recorded without them did. input_shares: such a run read one share
 # per data-parallel device, which vit_jax/run.py resolves.
-ADDED_KEYS = {"model.remat_policy": "", "model.scan_layers": False,
-              "model.posemb": "learn", "model.mpp": False,
+ADDED_KEYS = {"model.remat_policy": "", "model.attention": "einsum",
+              "model.scan_layers": False, "model.posemb": "learn",
+              "model.mpp": False,
               "broken_images": "skip", "model.layer_norm_epsilon": 1e-6,
               "model.gelu": "tanh", "model.final_norm": "tokens",
               "input_shares": RESOLVED, "model.head_bias_init": 0.0,
