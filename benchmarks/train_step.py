@@ -1,22 +1,26 @@
-"""How close the train step comes to the machine's matmul rate.
+"""How close the train step comes to the machine's rate.
 
   python benchmarks/train_step.py [--json] [--models=Ti/16:32,B/16:16]
-      [--dtypes=float32,bfloat16] [--steps=7]
+      [--dtypes=float32,bfloat16] [--attention=einsum,fused] [--steps=7]
 
-In one process, for each MODEL:BATCH at 224 px and each compute dtype: the
-project's own train step (`step_lib.build`: the jitted step with its
-shardings, Adam, on all the devices JAX sees), timed after two warm-up
-steps as the median of --steps, and the machine's dense float32 matmul
-rate (a large `jnp.dot` on one device, the best of three runs with each
-kernel), measured right after each of those steps and also reported as
-the median. Achieved FLOP/s counts the
-analytic training FLOPs of `vit_jax.compute` (3 x forward); `ratio` is that
-over the matmul rate. The matmul is timed between the steps because this
-machine's speed drifts within minutes (the lone matmul: 114 to 158 GFLOP/s
-in an hour): interleaved, both figures see the same drift. The step runs
-under the CPU settings that `vit_jax.main` uses (`vit_jax.runtime`,
-applied first); each matmul sample is the faster of Eigen's and YNNPACK's
-kernels, whichever those settings pick for the step.
+In one process, for each MODEL:BATCH at 224 px, each compute dtype and each
+attention implementation (`config.model.attention`): the project's own
+train step (`step_lib.build`: the jitted step with its shardings, Adam, on
+all the devices JAX sees), timed after two warm-up steps as the median of
+--steps. Achieved FLOP/s counts the analytic training FLOPs of
+`vit_jax.models.flops` (3 x forward). A batch that does not fit in the
+devices' memory is reported as such, and the next one is tried.
+
+On a GPU or TPU, `MFU` is that over the devices' dense bfloat16 peak
+(`flops.PEAK_FLOPS_PER_DEVICE`). On a CPU, `of matmul` is that over the
+machine's dense float32 matmul rate (a large `jnp.dot` on one device, the
+best of three runs with each kernel), measured right after each timed step
+and reported as the median: this machine's speed drifts within minutes
+(the lone matmul: 114 to 158 GFLOP/s in an hour), and interleaved, both
+figures see the same drift. The step runs under the CPU settings that
+`vit_jax.main` uses (`vit_jax.runtime`, applied first); each matmul sample
+is the faster of Eigen's and YNNPACK's kernels, whichever those settings
+pick for the step.
 Run it with nothing else on the machine. Not run by the tests.
 """
 
@@ -32,18 +36,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 flags.DEFINE_list("models", ["Ti/16:32", "B/16:16"], "MODEL:BATCH pairs.")
 flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Compute dtypes.")
+flags.DEFINE_list("attention", ["einsum"], "config.model.attention values.")
 flags.DEFINE_integer("image_size", 224, "Image side in pixels.")
 flags.DEFINE_integer("steps", 7, "Timed steps; the median is reported.")
 flags.DEFINE_integer("matmul_size", 4096, "Side of the square matmul.")
 flags.DEFINE_bool("json", False, "One JSON object per configuration.")
 
 
-def config_for(name, batch, dtype, image_size):
+def config_for(name, batch, dtype, image_size, attention="einsum"):
   from configs import base  # pylint: disable=g-import-not-at-top
   config = base.get_config()
   config.image_size = image_size
   config.model.name = name
   config.model.dtype = dtype
+  config.model.attention = attention
   config.batch_size = batch
   config.total_steps = 10_000  # Past the warm-up, whatever --steps is.
   config.optimizer.update(name="adam", learning_rate=1e-4, warmup_steps=10,
@@ -57,25 +63,27 @@ def prepared_step(config, num_classes=1000):
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from vit_jax import sharding
-  from vit_jax.data import pipeline
   from vit_jax.training import step as step_lib
   mesh = sharding.make_mesh(config.mesh)
   program = step_lib.build(config, mesh, num_classes)
   state = program.init(jax.random.key(0))
   rng = np.random.default_rng(0)
   size = config.image_size
-  batch = pipeline.to_global({
-      "image": rng.integers(0, 256, (config.batch_size, size, size, 3),
-                            np.uint8),
-      "label": rng.integers(0, num_classes, config.batch_size, np.int32),
-      "mask": np.ones(config.batch_size, np.float32)},
-      program.batch_sharding)
+  # As the input pipeline lays a batch out, without importing TensorFlow
+  # (a GPU image may have none).
+  batch = {name: jax.make_array_from_process_local_data(
+      program.batch_sharding, value) for name, value in {
+          "image": rng.integers(0, 256, (config.batch_size, size, size, 3),
+                                np.uint8),
+          "label": rng.integers(0, num_classes, config.batch_size, np.int32),
+          "mask": np.ones(config.batch_size, np.float32)}.items()}
   return program.train_step, state, batch
 
 
 def time_train_step(config, steps, matmul, warmup=2):
   """Medians of the run's train step's seconds on a fixed random batch and
-  of `matmul`'s FLOP/s, measured right after each timed step."""
+  of `matmul`'s FLOP/s (None: no matmul), measured right after each timed
+  step."""
   import jax  # pylint: disable=g-import-not-at-top
   step, state, batch = prepared_step(config)
   times, rates = [], []
@@ -85,8 +93,13 @@ def time_train_step(config, steps, matmul, warmup=2):
     jax.block_until_ready((state, metrics))
     if i >= warmup:
       times.append(time.perf_counter() - start)
-      rates.append(matmul.measure(repeats=3))
-  return statistics.median(times), statistics.median(rates)
+      if matmul:
+        rates.append(matmul.measure(repeats=3))
+  return statistics.median(times), rates and statistics.median(rates)
+
+
+def out_of_memory(error):
+  return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
 
 
 def main(argv):
@@ -95,37 +108,55 @@ def main(argv):
 
   from vit_jax.models import flops as flops_lib
   f = flags.FLAGS
-  matmul = flops_lib.MatmulRate(f.matmul_size)
+  on_cpu = jax.devices()[0].platform == "cpu"
+  matmul = flops_lib.MatmulRate(f.matmul_size) if on_cpu else None
+  peak = None if on_cpu else flops_lib.peak_flops_per_device()[0]
   rows = []
   for entry in f.models:
     name, batch = entry.split(":")
     for dtype in f.dtypes:
-      config = config_for(name, int(batch), dtype, f.image_size)
-      seconds, matmul_rate = time_train_step(config, f.steps, matmul)
-      flops = flops_lib.flops_per_image(config.model, f.image_size, train=True)
-      achieved = flops * config.batch_size / seconds
-      rows.append({
-          "model": name, "image_size": f.image_size,
-          "batch": config.batch_size, "dtype": dtype,
-          "devices": jax.device_count(), "step_seconds": seconds,
-          "img_per_sec": config.batch_size / seconds,
-          "flops_per_sec": achieved, "matmul_flops_per_sec": matmul_rate,
-          "ratio": achieved / matmul_rate})
-      if f.json:
-        print(json.dumps(rows[-1]), flush=True)
+      for attention in f.attention:
+        config = config_for(name, int(batch), dtype, f.image_size, attention)
+        row = {"model": name, "image_size": f.image_size,
+               "batch": config.batch_size, "dtype": dtype,
+               "attention": attention, "devices": jax.device_count()}
+        try:
+          seconds, matmul_rate = time_train_step(config, f.steps, matmul)
+        except Exception as e:  # pylint: disable=broad-except
+          # Reported, and the next configuration tried: a kernel that does
+          # not take this shape, a batch too large for the memory.
+          row.update(fits=False, error=str(e).strip().splitlines()[0][:200],
+                     out_of_memory=out_of_memory(e))
+        else:
+          flops = flops_lib.flops_per_image(config.model, f.image_size,
+                                            train=True)
+          achieved = flops * config.batch_size / seconds
+          row.update(fits=True, step_seconds=seconds,
+                     img_per_sec=config.batch_size / seconds,
+                     flops_per_sec=achieved,
+                     matmul_flops_per_sec=matmul_rate,
+                     ratio=achieved / (matmul_rate or peak or float("nan")))
+        rows.append(row)
+        if f.json:
+          print(json.dumps(row), flush=True)
   if f.json:
     return
+  against = (f"matmul: float32, {f.matmul_size}^2, one device" if on_cpu
+             else "MFU: of the dense bfloat16 peak of the devices")
   print(f"{jax.device_count()} device(s) of {jax.devices()[0].device_kind}; "
-        f"matmul: float32, {f.matmul_size}^2, one device\n")
-  print("| model | px | batch | dtype | step s | img/s | GFLOP/s "
-        "| matmul GFLOP/s | of matmul |")
+        f"{against}\n")
+  print("| model | px | batch | dtype | attention | step s | img/s "
+        f"| TFLOP/s | {'of matmul' if on_cpu else 'MFU'} |")
   print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['model']} | {r['image_size']} | {r['batch']} | {r['dtype']} "
-          f"| {r['step_seconds']:.3f} | {r['img_per_sec']:.1f} "
-          f"| {r['flops_per_sec'] / 1e9:.0f} "
-          f"| {r['matmul_flops_per_sec'] / 1e9:.0f} "
-          f"| {100 * r['ratio']:.0f}% |")
+    head = (f"| {r['model']} | {r['image_size']} | {r['batch']} "
+            f"| {r['dtype']} | {r['attention']} ")
+    if not r["fits"]:
+      print(head + ("| does not fit | | | |" if r["out_of_memory"]
+                    else f"| error: {r['error']} | | | |"))
+      continue
+    print(head + f"| {r['step_seconds']:.3f} | {r['img_per_sec']:.1f} "
+          f"| {r['flops_per_sec'] / 1e12:.2f} | {100 * r['ratio']:.0f}% |")
 
 
 if __name__ == "__main__":
