@@ -56,7 +56,36 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
+import signal  # pylint: disable=g-import-not-at-top
+import threading  # pylint: disable=g-import-not-at-top
+import warnings  # pylint: disable=g-import-not-at-top
+
 import pytest  # pylint: disable=g-import-not-at-top
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_left_as_found(request):
+  """A child starts with its parent's ignored and blocked signals: a test, or
+  a library it calls, that left SIGINT or SIGTERM so in a pytest worker made
+  the signal tests of later tests there fail (the tool went on and exited
+  0). Each is put back after every test, and the test named in a warning."""
+  yield
+  if threading.current_thread() is not threading.main_thread():
+    return
+  left = []
+  for number in STOP_SIGNALS:
+    if signal.getsignal(number) is signal.SIG_IGN:
+      signal.signal(number, signal.default_int_handler
+                    if number == signal.SIGINT else signal.SIG_DFL)
+      left.append(f"{number.name} ignored")
+  blocked = set(STOP_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+  if blocked:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+    left.append(f"{', '.join(sorted(s.name for s in blocked))} blocked")
+  if left:
+    warnings.warn(f"{request.node.nodeid} left {'; '.join(left)}")
 
 
 @pytest.fixture(scope="session")
