@@ -436,7 +436,7 @@ def test_a_siglip_image_tower_loads_and_computes_the_float64_forward(
   path = tmp_path / "siglip.npz"
   np.savez(path, **tower, **text)
   loaded = pretrained.for_inference(str(path))
-  assert loaded.model.classifier == "map" and loaded.image_size == 16
+  assert loaded.model.config.classifier == "map" and loaded.image_size == 16
   x = images(3, 16)
   expected = reference_vit.forward(params, x, "map")
   got = loaded.model.apply({"params": loaded.params}, x, train=False)

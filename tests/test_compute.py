@@ -57,7 +57,8 @@ def test_a_config_model_with_overrides_is_counted_as_built():
   config_model = dict(name="Ti/2", hidden_size=64, num_layers=4, mlp_dim=256,
                       num_heads=4, representation_size=32)
   vit = flops_lib.model_sizes(config_model, num_classes=10)
-  assert (vit.hidden_size, vit.num_layers, vit.patch_size) == (64, 4, 2)
+  sizes = vit.config
+  assert (sizes.hidden_size, sizes.num_layers, sizes.patch_size) == (64, 4, 2)
   with_pre_logits = flops_lib.flops_per_image(config_model, 8, num_classes=10)
   config_model["representation_size"] = None
   without = flops_lib.flops_per_image(config_model, 8, num_classes=10)

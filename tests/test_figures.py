@@ -261,8 +261,8 @@ def test_predict_agrees_with_the_evaluator(digits_run, tmp_path):
 def test_a_scanned_run_loads_as_the_plain_model(digits_run):
   workdir, _, _, config = digits_run
   inference = pretrained.for_inference(workdir)
-  assert not inference.model.scan_layers and inference.image_size == 8
-  assert inference.model.num_layers == config.model.num_layers
+  assert not inference.model.config.scan_layers and inference.image_size == 8
+  assert inference.model.config.num_layers == config.model.num_layers
   run_params, _ = pretrained.load_run(workdir)  # Stacked blocks.
   pixels = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3), np.uint8)
   np.testing.assert_allclose(

@@ -37,8 +37,8 @@ def count(shapes, prefix=""):
                          [(224, 197, 98_659_112), (384, 577, 98_950_952)])
 def test_r50_b16_sizes_at_224_and_384(image_size, tokens, count_):
   model = models.create("R50+B/16", num_classes=1000)
-  assert (model.resnet_stages, model.patch_size, model.token_stride) == (
-      (3, 4, 9), 1, 16)
+  assert (model.config.resnet_stages, model.config.patch_size,
+          model.token_stride) == ((3, 4, 9), 1, 16)
   shapes = param_shapes(model, image_size)
   # The stem's 11.9M (ResNet-50 without stage 4, whose 3 units go to stage
   # 3) and B/16 reading 1024 channels through a 1x1 patch; at 384, timm
@@ -67,7 +67,7 @@ def test_the_r50_stem_has_resnet50s_parameters():
     ("R50+L/32", (3, 4, 6, 3)), ("R26+S/32", (2, 2, 2, 2))])
 def test_hybrid_names(name, stages):
   model = models.create(name, num_classes=10)
-  assert model.resnet_stages == stages and model.token_stride == 32
+  assert model.config.resnet_stages == stages and model.token_stride == 32
   with pytest.raises(errors.InputError, match="unknown hybrid 'R26\\+B/16'"):
     models.create("R26+B/16", num_classes=10)
 

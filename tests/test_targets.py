@@ -12,8 +12,7 @@ import pytest
 
 from tests.util import check_config, small_config
 from vit_jax import errors, sharding
-from vit_jax.models import losses
-from vit_jax.training import step as step_lib, targets
+from vit_jax.training import losses, step as step_lib, targets
 
 LOGITS = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]], np.float32)
 

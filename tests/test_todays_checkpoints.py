@@ -276,8 +276,9 @@ def test_a_siglip_image_tower_computes_its_features(tmp_path, family, names):
   loaded, model, _ = check_headless(source, tensors,
                                     reference_vit.forward_siglip, 1e-6, "tanh")
   assert "cls" not in loaded.params and "MAPHead_0" in loaded.params
-  assert (model.classifier, model.num_registers, model.layer_scale,
-          model.qk_norm, model.num_heads) == ("map", 0, None, False, HEADS)
+  config = model.config
+  assert (config.classifier, config.num_registers, config.layer_scale,
+          config.qk_norm, config.num_heads) == ("map", 0, None, False, HEADS)
 
 
 def test_a_siglip2_tower_of_no_square_grid_is_refused(tmp_path):
@@ -298,9 +299,10 @@ def test_a_dinov2_computes_its_pooled_output(tmp_path, registers, names):
   source = write_hf_dir(tmp_path / "hf", tensors, dinov2_config(registers))
   _, model, params = check_headless(
       source, tensors, reference_vit.forward_dinov2, 1e-6, "exact")
-  assert (model.classifier, model.num_registers, model.qk_norm) == (
+  config = model.config
+  assert (config.classifier, config.num_registers, config.qk_norm) == (
       "token", registers, False)
-  assert model.layer_scale is not None
+  assert config.layer_scale is not None
   block = "Transformer/encoderblock_1/"
   np.testing.assert_array_equal(
       flat(params)[block + "ls2"],
@@ -359,13 +361,13 @@ def test_a_timm_file_with_todays_options_computes_its_logits_and_exports(
   options, (classifier, registers) = TIMM_CASES[case]
   tensors, path = timm_file(tmp_path, options)
   inference = pretrained.for_inference(path, num_heads=HEADS)
-  model = inference.model
-  assert (model.classifier, model.num_registers, model.qk_norm,
-          model.layer_scale is not None, model.final_norm) == (
+  config = inference.model.config
+  assert (config.classifier, config.num_registers, config.qk_norm,
+          config.layer_scale is not None, config.final_norm) == (
               classifier, registers, bool(options.get("qk_norm")),
               "init_values" in options,
               "pooled" if options.get("global_pool") == "avg" else "tokens")
-  assert (model.layer_norm_epsilon, model.gelu) == (1e-6, "exact")
+  assert (config.layer_norm_epsilon, config.gelu) == (1e-6, "exact")
 
   x = images()
   expected = reference_vit.forward_timm(
@@ -385,7 +387,7 @@ def test_a_timm_file_with_todays_options_computes_its_logits_and_exports(
       reference_vit.forward_timm(written, x, HEADS, 1e-6, "exact"),
       expected, rtol=1e-5, atol=1e-5)
   again = pretrained.for_inference(out, num_heads=HEADS)
-  assert (again.model.classifier, again.model.num_registers) == (
+  assert (again.model.config.classifier, again.model.config.num_registers) == (
       classifier, registers)
   np.testing.assert_allclose(logits_of(again, x), ours, rtol=1e-6,
                              atol=1e-6)

@@ -182,10 +182,10 @@ def test_an_hf_classifier_computes_its_logits_and_writes_back_bitwise(
   source = write_hf_dir(tmp_path / "hf", stored,
                         hf_config(hidden_act, eps))
   inference = pretrained.for_inference(source)
-  model = inference.model
-  assert (model.layer_norm_epsilon, model.gelu, model.num_heads,
-          model.classifier, inference.image_size) == (eps, gelu, HEADS,
-                                                      "token", SIDE)
+  config = inference.model.config
+  assert (config.layer_norm_epsilon, config.gelu, config.num_heads,
+          config.classifier, inference.image_size) == (eps, gelu, HEADS,
+                                                       "token", SIDE)
   assert inference.class_names == [f"class {i}" for i in range(CLASSES)]
 
   x = images()
@@ -241,13 +241,13 @@ def test_a_timm_file_computes_its_logits_and_writes_back_bitwise(
   save_file(tensors, path)
   inference = pretrained.for_inference(
       path, num_heads=None if width == 192 else HEADS)
-  model = inference.model
-  assert (model.layer_norm_epsilon, model.gelu, model.num_heads) == (
+  config = inference.model.config
+  assert (config.layer_norm_epsilon, config.gelu, config.num_heads) == (
       1e-6, "exact", heads)
-  assert model.classifier == ("token" if options.get("class_token", True)
-                              else "gap")
-  assert model.final_norm == ("pooled" if options.get("fc_norm") else
-                              "tokens")
+  assert config.classifier == ("token" if options.get("class_token", True)
+                               else "gap")
+  assert config.final_norm == ("pooled" if options.get("fc_norm") else
+                               "tokens")
 
   x = images()
   expected = reference_vit.forward_torch(tensors, x, "timm", heads, 1e-6,
@@ -286,8 +286,9 @@ def test_a_model_loaded_from_npz_exports_to_both_layouts_and_back(tmp_path):
   npz = str(tmp_path / "release.npz")
   exports.write(pretrained.load(source), "npz", npz)
   inference = pretrained.for_inference(npz)
-  assert (inference.model.gelu, inference.model.layer_norm_epsilon) == (
-      "tanh", 1e-6)  # The release's function, which the file computes.
+  # The release's function, which the file computes.
+  config = inference.model.config
+  assert (config.gelu, config.layer_norm_epsilon) == ("tanh", 1e-6)
   x = images()
   want = logits_of(inference, x)
   exports.write(pretrained.load(npz), "hf", str(tmp_path / "hf2"))
@@ -362,8 +363,8 @@ def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
   assert (config.model.layer_norm_epsilon, config.model.gelu) == (1e-12,
                                                                   "exact")
   state, program = start_of(config)
-  assert (program.model.layer_norm_epsilon, program.model.gelu) == (
-      1e-12, "exact")
+  assert (program.model.config.layer_norm_epsilon,
+          program.model.config.gelu) == (1e-12, "exact")
   started, loaded = flat(state.params), flat(pretrained.load(source).params)
   assert "pre_logits/kernel" in loaded and "pre_logits/kernel" not in started
   assert started[POSEMB].shape == (1, 17, WIDTH)
@@ -386,8 +387,8 @@ def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
   assert (recorded.layer_norm_epsilon, recorded.gelu,
           recorded.final_norm) == (1e-12, "exact", "tokens")
   inference = pretrained.for_inference(workdir)
-  assert (inference.model.layer_norm_epsilon, inference.model.gelu) == (
-      1e-12, "exact")
+  assert (inference.model.config.layer_norm_epsilon,
+          inference.model.config.gelu) == (1e-12, "exact")
   # Exported, the fine-tune names the digits' classes and its function.
   exports.write(pretrained.load(workdir), "hf", str(tmp_path / "out"))
   with open(tmp_path / "out" / "config.json") as f:
@@ -407,7 +408,7 @@ def test_init_from_a_timm_file_at_a_new_resolution_and_class_count(
       digits_data_dir, init_from=path, **{"model.classifier": "gap"}))
   assert (config.model.gelu, config.model.final_norm) == ("exact", "pooled")
   state, program = start_of(config)
-  assert program.model.final_norm == "pooled"
+  assert program.model.config.final_norm == "pooled"
   started = flat(state.params)
   assert started[POSEMB].shape == (1, 16, WIDTH)
   np.testing.assert_array_equal(started[POSEMB], adaptation.resize_posemb(

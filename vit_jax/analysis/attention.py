@@ -36,11 +36,11 @@ def attention_summary(model, params, images, rollout_count, batch_size=8):
   A batch at a time: the attention of a large model over many images
   (layers x heads x tokens^2 each) would not fit in host memory at once.
   """
-  if model.num_registers:
+  if model.config.num_registers:
     raise errors.InputError(
-        f"the model has {model.num_registers} register tokens: the attention "
-        f"figures read a class token and patches only")
-  token = model.classifier == "token"
+        f"the model has {model.config.num_registers} register tokens: the "
+        "attention figures read a class token and patches only")
+  token = model.config.classifier == "token"
   grid = images.shape[1] // model.token_stride
   logits, distance_sum, maps = [], 0, []
   for start in range(0, len(images), batch_size):
@@ -124,14 +124,14 @@ def mean_attention_distance(attentions, grid_size, patch_size,
 def position_table(model, params, image_size):
   """[1, tokens, D]: what `model` adds to the tokens at each position at
   `image_size`, whatever its kind of position embedding; None for "none"."""
-  if model.posemb == "none":
+  if model.config.posemb == "none":
     return None
   grid = image_size // model.token_stride
-  tokens = grid * grid + (model.classifier == "token")
-  module = vit.AddPositionEmbedding(model.posemb, (grid, grid))
+  tokens = grid * grid + (model.config.classifier == "token")
+  module = vit.AddPositionEmbedding(model.config.posemb, (grid, grid))
   variables = {"params": params["Transformer"].get("posembed_input", {})}
   return np.asarray(module.apply(
-      variables, np.zeros((1, tokens, model.hidden_size), np.float32)))
+      variables, np.zeros((1, tokens, model.config.hidden_size), np.float32)))
 
 
 def position_similarity(posemb, class_token=True):
@@ -165,8 +165,9 @@ def embedding_components(kernel, count=28):
 
 
 def describe(model, image_size):
-  return (f"{model.num_layers} layers x {model.num_heads} heads, width "
-          f"{model.hidden_size}, {model.describe_patch()}, {image_size}px")
+  config = model.config
+  return (f"{config.num_layers} layers x {config.num_heads} heads, width "
+          f"{config.hidden_size}, {model.describe_patch()}, {image_size}px")
 
 
 def sample_images(inference, paths, count, dataset, split, data_dir):
@@ -197,7 +198,7 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
   """
   model, params, size = inference.model, inference.params, inference.image_size
   title = describe(model, size)
-  token = model.classifier == "token"  # Else GAP: no class token.
+  token = model.config.classifier == "token"  # Else GAP: no class token.
   # Made first, so that a folder that cannot be made fails before the
   # model runs; a bucket has no folders to make.
   if not paths.is_url(out):
@@ -208,7 +209,7 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
     written.append(paths.join(out, name))
     return written[-1]
 
-  if model.resnet_stages is None:  # A hybrid's embeds feature maps.
+  if model.config.resnet_stages is None:  # A hybrid's embeds feature maps.
     plots.embedding_filters(
         *embedding_components(params["embedding"]["kernel"]), title,
         path("embedding_filters.png"))

@@ -59,31 +59,32 @@ def model_sizes(model, num_classes=1000):
 def flops_per_image(model, image_size, train=False, num_classes=1000):
   """FLOPs of one image through the model (x3 for a training step)."""
   vit = model_sizes(model, num_classes)
-  d, mlp, p = vit.hidden_size, vit.mlp_dim, vit.patch_size
+  config = vit.config
+  d, mlp, p = config.hidden_size, config.mlp_dim, config.patch_size
   stem, side, channels = 0, image_size, 3
-  if vit.resnet_stages is not None:
-    stem, side, channels = resnet.conv_flops(vit.resnet_stages,
-                                             vit.resnet_width, image_size)
+  if config.resnet_stages is not None:
+    stem, side, channels = resnet.conv_flops(config.resnet_stages,
+                                             config.resnet_width, image_size)
   patches = (side // p) ** 2
-  tokens = patches + vit.config.num_prefix_tokens
+  tokens = patches + config.num_prefix_tokens
   embedding = stem + 2 * patches * (p * p * channels) * d
   per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections
                + 2 * tokens * 2 * d * mlp     # the MLP's two matmuls
                + 2 * 2 * tokens * tokens * d)  # q.k and weights.v
   head_in = d
   pre_logits = 0
-  if vit.representation_size is not None:
-    pre_logits = 2 * d * vit.representation_size
-    head_in = vit.representation_size
+  if config.representation_size is not None:
+    pre_logits = 2 * d * config.representation_size
+    head_in = config.representation_size
   head = 2 * head_in * vit.num_classes
-  if vit.classifier == "map":  # One query's attention, then an MLP.
+  if config.classifier == "map":  # One query's attention, then an MLP.
     head += (2 * 2 * d * d              # the probe's query, the output
              + 2 * tokens * 2 * d * d   # every token's key and value
              + 2 * 2 * tokens * d       # q.k and weights.v
              + 2 * 2 * d * mlp)         # the MLP
   if isinstance(vit, models.MaskedPatchViT):  # 512 classes per patch.
     pre_logits, head = 0, 2 * d * masked_patches.NUM_CLASSES * patches
-  forward = embedding + vit.num_layers * per_layer + pre_logits + head
+  forward = embedding + config.num_layers * per_layer + pre_logits + head
   return forward * (TRAIN_FORWARDS if train else 1)
 
 

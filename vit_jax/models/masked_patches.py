@@ -14,7 +14,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 CORRUPTED = 0.5
 MASKED, REPLACED = 0.8, 0.1  # Of the corrupted; the rest stay as they are.
@@ -70,18 +69,3 @@ def targets(images, patch):
       jnp.int32)
   return (levels[..., 0] * 2 ** (2 * BITS) + levels[..., 1] * 2**BITS
           + levels[..., 2])
-
-
-def loss(model, params, images, weights, key, dropout_key):
-  """Each image's mean cross-entropy over its corrupted patches, summed with
-  `weights` (one per image). Every image has as many corrupted patches, so
-  weights of 1/n give the mean over all corrupted patches."""
-  grid = images.shape[1] // model.token_stride
-  corruption = corrupt(key, images.shape[0], grid * grid)
-  logits = model.apply({"params": params}, images, train=True,
-                       corruption=corruption, rngs={"dropout": dropout_key})
-  per_patch = optax.softmax_cross_entropy_with_integer_labels(
-      logits, targets(images, model.token_stride))
-  corrupted = corruption.corrupted.astype(per_patch.dtype)
-  per_image = (per_patch * corrupted).sum(axis=1) / corrupted.sum(axis=1)
-  return (weights * per_image).sum()

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import errors, sharding
-from vit_jax.models import losses, masked_patches as mpp_lib, resnet
+from vit_jax.models import masked_patches as mpp_lib, resnet
 
 Dtype = Any
 
@@ -538,10 +538,8 @@ class PatchColourHead(nn.Module):
 
 class VisionTransformer(nn.Module):
   """ViT classifier: an ImageEncoder read by a ClassifierHead. Images are
-  NHWC in [-1, 1], or uint8 in [0, 255]; returns float32 logits.
-
-  The config's fields read as the model's own too: `model.num_heads` is
-  `model.config.num_heads`.
+  NHWC in [-1, 1], or uint8 in [0, 255]; returns float32 logits. Its
+  settings are its `config`'s (`model.config.num_heads`).
 
   The encoder and the head share this module's scope (`nn.share_scope`),
   so the params are the release layout: embedding, cls, Transformer,
@@ -549,14 +547,6 @@ class VisionTransformer(nn.Module):
   """
   num_classes: int
   config: ViTConfig
-
-  @nn.nowrap
-  def __getattr__(self, name):
-    # Only reached for names the module lacks; callers read the settings
-    # off the model, as they did before the config held them.
-    if name in CONFIG_FIELDS:
-      return getattr(self.config, name)
-    return super().__getattr__(name)
 
   @property
   def token_stride(self):
@@ -586,16 +576,6 @@ class VisionTransformer(nn.Module):
   def __call__(self, images, *, train):
     self.check_image_size(images)
     return self.classify(self.encoder(images, train=train))
-
-  @nn.nowrap
-  def loss(self, params, images, targets, weights, key, kind="softmax"):
-    """The training loss: the examples' cross-entropies (`kind`, with
-    integer labels or rows of class weights: losses.py) summed with
-    `weights` (1/n each for the mean over n; 0 leaves a row out); `key`
-    draws the dropout."""
-    logits = self.apply({"params": params}, images, train=True,
-                        rngs={"dropout": key})
-    return (weights * losses.cross_entropy(kind, logits, targets)).sum()
 
   @nn.nowrap
   def check_options(self):
@@ -695,11 +675,3 @@ class MaskedPatchViT(VisionTransformer):
     self.check_image_size(images)
     return self.predict(self.encoder(images, train=train,
                                      corruption=corruption))
-
-  @nn.nowrap
-  def loss(self, params, images, targets, weights, key, kind="softmax"):
-    """Each image's mean cross-entropy over its corrupted patches, summed
-    with `weights` as VisionTransformer.loss; the targets are the patches'
-    colours, not the labels. `key` draws the corruption and the dropout."""
-    del targets, kind
-    return mpp_lib.loss(self, params, images, weights, *jax.random.split(key))

@@ -17,7 +17,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from vit_jax import models, sharding
-from vit_jax.training import optimizer, polyak, targets
+from vit_jax.training import losses, optimizer, polyak, targets
 from vit_jax.weights import pretrained
 
 
@@ -65,9 +65,10 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
   """
 
   def loss_and_grads(params, batch, weights, key):
-    return jax.value_and_grad(model.loss)(params, batch["image"],
-                                          batch["target"], weights, key,
-                                          recipe.loss)
+    def loss(params):
+      return losses.of_batch(model, params, batch["image"], batch["target"],
+                             weights, key, recipe.loss)
+    return jax.value_and_grad(loss)(params)
 
   def train_step(state, batch):
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
@@ -128,7 +129,7 @@ def build(config, mesh, num_classes, unroll=False):
   `unroll`: see make_train_step."""
   model = models.create_from_config(config.model, num_classes)
   tx, schedule = optimizer.create(config.optimizer, config.total_steps,
-                                  model.num_layers)
+                                  model.config.num_layers)
   state_shapes, state_shardings = abstract_state(
       model, tx, config.image_size, config.polyak_decay, mesh)
   batch_shard = sharding.batch_sharding(mesh)
@@ -155,7 +156,7 @@ def initial_state(program, config):
   if config.init_from:  # Read and checked before anything is compiled.
     adapted = pretrained.initial_params(config.init_from,
                                         program.state_shapes.params,
-                                        program.model.num_heads)
+                                        program.model.config.num_heads)
   state = program.init(jax.random.key(config.seed))
   if adapted is None:
     return state

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.models import losses, vit
+from vit_jax.models import vit
+from vit_jax.training import losses
 
 # Folded into the run's seed for the mixing draws, so that they are a
 # stream of their own, apart from the dropout's (step.py).
