@@ -55,7 +55,7 @@ def main(argv):
 
   from vit_jax import sharding
   from vit_jax.models import flops as flops_lib
-  from vit_jax.training import step as step_lib
+  from vit_jax.training import step as step_lib, throughput
   f = flags.FLAGS
   name, batch_size = f.models[0].split(":")
   config = bench.config_for(name, int(batch_size), f.dtypes[0],
@@ -94,7 +94,7 @@ def main(argv):
   seconds = time.perf_counter() - since
   rate = (f.train_steps - first) * config.batch_size / seconds
   flops = flops_lib.flops_per_image(config.model, f.image_size, train=True)
-  peak = flops_lib.peak_flops_per_device()[0]
+  peak = throughput.peak_flops_per_device()[0]
   print(f"steps {first + 1}-{f.train_steps}: {rate:.0f} img/s"
         + (f", MFU {rate * flops / (peak * jax.device_count()):.1%}"
            if peak else ""))

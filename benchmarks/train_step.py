@@ -12,7 +12,7 @@ all the devices JAX sees), timed after two warm-up steps as the median of
 devices' memory is reported as such, and the next one is tried.
 
 On a GPU or TPU, `MFU` is that over the devices' dense bfloat16 peak
-(`flops.PEAK_FLOPS_PER_DEVICE`). On a CPU, `of matmul` is that over the
+(`throughput.PEAK_FLOPS_PER_DEVICE`). On a CPU, `of matmul` is that over the
 machine's dense float32 matmul rate (a large `jnp.dot` on one device, the
 best of three runs with each kernel), measured right after each timed step
 and reported as the median: this machine's speed drifts within minutes
@@ -107,10 +107,11 @@ def main(argv):
   import jax  # pylint: disable=g-import-not-at-top
 
   from vit_jax.models import flops as flops_lib
+  from vit_jax.training import throughput
   f = flags.FLAGS
   on_cpu = jax.devices()[0].platform == "cpu"
-  matmul = flops_lib.MatmulRate(f.matmul_size) if on_cpu else None
-  peak = None if on_cpu else flops_lib.peak_flops_per_device()[0]
+  matmul = throughput.MatmulRate(f.matmul_size) if on_cpu else None
+  peak = None if on_cpu else throughput.peak_flops_per_device()[0]
   rows = []
   for entry in f.models:
     name, batch = entry.split(":")

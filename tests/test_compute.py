@@ -6,6 +6,7 @@ import pytest
 
 from vit_jax import models
 from vit_jax.models import flops as flops_lib
+from vit_jax.training import throughput
 
 
 def xla_forward_flops(name, image_size, **overrides):
@@ -66,9 +67,9 @@ def test_a_config_model_with_overrides_is_counted_as_built():
 
 
 def test_peak_of_a_cpu_is_measured_and_shared_among_its_devices():
-  peak, source = flops_lib.peak_flops_per_device(jax.devices("cpu")[0])
+  peak, source = throughput.peak_flops_per_device(jax.devices("cpu")[0])
   assert "measured" in source and "8 devices" in source
-  assert peak == pytest.approx(flops_lib.measured_matmul_flops() / 8)
+  assert peak == pytest.approx(throughput.measured_matmul_flops() / 8)
   assert 1e8 < peak < 1e13
 
 
@@ -80,7 +81,7 @@ class FakeDevice:
 
 
 def test_tpu_v3_peak_is_half_a_chip():
-  assert (flops_lib.peak_flops_per_device(FakeDevice("TPU v3", "tpu"))[0]
+  assert (throughput.peak_flops_per_device(FakeDevice("TPU v3", "tpu"))[0]
           == 123e12 / 2)
 
 
@@ -98,14 +99,14 @@ def test_tpu_v3_peak_is_half_a_chip():
     ("NVIDIA B200", "gpu", 2.25e15),
 ])
 def test_peak_of_a_device_kind(device_kind, platform, peak):
-  got, source = flops_lib.peak_flops_per_device(
+  got, source = throughput.peak_flops_per_device(
       FakeDevice(device_kind, platform))
   assert got == peak
   assert source.endswith("data sheet, bfloat16 dense")
 
 
 def test_an_unknown_gpu_has_no_peak():
-  peak, source = flops_lib.peak_flops_per_device(
+  peak, source = throughput.peak_flops_per_device(
       FakeDevice("NVIDIA GeForce RTX 4090", "gpu"))
   assert peak is None
   assert source == "unknown device kind 'NVIDIA GeForce RTX 4090'"

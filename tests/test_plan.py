@@ -223,7 +223,7 @@ def test_slices_and_class_counts():
   assert catalogue.topology("v5e-16").name == "v5litepod-16"
   assert catalogue.topology("v4:4x4x8").name == "v4-256"
   for generation in catalogue.GENERATIONS.values():
-    assert generation.peak_flops > 0  # flops_lib.PEAK_FLOPS_PER_DEVICE has it.
+    assert generation.peak_flops > 0  # throughput.PEAK_FLOPS_PER_DEVICE has it.
   with pytest.raises(errors.InputError,
                      match="no TPU v3-12 slice.*v3-8, v3-32"):
     catalogue.topology("v3-12")

@@ -14,7 +14,7 @@ import jax
 from jax.experimental import topologies
 
 from vit_jax import errors, sharding
-from vit_jax.models import flops
+from vit_jax.training import throughput
 
 GiB = 2**30
 
@@ -42,7 +42,7 @@ class Generation:
   @property
   def peak_flops(self):
     """bfloat16 FLOP/s per JAX device."""
-    return flops.PEAK_FLOPS_PER_DEVICE[self.device_kind]
+    return throughput.PEAK_FLOPS_PER_DEVICE[self.device_kind]
 
   def slice_name(self, chips):
     return f"{self.accelerator}-{chips * self.cores_per_chip}"

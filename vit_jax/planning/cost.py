@@ -35,7 +35,7 @@ from vit_jax import errors, run as run_lib
 from vit_jax.data import sources, vtab_tasks
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, report
-from vit_jax.training import step as step_lib
+from vit_jax.training import step as step_lib, throughput
 
 # Evaluation, checkpoints and restarts after preemption, on top of the
 # training steps. A stated guess, not a measurement: Table 2's pre-training
@@ -144,7 +144,7 @@ class Plan:
     if self.generation != "v3" or chip_hours is None:
       return None
     return (chip_hours * catalogue.GENERATIONS["v3"].cores_per_chip *
-            catalogue.SECONDS_PER_HOUR / flops_lib.SECONDS_PER_DAY)
+            catalogue.SECONDS_PER_HOUR / throughput.SECONDS_PER_DAY)
 
   def to_json(self):
     out = {**dataclasses.asdict(self), "mfu": self.mfu,
@@ -236,7 +236,7 @@ def unrolled_cost(config, devices, classes):
   each at the same micro-batch and with nothing looped, give it. None when
   a twin does not fit.
   """
-  layers = flops_lib.model_sizes(config.model).num_layers
+  layers = flops_lib.model_sizes(config.model).config.num_layers
   accum = config.accum_steps
   micro_batch = config.batch_size // accum
   layer_points = (1, 2) if config.model.scan_layers else (layers,)

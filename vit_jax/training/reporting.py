@@ -14,9 +14,8 @@ import jax
 from clu import parameter_overview
 
 from vit_jax.data import broken_records
-from vit_jax.models import flops
 from vit_jax.runs import writers
-from vit_jax.training import goodput, progress, timing
+from vit_jax.training import goodput, progress, throughput, timing
 
 
 def due(step, every, last_step):
@@ -41,7 +40,7 @@ class Report:
                                       enabled=jax.process_index() == 0)
     self._skipped = broken_records.Count(saved["skipped_examples"])
     self._window = timing.Window(config.batch_size, jax.device_count(),
-                                 flops.Throughput(config, run.num_classes))
+                                 throughput.Throughput(config, run.num_classes))
     self._row = {}
     self.last = {}
     parameter_overview.log_parameter_overview(

@@ -13,7 +13,7 @@ import time
 import jax
 import numpy as np
 
-from vit_jax.models import flops
+from vit_jax.training import throughput as throughput_lib
 
 
 class Window:
@@ -22,7 +22,7 @@ class Window:
   def __init__(self, batch_size, num_devices, throughput):
     self._batch_size = batch_size
     self._num_devices = num_devices
-    self._throughput = throughput  # flops.Throughput: img/s -> FLOPs, MFU.
+    self._throughput = throughput  # Throughput: img/s -> FLOPs, MFU.
     self._metrics, self._start, self._steps = [], time.time(), 0
 
   def add(self, metrics, compiled=False):
@@ -59,4 +59,4 @@ class Window:
 def core_days(seconds, num_devices=None):
   """Device-days of `seconds` on `num_devices` (default: all JAX sees)."""
   num_devices = num_devices or jax.device_count()
-  return seconds * num_devices / flops.SECONDS_PER_DAY
+  return seconds * num_devices / throughput_lib.SECONDS_PER_DAY
