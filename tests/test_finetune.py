@@ -1,10 +1,12 @@
 """Fine-tuning: init_from any checkpoint, Polyak averaging, export."""
 
+import collections
 import os
 import subprocess
 import sys
 
 import flax
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from tests.util import (
   run_training,
   small_config,
 )
-from vit_jax import sharding
+from vit_jax import models, run, sharding
 from vit_jax.data import pipeline, sources
 from vit_jax.runs import checkpoints as checkpoints_lib
 from vit_jax.training import step as step_lib
@@ -75,6 +77,51 @@ def test_init_from_loads_the_checkpoint_and_adapts_only_what_it_must(
       assert not value.any()
     else:
       np.testing.assert_array_equal(value, loaded[key], err_msg=key)
+
+
+def test_an_npz_init_from_is_read_once_from_resolution_to_the_first_state(
+    digits_data_dir, pretrained_run, tmp_path, monkeypatch):
+  """Resolving the run learns the source's options from its arrays' headers;
+  the arrays are read once, for the first state (an H/14 on GCS is
+  gigabytes)."""
+  _, npz, _ = pretrained_run
+  reads = collections.Counter()
+  read_array = npz_lib._read_array  # pylint: disable=protected-access
+
+  def counted(npz_file, key, path):
+    reads[key] += 1
+    return read_array(npz_file, key, path)
+
+  monkeypatch.setattr(npz_lib, "_read_array", counted)
+  config = small_config(digits_data_dir, init_from=npz, image_size=16)
+  resolved = run.resolve(config, str(tmp_path / "run"))
+  assert not reads
+  start_of(resolved.config)
+  assert reads.keys() == flat(npz_lib.read_shapes(npz)).keys()
+  assert set(reads.values()) == {1}
+
+
+@pytest.mark.parametrize("scanned", [False, True])
+def test_an_npz_sources_options_from_its_headers_are_its_arrays(tmp_path,
+                                                                scanned):
+  model = models.create("Ti/4", 10, hidden_size=32, num_layers=2, mlp_dim=64,
+                        num_heads=4, classifier="gap", num_registers=2,
+                        layer_scale=0.1, qk_norm=True, final_norm="pooled")
+  params = flat(model.init(jax.random.key(0), np.zeros((1, 8, 8, 3)),
+                           train=False)["params"])
+  params = jax.tree.map(np.asarray, nn.meta.unbox(params))
+  if scanned:
+    params = npz_lib.scan_blocks(params)
+  path = str(tmp_path / "source.npz")
+  np.savez(path, **params)
+  loaded = pretrained.load(path)
+  from_arrays = {**loaded.function,
+                 **models.architecture_of(flat(loaded.params))}
+  assert pretrained.source_options(path) == from_arrays
+  assert from_arrays == {
+      "layer_norm_epsilon": 1e-6, "gelu": "tanh", "final_norm": "pooled",
+      "classifier": "gap", "num_registers": 2, "layer_scale": 1.0,
+      "qk_norm": True}
 
 
 def test_scanned_and_rematerialised_runs_exchange_params_with_plain_ones(

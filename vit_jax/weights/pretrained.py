@@ -104,8 +104,12 @@ def _options_of_run(config, options):
 def source_options(source, num_heads=None):
   """The models.SOURCE_OPTIONS that `source` fixes: its function and the
   parts of its architecture that its sizes do not say. A run's are in its
-  config; a file's are read from its params (which reads all of it)."""
+  config; an .npz's are read from its keys and shapes (no array is read);
+  a PyTorch file's from its params (which reads all of it)."""
   path, _ = parse_source(source)
+  if path.endswith(".npz"):
+    shapes = flax.traverse_util.flatten_dict(npz.read_shapes(path), sep="/")
+    return {**_function(shapes), **models.architecture_of(shapes)}
   if path.endswith(FILE_SUFFIXES + torch_files.PICKLE_SUFFIXES) or (
       torch_files.is_hf_dir(path)):
     loaded = load(source, num_heads)
