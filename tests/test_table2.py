@@ -231,9 +231,9 @@ def test_pretrain_is_table3(arg):
       name=model_name, classifier=None,
       representation_size=expected["width"], dropout_rate=expected["dropout"],
       attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="",
-      scan_layers=True, posemb="learn", mpp=False, layer_norm_epsilon=None,
-      gelu=None, final_norm=None, head_bias_init=0.0, layer_scale=None,
-      num_registers=None, qk_norm=None)
+      scan_layers=True, attention="einsum", posemb="learn", mpp=False,
+      layer_norm_epsilon=None, gelu=None, final_norm=None, head_bias_init=0.0,
+      layer_scale=None, num_registers=None, qk_norm=None)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
@@ -307,7 +307,8 @@ def test_finetune_is_table4(arg):
       name=model_name, classifier=None, representation_size=None,
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16",
       remat_policy="dots_with_no_batch_dims_saveable", scan_layers=True,
-      posemb="learn", mpp=False, layer_norm_epsilon=None, gelu=None,
+      attention="einsum", posemb="learn", mpp=False, layer_norm_epsilon=None,
+      gelu=None,
       final_norm=None, head_bias_init=0.0, layer_scale=None,
       num_registers=None, qk_norm=None)
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
