@@ -65,3 +65,27 @@ def test_the_readme_commands_run_as_written(tmp_path):
                             cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=600)
       assert done.returncode == 0, (command, done.stderr[-3000:])
+
+
+def section(text, title):
+  """The README's text from `title` (a heading) to the next heading."""
+  start = text.index(title)
+  return text[start:text.index("\n#", start + len(title))]
+
+
+def test_the_config_table_names_every_key_and_only_keys():
+  from configs import base  # pylint: disable=g-import-not-at-top
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  config = base.get_config()
+  table = section(readme(), "### Config keys")
+  rows = {line.split("|")[1]: line for line in table.splitlines()
+          if line.startswith("| `")}
+  named = {key for first in rows for key in re.findall(r"`(\w+)`", first)}
+  assert named == set(config.keys())
+  # A nested config's keys are named in its row; the model's, under Models.
+  for name in ("optimizer", "mixup", "cutmix", "mesh"):
+    (row,) = [line for first, line in rows.items() if f"`{name}`" in first]
+    assert not [key for key in config[name] if f"`{key}`" not in row], name
+  described = section(readme(), "### Models")
+  assert not [key for key in (*config.model, *models.CONFIG_FIELDS)
+              if f"`{key}`" not in described]
