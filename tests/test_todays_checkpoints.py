@@ -27,6 +27,7 @@ from tests.test_torch_interchange import (
   PATCH,
   SIDE,
   WIDTH,
+  assert_options_from_headers,
   images,
   logits_of,
   random_tensors,
@@ -242,6 +243,7 @@ def check_headless(source, tensors, forward, eps, gelu):
   loaded = pretrained.load(source)
   assert (loaded.function["layer_norm_epsilon"], loaded.function["gelu"]) == (
       eps, gelu)
+  assert_options_from_headers(source)
   with pytest.raises(errors.InputError, match="no classification head"):
     pretrained.for_inference(source)
   model, params = with_head(loaded)
@@ -360,6 +362,7 @@ def test_a_timm_file_with_todays_options_computes_its_logits_and_exports(
     tmp_path, case):
   options, (classifier, registers) = TIMM_CASES[case]
   tensors, path = timm_file(tmp_path, options)
+  assert_options_from_headers(path)
   inference = pretrained.for_inference(path, num_heads=HEADS)
   config = inference.model.config
   assert (config.classifier, config.num_registers, config.qk_norm,

@@ -8,6 +8,7 @@ the PyTorch names itself.
 
 import json
 import os
+from unittest import mock
 
 import flax
 import jax
@@ -20,7 +21,13 @@ from tests.test_finetune import POSEMB, flat, start_of
 from tests.util import run_training, small_config
 from vit_jax import errors, models
 from vit_jax.runs.workdir import Workdir
-from vit_jax.weights import adaptation, exports, npz as npz_lib, pretrained
+from vit_jax.weights import (
+  adaptation,
+  exports,
+  npz as npz_lib,
+  pretrained,
+  torch_files,
+)
 
 # A model of SMALL's sizes (tests/util.py), trained at 16x16 with 5 classes.
 WIDTH, LAYERS, MLP, HEADS, PATCH, SIDE, CLASSES = 32, 2, 64, 4, 2, 16, 5
@@ -170,6 +177,18 @@ def assert_same_tensors(got, expected):
     np.testing.assert_array_equal(got[key], value, err_msg=key)
 
 
+def assert_options_from_headers(source):
+  """A run learns `source`'s function and architecture without reading a
+  tensor of it (`initial_params` then reads them once), and they are what
+  its tensors say."""
+  with mock.patch.object(torch_files, "read_safetensors",
+                         side_effect=AssertionError("a tensor was read")):
+    options = pretrained.source_options(source)
+  loaded = pretrained.load(source, HEADS)
+  assert options == {**loaded.function,
+                     **models.architecture_of(flat(loaded.params))}
+
+
 @pytest.mark.parametrize("names,hidden_act,eps,gelu", [
     ("hub", "gelu", 1e-12, "exact"),
     ("hub", "gelu_pytorch_tanh", 1e-6, "tanh"),
@@ -182,6 +201,7 @@ def test_an_hf_classifier_computes_its_logits_and_writes_back_bitwise(
   source = write_hf_dir(tmp_path / "hf", stored,
                         hf_config(hidden_act, eps))
   inference = pretrained.for_inference(source)
+  assert_options_from_headers(source)
   config = inference.model.config
   assert (config.layer_norm_epsilon, config.gelu, config.num_heads,
           config.classifier, inference.image_size) == (eps, gelu, HEADS,
@@ -241,6 +261,8 @@ def test_a_timm_file_computes_its_logits_and_writes_back_bitwise(
   save_file(tensors, path)
   inference = pretrained.for_inference(
       path, num_heads=None if width == 192 else HEADS)
+  if width != 192:
+    assert_options_from_headers(path)
   config = inference.model.config
   assert (config.layer_norm_epsilon, config.gelu, config.num_heads) == (
       1e-6, "exact", heads)
@@ -454,6 +476,7 @@ def test_sharded_hf_weights_are_read_through_their_index(tmp_path):
   (directory / "model.safetensors.index.json").write_text(json.dumps(
       {"weight_map": {key: shard for shard, keys in shards.items()
                       for key in keys}}))
+  assert_options_from_headers(str(directory))
   x = images()
   np.testing.assert_allclose(
       logits_of(pretrained.for_inference(str(directory)), x),

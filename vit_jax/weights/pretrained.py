@@ -101,20 +101,22 @@ def _options_of_run(config, options):
           else default for key, default in options.items()}
 
 
-def source_options(source, num_heads=None):
+def source_options(source):
   """The models.SOURCE_OPTIONS that `source` fixes: its function and the
   parts of its architecture that its sizes do not say. A run's are in its
-  config; an .npz's are read from its keys and shapes (no array is read);
-  a PyTorch file's from its params (which reads all of it)."""
+  config; a file's from its names and shapes (headers, and an HF
+  directory's config.json): no array is read, which `initial_params` then
+  does once."""
   path, _ = parse_source(source)
+  if path.endswith(torch_files.PICKLE_SUFFIXES):
+    torch_files.refuse_pickle(path)
   if path.endswith(".npz"):
     shapes = flax.traverse_util.flatten_dict(npz.read_shapes(path), sep="/")
     return {**_function(shapes), **models.architecture_of(shapes)}
-  if path.endswith(FILE_SUFFIXES + torch_files.PICKLE_SUFFIXES) or (
-      torch_files.is_hf_dir(path)):
-    loaded = load(source, num_heads)
-    return {**loaded.function, **models.architecture_of(
-        flax.traverse_util.flatten_dict(loaded.params, sep="/"))}
+  if path.endswith(".safetensors"):
+    return torch_files.timm_options(path)
+  if torch_files.is_hf_dir(path):
+    return torch_files.hf_options(path)
   return _options_of_run(Workdir(path).read_config(),
                          models.SOURCE_OPTIONS)
 
@@ -135,7 +137,7 @@ def with_source(config, recorded=None):
     source = _options_of_run(recorded, models.SOURCE_OPTIONS)
   elif config.init_from:
     try:
-      source = source_options(config.init_from, config.model.get("num_heads"))
+      source = source_options(config.init_from)
     except (errors.InputError, OSError) as e:
       raise errors.ConfigError(
           f"config.init_from={config.init_from!r}: {e}") from e

@@ -91,6 +91,29 @@ def read_safetensors(path):
     raise errors.InputError(f"{path} is not a .safetensors file: {e}") from e
 
 
+# safetensors' own bound on a header: 100 MB.
+MAX_HEADER_BYTES = 100_000_000
+
+
+def read_shapes(path):
+  """{name: shape} of a .safetensors file, local or a URL, from its header
+  alone (8 bytes of length, then JSON): no tensor is read."""
+  file = paths.path(path)
+  if not file.exists():
+    raise errors.InputError(f"{path} does not exist")
+  with file.open("rb") as f:
+    length = int.from_bytes(f.read(8), "little")
+    try:
+      if not 0 < length <= MAX_HEADER_BYTES:
+        raise ValueError(f"a header of {length} bytes")
+      header = json.loads(f.read(length))
+      return {name: tuple(entry["shape"]) for name, entry in header.items()
+              if name != "__metadata__"}
+    except (ValueError, TypeError, KeyError) as e:
+      raise errors.InputError(
+          f"{path} is not a .safetensors file: {e}") from e
+
+
 def write_safetensors(tensors, path):
   # Written under a temporary name, then put in place whole: a failed
   # write leaves the old file, and never half a new one.
@@ -199,13 +222,7 @@ def read_hf(directory):
               else "hf")
   elif model.family == "dinov2":
     prefix, layout = "", "dinov2"
-    if "classifier.weight" in tensors or any(k.startswith("dinov2.")
-                                             for k in tensors):
-      raise errors.InputError(
-          f"{directory} is a Dinov2ForImageClassification, whose classifier "
-          "reads the class token beside the patch tokens' mean; vit_jax "
-          "reads its backbone: save_pretrained its `.dinov2` (a Dinov2Model) "
-          "and fine-tune from that")
+    _refuse_dinov2_classifier(tensors, directory)
     # The masked-image-modelling token of DINOv2's pre-training.
     tensors.pop("embeddings.mask_token", None)
   else:  # SigLIP: the image tower, alone or beside a text tower.
@@ -252,6 +269,70 @@ def _hf_weight_files(directory):
                           f"{HF_WEIGHTS} nor {HF_INDEX}")
 
 
+def hf_options(directory):
+  """The models.SOURCE_OPTIONS of an HF directory, from its config.json and
+  its weights' headers (no tensor is read): what `read_hf` then gives."""
+  model = _hf_model(directory)
+  shapes = {}
+  for path in _hf_weight_files(directory):
+    shapes.update({name: shape for name, shape in read_shapes(path).items()
+                   if not name.startswith("text_model.")})
+
+  def named(suffix):
+    return [name for name in shapes if name.endswith(suffix)]
+
+  if model.family == "dinov2":
+    _refuse_dinov2_classifier(shapes, directory)
+  registers = named("embeddings.register_tokens")
+  return {**model.function,
+          "classifier": ("token" if named("embeddings.cls_token") else
+                         "map" if named("head.probe") else "gap"),
+          "num_registers": shapes[registers[0]][1] if registers else 0,
+          "layer_scale": 1.0 if named(".layer_scale1.lambda1") else None,
+          "qk_norm": False}
+
+
+def _refuse_dinov2_classifier(names, directory):
+  if "classifier.weight" in names or any(k.startswith("dinov2.")
+                                         for k in names):
+    raise errors.InputError(
+        f"{directory} is a Dinov2ForImageClassification, whose classifier "
+        "reads the class token beside the patch tokens' mean; vit_jax "
+        "reads its backbone: save_pretrained its `.dinov2` (a Dinov2Model) "
+        "and fine-tune from that")
+
+
+def timm_options(path):
+  """The models.SOURCE_OPTIONS of a timm .safetensors file, from its header
+  (no tensor is read): what `read_timm` then gives. A class token that the
+  model does not pool is one more register (`_timm_prefix_tokens`)."""
+  shapes = read_shapes(path)
+  _check_timm(shapes, path)
+  pooled = "cls_token" in shapes and not any(
+      key in shapes for key in ("fc_norm.weight", "attn_pool.latent"))
+  prefix_tokens = ("cls_token" in shapes) + (
+      shapes["reg_token"][1] if "reg_token" in shapes else 0)
+  return {**_timm_function(shapes),
+          "classifier": ("token" if pooled else
+                         "map" if "attn_pool.latent" in shapes else "gap"),
+          "num_registers": prefix_tokens - pooled,
+          "layer_scale": 1.0 if "blocks.0.ls1.gamma" in shapes else None,
+          "qk_norm": "blocks.0.attn.q_norm.weight" in shapes}
+
+
+def _check_timm(names, path):
+  """InputError unless the tensor `names` are a timm VisionTransformer's."""
+  if any(k.startswith(("vit.", "embeddings.", "vision_model."))
+         for k in names):
+    raise errors.InputError(
+        f"{path} holds an HF transformers model: give the directory it lies "
+        f"in, with its {HF_CONFIG}")
+  if "patch_embed.proj.weight" not in names:
+    raise errors.InputError(
+        f"{path} is no timm VisionTransformer (no patch_embed.proj.weight); "
+        f"first keys: {sorted(names)[:6]}")
+
+
 def _timm_function(keys):
   """timm's function, with the pooled features normalised where the file
   has an fc_norm."""
@@ -262,15 +343,7 @@ def _timm_function(keys):
 def read_timm(path, num_heads=None):
   """The ViT of a timm state dict in a .safetensors file."""
   tensors = read_safetensors(path)
-  if any(k.startswith(("vit.", "embeddings.", "vision_model."))
-         for k in tensors):
-    raise errors.InputError(
-        f"{path} holds an HF transformers model: give the directory it lies "
-        f"in, with its {HF_CONFIG}")
-  if "patch_embed.proj.weight" not in tensors:
-    raise errors.InputError(
-        f"{path} is no timm VisionTransformer (no patch_embed.proj.weight); "
-        f"first keys: {sorted(tensors)[:6]}")
+  _check_timm(tensors, path)
   hidden = tensors["patch_embed.proj.weight"].shape[0]
   num_heads = num_heads or heads_for_width(hidden)
   function = _timm_function(tensors)
