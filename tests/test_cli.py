@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.util import REPO
+from tests.util import REPO, from_a_shell
 from vit_jax import cli, errors, models, runtime
 from vit_jax.weights import npz as npz_lib
 
@@ -275,7 +275,7 @@ cli.run(main)
 
 
 def test_a_signal_inside_a_gc_callback_still_stops_the_tool():
-  done = subprocess.run([sys.executable, "-c", SIGNAL_IN_A_GC_CALLBACK_TOOL],
+  done = subprocess.run(from_a_shell(["-c", SIGNAL_IN_A_GC_CALLBACK_TOOL]),
                         cwd=REPO, capture_output=True, text=True, timeout=120)
   assert done.returncode == 128 + 2, done.stdout + done.stderr
   assert "went on" not in done.stdout

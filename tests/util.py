@@ -142,6 +142,25 @@ def main_flags(workdir, data_dir, **overrides):
           + [f"--config.{key}={value}" for key, value in values.items()])
 
 
+# A child inherits ignored and blocked signals, and something in a pytest
+# worker leaves SIGINT ignored for a while (tests/conftest.py names the test
+# it ends under): a tool the signal tests stop starts as from a shell, with
+# SIGINT and SIGTERM at their defaults, then runs its command in place.
+FROM_A_SHELL = (
+    "import os, signal, sys\n"
+    "for number in (signal.SIGINT, signal.SIGTERM):\n"
+    "  signal.signal(number, signal.SIG_DFL)\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, "
+    "(signal.SIGINT, signal.SIGTERM))\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
+
+
+def from_a_shell(python_args):
+  """The command `python PYTHON_ARGS`, started with SIGINT and SIGTERM at
+  their defaults whatever this process has left them at."""
+  return [sys.executable, "-c", FROM_A_SHELL, *python_args]
+
+
 def start_main(args, devices=8, cwd=REPO):
   """`python -m vit_jax.main ARGS` in a process of its own, with `devices`
   emulated devices and the session's other XLA flags, run in `cwd`."""
@@ -149,9 +168,10 @@ def start_main(args, devices=8, cwd=REPO):
                   os.environ.get("XLA_FLAGS", ""))
   env = dict(os.environ, XLA_FLAGS=f"{others} "
              f"--xla_force_host_platform_device_count={devices}".strip())
-  return subprocess.Popen([sys.executable, "-m", "vit_jax.main", *args],
-                          cwd=cwd, env=dict(env, PYTHONPATH=REPO), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen(from_a_shell(["-m", "vit_jax.main", *args]),
+                          cwd=cwd, env=dict(env, PYTHONPATH=REPO),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
 
 
 def start_pod(num_processes, devices, args, cwd=REPO):
