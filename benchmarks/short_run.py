@@ -67,10 +67,7 @@ def main(argv):
   rng = np.random.default_rng(1)
 
   def place(images, labels):
-    return {key: jax.make_array_from_process_local_data(
-        program.batch_sharding, value) for key, value in {
-            "image": images, "label": labels,
-            "mask": np.ones(len(labels), np.float32)}.items()}
+    return bench.place(program.batch_sharding, images, labels)
 
   print(f"{name}, batch {config.batch_size}, {f.dtypes[0]}, attention "
         f"{f.attention[0]}, {f.image_size} px, on {jax.device_count()} "

@@ -69,15 +69,21 @@ def prepared_step(config, num_classes=1000):
   state = program.init(jax.random.key(0))
   rng = np.random.default_rng(0)
   size = config.image_size
-  # As the input pipeline lays a batch out, without importing TensorFlow
-  # (a GPU image may have none).
-  batch = {name: jax.make_array_from_process_local_data(
-      program.batch_sharding, value) for name, value in {
-          "image": rng.integers(0, 256, (config.batch_size, size, size, 3),
-                                np.uint8),
-          "label": rng.integers(0, num_classes, config.batch_size, np.int32),
-          "mask": np.ones(config.batch_size, np.float32)}.items()}
+  batch = place(program.batch_sharding,
+                rng.integers(0, 256, (config.batch_size, size, size, 3),
+                             np.uint8),
+                rng.integers(0, num_classes, config.batch_size, np.int32))
   return program.train_step, state, batch
+
+
+def place(batch_sharding, images, labels):
+  """A batch of every row, laid out as the input pipeline lays one out,
+  without importing TensorFlow (a GPU image may have none)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return {name: jax.make_array_from_process_local_data(batch_sharding, value)
+          for name, value in {"image": images, "label": labels,
+                              "mask": np.ones(len(labels), np.float32)}.items()}
 
 
 def time_train_step(config, steps, matmul, warmup=2):
