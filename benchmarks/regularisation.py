@@ -48,8 +48,10 @@ def rows():
 
 def accuracy(overrides, seed, data_dir):
   from configs import digits  # pylint: disable=g-import-not-at-top
-  from vit_jax import run  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import loop  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import (
+    loop,  # pylint: disable=g-import-not-at-top
+    resolve,  # pylint: disable=g-import-not-at-top
+  )
   config = digits.get_config()
   config.update_from_flattened_dict({
       "data_dir": data_dir, "seed": seed,
@@ -60,7 +62,7 @@ def accuracy(overrides, seed, data_dir):
       "checkpoint_every": FLAGS.steps, "log_every": FLAGS.steps,
       **overrides})
   with tempfile.TemporaryDirectory() as workdir:
-    results = loop.train_and_evaluate(run.resolve(config, workdir))
+    results = loop.train_and_evaluate(resolve.run(config, workdir))
   return float(results["test_accuracy"]), float(results["train_loss"])
 
 

@@ -3,7 +3,8 @@
   python -m vit_jax.vtab --config=configs/vtab.py:MODEL --workdir=DIR \
       --config.init_from=CHECKPOINT --config.data_dir=DATA_DIR
 
-runs all 19 tasks and tabulates them (vit_jax/vtab_suite.py). One task alone:
+runs all 19 tasks and tabulates them (vit_jax/training/finetune_suite.py).
+One task alone:
 
   python -m vit_jax.main --config=configs/vtab.py:MODEL,TASK[,val] ...
 
@@ -15,6 +16,7 @@ be prepared in DATA_DIR under their TFDS names.
 
 from configs.table2 import common, finetune
 from vit_jax.data import vtab_tasks as registry
+from vit_jax.training import finetune_suite
 
 # Table 4: 2,500 steps at learning rate 0.01 for every task; otherwise the
 # fine-tuning of Table 2 (SGD momentum 0.9, batch 512, cosine decay, clip at
@@ -49,7 +51,7 @@ def get_config(arg=None):
       momentum=finetune.MOMENTUM)
   config.log_every = 50
   config.checkpoint_every = 500
-  # The task's data and evaluator come from the registry's task_config, for
+  # The task's data and evaluator come from finetune_suite.task_config, for
   # one task here or for each in turn in `python -m vit_jax.vtab`.
   config.dataset = ""
   config.evaluators = {}
@@ -59,5 +61,5 @@ def get_config(arg=None):
     tasks = [p for p in options if p != "val"]
     if len(tasks) != 1:
       raise ValueError(f"configs/vtab.py takes {USAGE}, got {arg!r}")
-    config = registry.task_config(config, registry.get(tasks[0]), val)
+    config = finetune_suite.task_config(config, registry.get(tasks[0]), val)
   return config

@@ -1,4 +1,4 @@
-"""Every tool answers a user's mistake the same way (vit_jax/cli.py): exit
+"""Every tool answers a user's mistake the same way (vit_jax/cli/): exit
 status 2, `error: ...` naming what was wrong in at most 3 lines, no
 traceback; a bug keeps its traceback and exits 1."""
 
@@ -137,8 +137,15 @@ def test_a_mistake_gets_a_short_message_and_exit_status_2(scratch, name):
 TOOL = """
 from vit_jax import cli, errors
 cli.prepare()
-import sys
+import atexit, sys
+from absl import logging
 def main(argv):
+  if argv[1] == "ends":
+    # A library's exit handler, and its log (this file is not vit_jax's).
+    atexit.register(print, "an exit handler ran", flush=True)
+    logging.warning("a library's note")
+    logging.error("a library's error")
+    return 3
   if argv[1] == "user":
     raise errors.ConfigError("config.batch_size=3 is bad\\nline 2\\nline 3"
                              "\\nline 4")
@@ -161,6 +168,16 @@ def test_the_wrapper_tells_mistakes_from_bugs(kind, code, traceback, message):
   assert done.returncode == code
   assert ("Traceback" in done.stderr) == traceback
   assert message in done.stderr
+
+
+def test_a_tool_ends_with_mains_status_after_the_exit_handlers():
+  done = subprocess.run([sys.executable, "-c", TOOL, "ends"], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 3
+  assert done.stdout == "an exit handler ran\n"
+  # A library's errors are shown, its warnings are not.
+  assert "a library's error" in done.stderr
+  assert "a library's note" not in done.stderr
 
 
 def test_verbose_shows_a_mistakes_traceback_too():

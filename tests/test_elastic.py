@@ -20,9 +20,9 @@ from tests.util import (
   small_config,
   wait_for_step,
 )
-from vit_jax import errors, run as run_lib
+from vit_jax import errors
 from vit_jax.data import shares as shares_lib
-from vit_jax.training import loop
+from vit_jax.training import loop, resolve
 
 # Pure data parallelism, so that 8, 4 and 2 x 2 devices all run it; the
 # test split evaluated once, at the end.
@@ -185,4 +185,4 @@ def test_a_mesh_that_cannot_read_the_shares_is_refused(digits_data_dir,
   config = small_config(digits_data_dir, input_shares=2)  # data 4 x model 2.
   with pytest.raises(errors.ConfigError, match="input_shares=2 cannot be "
                      "read by 4 data-parallel devices"):
-    run_lib.resolve(config, str(tmp_path))
+    resolve.run(config, str(tmp_path))

@@ -12,9 +12,9 @@ import tensorflow_datasets as tfds
 
 from tests.test_train import compiles_during
 from tests.util import mocked_tfds, randomize, run_training, small_config
-from vit_jax import run, sharding
+from vit_jax import sharding
 from vit_jax.data import preprocess, sources
-from vit_jax.training import evaluators, step as step_lib
+from vit_jax.training import evaluators, resolve, step as step_lib
 from vit_jax.training.evaluators import fewshot, real
 
 # --- ReaL ---------------------------------------------------------------------
@@ -84,7 +84,7 @@ def test_real_evaluator_scores_the_sets_of_every_image(real_validation):
   params = randomize(program.init(jax.random.key(0)).params, scale=1.0)
   # Predictions among classes 0-7, where the sets are: some right, some not.
   params["head"]["bias"][8:] = -100.0
-  resolved = run.Run(config, None, mesh, sources.Sources(config.dataset,
+  resolved = resolve.Run(config, None, mesh, sources.Sources(config.dataset,
                                                         config.data_dir), {})
   got = evaluators.Evaluators(resolved, program).run_all(
       jax.device_put(params, program.state_shardings.params))
@@ -153,12 +153,12 @@ def run_evaluators(config, params=None):
   """The config's evaluators at the last step, on a random small model."""
   mesh = sharding.make_mesh(config.mesh)
   data = sources.Sources(config.dataset, config.data_dir)
-  run.check_data(config, data)
+  resolve.check_data(config, data)
   program = step_lib.build(config, mesh, num_classes=10)
   state = program.init(jax.random.key(0))
   params = randomize(state.params) if params is None else params
   params = jax.device_put(params, program.state_shardings.params)
-  resolved = run.Run(config, None, mesh, data, {})
+  resolved = resolve.Run(config, None, mesh, data, {})
   return program, params, evaluators.Evaluators(resolved, program).run_all(
       params)
 

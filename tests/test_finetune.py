@@ -20,10 +20,10 @@ from tests.util import (
   run_training,
   small_config,
 )
-from vit_jax import models, run, sharding
+from vit_jax import models, sharding
 from vit_jax.data import pipeline, sources
 from vit_jax.runs import checkpoints as checkpoints_lib
-from vit_jax.training import step as step_lib
+from vit_jax.training import resolve, step as step_lib
 from vit_jax.weights import adaptation, npz as npz_lib, pretrained
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
@@ -94,7 +94,7 @@ def test_an_npz_init_from_is_read_once_from_resolution_to_the_first_state(
 
   monkeypatch.setattr(npz_lib, "_read_array", counted)
   config = small_config(digits_data_dir, init_from=npz, image_size=16)
-  resolved = run.resolve(config, str(tmp_path / "run"))
+  resolved = resolve.run(config, str(tmp_path / "run"))
   assert not reads
   start_of(resolved.config)
   assert reads.keys() == flat(npz_lib.read_shapes(npz)).keys()

@@ -8,10 +8,10 @@ import pytest
 
 from configs import mpp as mpp_config
 from tests.util import SMALL, latest_checkpoint, run_training, small_config
-from vit_jax import errors, run, sharding
+from vit_jax import errors, sharding
 from vit_jax.models import masked_patches
 from vit_jax.runs import writers
-from vit_jax.training import step
+from vit_jax.training import resolve, step
 
 
 def test_a_patch_of_one_colour_gives_its_3_bit_class():
@@ -121,4 +121,4 @@ def test_the_papers_mpp_config_is_b16_on_jft_and_passes_the_checks():
   assert (config.optimizer.name, config.optimizer.learning_rate,
           config.optimizer.warmup_steps, config.optimizer.decay) == (
               "adam", 2e-4, 10_000, "cosine")
-  run.check_program(config, sharding.make_mesh(config.mesh))
+  resolve.check_program(config, sharding.make_mesh(config.mesh))

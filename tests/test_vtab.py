@@ -17,8 +17,9 @@ from configs import vtab as vtab_config
 from tests.test_table2 import TINY_MODEL, _split_dict
 from tests.test_vtab_registry import SPLIT_SIZES
 from tests.util import REPO, check_config, mocked_tfds
-from vit_jax import errors, vtab_suite
+from vit_jax import errors
 from vit_jax.data import vtab_tasks as registry
+from vit_jax.training import finetune_suite
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +78,12 @@ def test_task_selection():
 def test_summary_means_and_table():
   accuracies = {"caltech101": 0.9, "dtd": 0.7, "eurosat": 0.95,
                 "clevr_count": 0.5}
-  summary = vtab_suite.summarise(accuracies, "test")
+  summary = finetune_suite.summarise(accuracies, "test")
   assert summary["groups"] == pytest.approx(
       {"natural": 0.8, "specialized": 0.95, "structured": 0.5})
   assert summary["mean"] == pytest.approx(0.7625)
   assert not summary["complete"]
-  table = vtab_suite.markdown(summary)
+  table = finetune_suite.markdown(summary)
   assert "| Natural | DTD | 70.00 |" in table
   assert "| Natural | **mean** | **80.00** |" in table
   assert "| All | **mean of 4** | **76.25** |" in table
@@ -122,7 +123,7 @@ def test_runner_tabulates_two_shrunk_tasks(vtab_data_dir, tmp_path,
                                                    "test": test}))
     monkeypatch.setitem(registry.TASKS, task.name, tasks[-1])
   with mocked_tfds(vtab_data_dir, records):
-    summary = vtab_suite.run(config, str(tmp_path), tasks)
+    summary = finetune_suite.run(config, str(tmp_path), tasks)
   assert set(summary["tasks"]) == {"caltech101", "dsprites_location"}
   for name, result in summary["tasks"].items():
     assert 0.0 <= result["accuracy"] <= 1.0
@@ -130,7 +131,7 @@ def test_runner_tabulates_two_shrunk_tasks(vtab_data_dir, tmp_path,
                open(tmp_path / name / "metrics.jsonl")]
     assert metrics[-1]["test_accuracy"] == result["accuracy"]
     assert metrics[-1]["step"] == 2
-  vtab_suite.write(summary, str(tmp_path))
+  finetune_suite.write(summary, str(tmp_path))
   assert json.load(open(tmp_path / "vtab.json")) == summary
   assert "| Structured | dSprites-Loc |" in open(tmp_path / "vtab.md").read()
 

@@ -19,10 +19,11 @@ from tests.util import (
   small_disk,
   start_main,
 )
-from vit_jax import errors, paths, run as run_lib
+from vit_jax import errors, paths
 from vit_jax.data import conversion, image_files, sources
 from vit_jax.runs import store, workdir as workdir_lib, writers
 from vit_jax.runs.workdir import Workdir
+from vit_jax.training import resolve
 
 
 def snapshot(directory):
@@ -46,7 +47,7 @@ def test_a_changed_model_is_refused_before_anything_is_written(
   code, stdout, stderr = finish(start_main(main_flags(
       workdir, digits_data_dir, **{"model.hidden_size": 48,
                                    "optimizer.learning_rate": 0.001})))
-  assert code == 2  # A mistake of the user's (vit_jax/cli.py).
+  assert code == 2  # A mistake of the user's (vit_jax/cli/__init__.py).
   last_lines = stderr.strip().splitlines()[-6:]
   assert any("model.hidden_size: 32 -> 48" in line for line in last_lines)
   assert any("optimizer.learning_rate: 0.003 -> 0.001" in line
@@ -110,13 +111,13 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
     digits_data_dir, tmp_path):
   workdir = str(tmp_path)
   config = small_config(digits_data_dir)
-  resolved = run_lib.resolve(config, workdir).config
+  resolved = resolve.run(config, workdir).config
   assert resolved.input_shares == 16  # 1,437 examples: 16 shares of 89.
   store.record(resolved, Workdir(workdir), {})
 
   other = small_config(digits_data_dir, input_shares=8)
   with pytest.raises(errors.ConfigError, match="input_shares: 16 -> 8"):
-    run_lib.resolve(other, workdir)
+    resolve.run(other, workdir)
   # A run recorded before input_shares read one share per data-parallel
   # device; it resumes so, with no change to refuse.
   path = os.path.join(workdir, "config.json")
@@ -125,7 +126,7 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
   del older["input_shares"]
   with open(path, "w") as f:
     json.dump(older, f)
-  resumed = run_lib.resolve(config, workdir)
+  resumed = resolve.run(config, workdir)
   assert resumed.config.input_shares == 4  # data 4 x fsdp 1.
   assert resumed.changes == {}
 
@@ -275,7 +276,7 @@ def test_an_empty_split_is_refused_before_anything_is_written(
     digits_data_dir, tmp_path, key, value, named):
   config = small_config(digits_data_dir, **{key: value})
   with pytest.raises(errors.ConfigError, match="holds no examples") as raised:
-    run_lib.resolve(config, str(tmp_path / "run"))
+    resolve.run(config, str(tmp_path / "run"))
   assert named in str(raised.value) or "train[:0]" in str(raised.value)
   assert not os.path.exists(tmp_path / "run")
 
@@ -287,4 +288,4 @@ def test_a_dataset_of_one_class_is_refused(tmp_path):
   config = small_config(str(tmp_path / "data"),
                         dataset=f"folder:{tmp_path / 'images'}")
   with pytest.raises(errors.ConfigError, match="has 1 class"):
-    run_lib.resolve(config, str(tmp_path / "run"))
+    resolve.run(config, str(tmp_path / "run"))

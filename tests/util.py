@@ -79,19 +79,18 @@ def small_config(data_dir, **overrides):
 
 def run_training(config, workdir):
   """What `vit_jax.main` does, in this process: resolve the run, train it."""
-  from vit_jax import run  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import loop  # pylint: disable=g-import-not-at-top
-  return loop.train_and_evaluate(run.resolve(config, workdir))
+  from vit_jax.training import loop, resolve  # pylint: disable=g-import-not-at-top
+  return loop.train_and_evaluate(resolve.run(config, workdir))
 
 
 def check_config(config):
-  """Every check of vit_jax.run's resolution that reads neither a
+  """Every check of vit_jax.training.resolve's that reads neither a
   checkpoint nor a workdir (the config's values, mesh, model and data);
   returns the mesh."""
-  from vit_jax import run  # pylint: disable=g-import-not-at-top
   from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
-  mesh = run.resolve_program(config)
-  run.check_data(config, sources.Sources(config.dataset, config.data_dir))
+  from vit_jax.training import resolve  # pylint: disable=g-import-not-at-top
+  mesh = resolve.program(config)
+  resolve.check_data(config, sources.Sources(config.dataset, config.data_dir))
   return mesh
 
 

@@ -27,11 +27,12 @@ if __name__ == "__main__":
 
 from absl import flags, logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli, cli_flags, paths
+from vit_jax import cli, paths
+from vit_jax.cli import shared_flags
 from vit_jax.runs import workdir
 from vit_jax.weights import exports, pretrained
 
-cli_flags.define_model_source("export", verb_from="convert")
+shared_flags.define_model_source("export", verb_from="convert")
 flags.DEFINE_enum("format", "npz", list(exports.FORMATS), "What to write.")
 flags.DEFINE_string("out", None, "The file (npz, timm) or directory (hf) to "
                     "write.")
@@ -54,11 +55,11 @@ def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
   workdir.check_output(f.out, "--out")
-  loaded = pretrained.load(cli_flags.source_from_flags(), f.num_heads)
+  loaded = pretrained.load(shared_flags.source_from_flags(), f.num_heads)
   if f.input_mean:
     loaded = exports.fold_input_normalization(
-        loaded, cli_flags.floats(f.input_mean, "--input_mean"),
-        cli_flags.floats(f.input_std, "--input_std"))
+        loaded, shared_flags.floats(f.input_mean, "--input_mean"),
+        shared_flags.floats(f.input_std, "--input_std"))
   for warning in exports.function_warnings(loaded, f.format):
     logging.warning(warning)
   how = exports.write(loaded, f.format, f.out, f.labels)

@@ -31,13 +31,14 @@ if __name__ == "__main__":
 
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli, cli_flags
+from vit_jax import cli
 from vit_jax.analysis import attention as attention_lib
+from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
 from vit_jax.runs import workdir
 
-cli_flags.define_model_source("inspect")
-cli_flags.define_images()
+shared_flags.define_model_source("inspect")
+shared_flags.define_images()
 flags.DEFINE_string("split", "test", "Without --images: the split of "
                     "--dataset whose first images to look at.")
 flags.DEFINE_integer("num_images", 64, "Images the mean attention distance "
@@ -55,7 +56,7 @@ def main(argv):
   f = flags.FLAGS
   if f.out:
     workdir.check_output(f.out, "--out")
-  inference = cli_flags.model_from_flags()
+  inference = shared_flags.model_from_flags()
   dataset, data_dir = inference.data(f.dataset, f.data_dir)
   samples = attention_lib.sample_images(inference, f.images + argv[1:],
                                    f.num_images, dataset, f.split, data_dir)

@@ -14,16 +14,17 @@ if __name__ == "__main__":
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags, logging
 
-from vit_jax import cli, cli_flags, run
-from vit_jax.training import goodput, loop, progress as progress_lib
+from vit_jax import cli
+from vit_jax.cli import shared_flags
+from vit_jax.training import goodput, loop, progress as progress_lib, resolve
 
-cli_flags.define_training()
+shared_flags.define_training()
 
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
-  cli_flags.prepare_to_train()
-  resolved = run.resolve(flags.FLAGS.config, flags.FLAGS.workdir)
+  shared_flags.prepare_to_train()
+  resolved = resolve.run(flags.FLAGS.config, flags.FLAGS.workdir)
   workdir = resolved.workdir
   result = loop.train_and_evaluate(resolved, started=goodput.process_start())
   logging.info("final metrics: %s", result)
@@ -34,7 +35,7 @@ def main(argv):
           f"{workdir}; run the same command to resume")
     return
   # What the evaluators measured last: their names prefix their metrics.
-  prefixes = tuple(f"{name}{sep}" for name in flags.FLAGS.config.evaluators
+  prefixes = tuple(f"{name}{sep}" for name in resolved.config.evaluators
                    for sep in "_/")
   scores = progress_lib.scores({key: value for key, value in
                                 sorted(result.items())

@@ -16,12 +16,13 @@ if __name__ == "__main__":
 
 from absl import app, flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli, cli_flags
+from vit_jax import cli
 from vit_jax.analysis import predictions
+from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
 
-cli_flags.define_model_source("run")
-cli_flags.define_images()
+shared_flags.define_model_source("run")
+shared_flags.define_images()
 flags.DEFINE_integer("top", 5, "How many classes to show per image.",
                      lower_bound=1)
 flags.DEFINE_integer("batch_size", 64, "Images per forward pass.")
@@ -34,7 +35,7 @@ def main(argv):
   paths = f.images + argv[1:]
   if not paths:
     raise app.UsageError("no images: give --images=PATH,... or paths")
-  inference = cli_flags.model_from_flags()
+  inference = shared_flags.model_from_flags()
   files = image_files.expand(paths)
   pixels = image_files.from_files(files, inference.image_size,
                              inference.crop_fraction)

@@ -1,6 +1,6 @@
 """A process's runtime settings, decided here and nowhere else.
 
-The entry points (vit_jax/cli.py for every tool, tests/conftest.py, the
+The entry points (vit_jax/cli/ for every tool, tests/conftest.py, the
 Makefile, the benchmarks) apply them; importing any vit_jax module sets
 none. `prepare` is what a tool does first, before JAX or TensorFlow loads:
 quiet libraries (QUIET_ENVIRONMENT, unless --verbose), TensorFlow without
@@ -136,14 +136,15 @@ def keep_freed_memory():
 
 def prepare_to_train(distributed="auto", coordinator_address=None,
                      num_processes=None, process_id=None,
-                     compilation_cache=None):
+                     compilation_cache=None, verbose=False):
   """What a process that trains does after `prepare`: accelerators for JAX
   alone, the input pipeline's heap kept, compiled programs kept between
   runs, and the pod's processes joined."""
   hide_accelerators_from_tensorflow()
   keep_freed_memory()
   use_compilation_cache(compilation_cache)
-  join_pod(distributed, coordinator_address, num_processes, process_id)
+  join_pod(distributed, coordinator_address, num_processes, process_id,
+           verbose)
 
 
 def use_compilation_cache(directory=None):
@@ -167,7 +168,7 @@ def use_compilation_cache(directory=None):
 
 
 def join_pod(mode="auto", coordinator_address=None, num_processes=None,
-             process_id=None):
+             process_id=None, verbose=False):
   """Initialises jax.distributed, before JAX touches a device.
 
   mode "auto" joins when a coordinator is given (several processes on one
@@ -183,12 +184,31 @@ def join_pod(mode="auto", coordinator_address=None, num_processes=None,
   if "cpu" in (jax.config.jax_platforms, os.environ.get("JAX_PLATFORMS")):
     # Collectives across CPU processes (the emulated pod) go through gloo.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if not verbose:
+      native_stdout_to_null()
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes,
                              process_id=process_id)
   logging.info("Process %d of %d, %d of %d devices local",
                jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
+
+
+def native_stdout_to_null():
+  """Python's prints keep the terminal; what native code writes to file
+  descriptor 1 goes nowhere (children started from here inherit that).
+
+  For gloo alone: it prints a line per device and peer as a CPU pod's
+  processes connect, from several threads at once, interleaved, with
+  std::cout (tcp::Context::printConnectivityInfo), which no setting or
+  log level turns off.
+  """
+  sys.stdout.flush()
+  terminal = os.dup(1)
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 1)
+  os.close(null)
+  sys.stdout = os.fdopen(terminal, "w", buffering=1)
 
 
 def compile_ahead_of_time():

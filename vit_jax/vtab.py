@@ -9,8 +9,8 @@ Each task is fine-tuned from the checkpoint on its 1,000 training examples
 resumes, and scored on its test split. With --val it trains on train800 and
 scores val200 instead, to choose hyper-parameters. DIR/vtab.md and
 DIR/vtab.json then hold each task's top-1 accuracy, each group's mean and
-the mean over the tasks (vit_jax/vtab_suite.py): Table 2's VTAB row is the
-mean over all 19.
+the mean over the tasks (vit_jax/training/finetune_suite.py): Table 2's
+VTAB row is the mean over all 19.
 """
 
 if __name__ == "__main__":
@@ -20,10 +20,12 @@ if __name__ == "__main__":
 
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli, cli_flags, paths, vtab_suite
+from vit_jax import cli, paths
+from vit_jax.cli import shared_flags
 from vit_jax.data import vtab_tasks as registry
+from vit_jax.training import finetune_suite
 
-cli_flags.define_training()
+shared_flags.define_training()
 flags.DEFINE_string("tasks", "all", "Comma-separated task names "
                     f"({', '.join(registry.TASKS)}), group names "
                     f"({', '.join(registry.GROUPS)}) or 'all'.")
@@ -34,15 +36,15 @@ flags.DEFINE_bool("val", False, "Train on train800 and score val200 (to "
 
 def main(argv):
   del argv  # cli.run refuses positional arguments.
-  cli_flags.prepare_to_train()
+  shared_flags.prepare_to_train()
   f = flags.FLAGS
-  summary = vtab_suite.run(f.config, f.workdir, registry.select(f.tasks),
+  summary = finetune_suite.run(f.config, f.workdir, registry.select(f.tasks),
                            f.val)
   if summary is None:
     print("stopped: run the same command to resume")
     return
-  vtab_suite.write(summary, f.workdir)
-  print(vtab_suite.markdown(summary))
+  finetune_suite.write(summary, f.workdir)
+  print(finetune_suite.markdown(summary))
   print(f"written to {paths.shown(paths.join(f.workdir, 'vtab.md'))} "
         "and vtab.json")
 

@@ -40,7 +40,7 @@ size, mtime) of its images. Adding, removing or replacing an image therefore
 makes a new config, prepared afresh, rather than reading a stale copy; the
 copies of earlier contents stay in `data_dir` until deleted; each lists
 the files it was made of in FILES, so that a run resumed on a changed folder
-is told which changed (`changed_files`; vit_jax/run.py refuses it). The
+is told which changed (`changed_files`; vit_jax/training/resolve.py refuses it). The
 folder is scanned (one `stat` per entry) each time the dataset is opened.
 A file name that is not UTF-8 is read as its bytes; a folder's must be
 UTF-8, since it names a class. PATH may

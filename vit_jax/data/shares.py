@@ -11,7 +11,7 @@ divides input_shares: a run stopped on 8 devices resumes on 4, or on 2 hosts
 of 2, with the batches it would have had.
 
 The count is chosen when a run starts and recorded in its config.json
-(vit_jax/run.py); a resume keeps it. Unset, it is the data-parallel size of
+(vit_jax/training/resolve.py); a resume keeps it. Unset, it is the data-parallel size of
 the start doubled while the result, up to MAX_SHARES, divides the batch and
 leaves each share MIN_SHARE_EXAMPLES examples:
   - MAX_SHARES = 2048 is the core count of a v3-2048, the largest slice, so

@@ -396,17 +396,3 @@ def select(spec):
   if not wanted:
     raise errors.InputError("--tasks names no task")
   return [task for name, task in TASKS.items() if name in wanted]
-
-
-def task_config(config, task, val=False):
-  """`config` (the task-independent fine-tuning settings) for one task:
-  its data, its training split and the split it is scored on (val200 with
-  `val`, to choose hyper-parameters; else test)."""
-  config = config.copy_and_resolve_references()
-  config.dataset = f"vtab:{task.name}"
-  config.train_split = task.splits["train800" if val else "train800val200"]
-  name = "val" if val else "test"
-  config.evaluators = {name: dict(
-      kind="accuracy", every=config.total_steps,
-      split=task.splits["val200" if val else "test"])}
-  return config

@@ -31,11 +31,11 @@ import time
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors, run as run_lib
+from vit_jax import errors
 from vit_jax.data import sources, vtab_tasks
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, report
-from vit_jax.training import step as step_lib, throughput
+from vit_jax.training import resolve, step as step_lib, throughput
 
 # Evaluation, checkpoints and restarts after preemption, on top of the
 # training steps. A stated guess, not a measurement: Table 2's pre-training
@@ -162,8 +162,8 @@ class Plan:
 
 def build_step(config, devices, classes, unroll=False):
   """(program, batch shapes) of `config`'s step over `devices`: checked
-  (vit_jax/run.py) and built as a run builds it, nothing compiled yet."""
-  mesh = run_lib.resolve_program(config, devices)
+  (vit_jax/training/resolve.py) and built as a run builds it, nothing compiled yet."""
+  mesh = resolve.program(config, devices)
   program = step_lib.build(config, mesh, classes, unroll)
   size, batch = config.image_size, config.batch_size
   # The global batch as the input pipeline feeds it: uint8 images.

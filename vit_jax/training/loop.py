@@ -4,7 +4,7 @@ An image goes: TFDS record -> data/pipeline.py (per-process batch) ->
 `to_global` (one jax.Array over the mesh) -> step.py's `train_step` (jit
 with explicit shardings, donated state) -> metrics.jsonl / TensorBoard
 (reporting.py), with the state saved by orbax every `checkpoint_every`
-steps (runs/checkpoints.py). The run comes resolved (vit_jax/run.py).
+steps (runs/checkpoints.py). The run comes resolved (vit_jax/training/resolve.py).
 """
 
 import jax

@@ -42,7 +42,7 @@ def prepare_to_train():
   f = flags.FLAGS
   runtime.prepare_to_train(f.distributed, f.coordinator_address,
                            f.num_processes, f.process_id,
-                           f.compilation_cache)
+                           f.compilation_cache, f.verbose)
 
 
 def define_model_source(verb, verb_from="use"):

@@ -4,10 +4,12 @@ A tool module calls `cli.prepare()` first in its `__main__` block, before
 JAX or TensorFlow is imported, and ends with `cli.run(main)`. Together they
 give every tool the same behaviour:
 
-- Quiet by default: no C++ logs of TensorFlow, XLA or libtpu, nothing that
-  native code prints to stdout (Gloo's connection lines), no Python
-  warnings, and of the Python log only vit_jax's own warnings and errors.
-  `--verbose` brings all of the libraries' logs back, at INFO.
+- Quiet by default: no C++ logs of TensorFlow, XLA or libtpu (their own
+  log levels, vit_jax/runtime.py), and of the Python log every error but
+  only vit_jax's own warnings. `--verbose` brings all of the libraries'
+  logs back, at INFO. Python's warnings are left as Python shows them (a
+  training run, a resume, export, figures, predict and plan give none).
+  Native code's stdout is quieted only for gloo (runtime.join_pod).
 - Exit status: 0 done (a run stopped by a signal with its checkpoint saved
   included); EXIT_USER_ERROR (2) a user's mistake, shown as `error: ...` in
   at most MAX_ERROR_LINES lines on stderr without a traceback (with
@@ -16,8 +18,9 @@ give every tool the same behaviour:
   exits 0 on its own (training/preemption.py), stops the tool with one line
   and 128 + its number: the work under way unwinds (a workdir's lock is
   released) and every file written is whole (vit_jax/paths.py).
-- A quick end: once `main` has returned, the exit handlers run (JAX's
-  among them) and the process ends without the interpreter's teardown, in
+- A quick end: once `main` has returned (or a signal stopped it), the exit
+  handlers run (JAX's among them) and the last of them, registered first
+  by `prepare`, ends the process without the interpreter's teardown, in
   which TensorFlow's native code takes 1.1 to 1.4 s that no run's clock
   sees (docs/runs.md).
 
@@ -35,7 +38,6 @@ import signal
 import sys
 import threading
 import traceback
-import warnings
 
 from absl import app, flags, logging
 from ml_collections.config_flags import config_flags as ml_config_flags
@@ -53,7 +55,7 @@ flags.DEFINE_bool("verbose", False, "Show the libraries' logs (TensorFlow, "
 _USER_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC,
                 errno.EROFS, errno.EDQUOT, errno.ENOTDIR, errno.EISDIR,
                 errno.EEXIST, errno.ENAMETOOLONG}
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The checkout that holds the package, with the shipped configs/ beside it.
 _CHECKOUT_DIR = os.path.dirname(_PACKAGE_DIR)
 
@@ -70,6 +72,8 @@ def prepare():
   the command line, and signals that stop it quietly: call it before JAX
   or TensorFlow is imported."""
   _stop_quietly_on_signals()
+  # Registered before any library's, so it runs after all of theirs.
+  atexit.register(_skip_teardown)
   runtime.prepare(verbose=verbose_requested())
 
 
@@ -127,14 +131,22 @@ def _stopped_again(hook):
   return again
 
 
-def _exit_stopped(stopped):
-  """One line, and 128 + the signal's number."""
-  signum = getattr(stopped, "signum", signal.SIGINT)
+def _signal_number(stopped):
+  return getattr(stopped, "signum", signal.SIGINT)
+
+
+def _report_stopped(stopped):
   sys.stdout.flush()
-  print(f"error: stopped by {signal.Signals(signum).name}; files written so "
-        "far are whole: run the same command again", file=sys.stderr,
-        flush=True)
-  os._exit(128 + signum)  # pylint: disable=protected-access
+  print(f"error: stopped by {signal.Signals(_signal_number(stopped)).name}; "
+        "files written so far are whole: run the same command again",
+        file=sys.stderr, flush=True)
+
+
+def _exit_stopped(stopped):
+  """One line, and 128 + the signal's number, at once: for a signal that
+  came before `run` (nothing to unwind)."""
+  _report_stopped(stopped)
+  os._exit(128 + _signal_number(stopped))
 
 
 def run(main, positional=False):
@@ -159,14 +171,27 @@ def _shipped_configs_importable():
     sys.path.append(_CHECKOUT_DIR)
 
 
+# The exit status that _skip_teardown ends the process with; None until
+# the tool has finished (a bug's traceback ends it the interpreter's way).
+_exit_status = None
+
+
 def _end(code):
-  """Ends the process with `main`'s exit `code` (None: 0) now that it has
-  returned: exit handlers run, output is flushed, the rest is skipped."""
-  atexit._run_exitfuncs()  # pylint: disable=protected-access
+  """Exits with `main`'s exit `code` (None: 0) now that it has returned."""
+  global _exit_status
+  _exit_status = code or 0
+  sys.exit(_exit_status)
+
+
+def _skip_teardown():
+  """The last exit handler: output flushed, the process ends with the
+  tool's status before the interpreter's teardown."""
+  if _exit_status is None:
+    return
   logging.flush()
   sys.stdout.flush()
   sys.stderr.flush()
-  os._exit(code or 0)  # pylint: disable=protected-access
+  os._exit(_exit_status)
 
 
 def _parse_flags(argv):
@@ -266,8 +291,8 @@ def _call(main, argv):
   try:
     return main(argv)
   except KeyboardInterrupt as e:  # Stopped too: the work has unwound.
-    atexit._run_exitfuncs()  # pylint: disable=protected-access
-    _exit_stopped(e)
+    _report_stopped(e)
+    _end(128 + _signal_number(e))
   except Exception as e:  # pylint: disable=broad-except
     if not is_user_error(e):
       raise
@@ -334,13 +359,11 @@ def _configure_logging(verbose):
   if verbose:
     logging.set_verbosity(logging.INFO)
     return
-  _native_stdout_to_null()
-  warnings.filterwarnings("ignore")
   logging.set_verbosity(logging.WARNING)
   # absl sends every library's records (orbax, clu, ...) and vit_jax's
   # through one logger, "absl", so no logger's level tells them apart: only
   # the file that logged does.
-  logging.get_absl_handler().addFilter(_own_records)
+  logging.get_absl_handler().addFilter(_shown)
   # TensorFlow's Python logger has a handler of its own.
   std_logging.getLogger("tensorflow").setLevel(std_logging.ERROR)
   sys.unraisablehook = _without_closed_loop_errors(sys.unraisablehook)
@@ -374,23 +397,10 @@ def _from_a_closed_loop(unraisable):
   return names[-1] == "_check_closed" and "call_soon_threadsafe" in names
 
 
-def _native_stdout_to_null():
-  """Python's prints keep the terminal; what native code writes to file
-  descriptor 1 goes nowhere. Gloo, the CPU collectives of a pod emulated by
-  several processes, prints a line per device and peer there, from several
-  threads at once, so that its lines come out interleaved. It writes them
-  with std::cout whatever its settings (tcp::Context::printConnectivityInfo,
-  which no environment variable or log level guards), so only the file
-  descriptor can be quieted."""
-  sys.stdout.flush()
-  terminal = os.dup(1)
-  null = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(null, 1)
-  os.close(null)
-  sys.stdout = os.fdopen(terminal, "w", buffering=1)
-
-
-def _own_records(record):
-  """vit_jax's warnings and errors; nothing of the libraries."""
-  return (record.levelno >= std_logging.WARNING
-          and os.path.abspath(record.pathname).startswith(_PACKAGE_DIR))
+def _shown(record):
+  """Every error; of the warnings, vit_jax's own (the libraries' that come
+  through absl's logger are notes on their internals: orbax's on the
+  checkpoint layout, clu's on its writers)."""
+  return record.levelno >= std_logging.ERROR or (
+      record.levelno >= std_logging.WARNING
+      and os.path.abspath(record.pathname).startswith(_PACKAGE_DIR))

@@ -1,4 +1,4 @@
-"""VTAB-1k as one suite: each task fine-tuned from one checkpoint, then a table.
+"""A suite of fine-tunes: each VTAB-1k task from one checkpoint, then a table.
 
 Each task trains on its 1,000 examples (train800val200) in WORKDIR/<task>,
 an ordinary run that the same call resumes, and is scored on its test split;
@@ -13,9 +13,9 @@ import json
 import jax
 from absl import logging
 
-from vit_jax import paths, run as run_lib
+from vit_jax import paths
 from vit_jax.data import vtab_tasks as registry
-from vit_jax.training import loop
+from vit_jax.training import loop, resolve
 
 GROUP_TITLES = {registry.NATURAL: "Natural",
                 registry.SPECIALIZED: "Specialized",
@@ -29,13 +29,27 @@ def run(config, workdir, tasks, val=False):
   accuracies = {}
   for task in tasks:
     logging.warning("VTAB task %s (%s)", task.name, task.title)
-    result = loop.train_and_evaluate(run_lib.resolve(
-        registry.task_config(config, task, val),
+    result = loop.train_and_evaluate(resolve.run(
+        task_config(config, task, val),
         paths.join(workdir, task.name)))
     if "stopped_at_step" in result:
       return None  # Preempted: the same command resumes this task.
     accuracies[task.name] = result[("val" if val else "test") + "_accuracy"]
   return summarise(accuracies, split)
+
+
+def task_config(config, task, val=False):
+  """`config` (the task-independent fine-tuning settings) for one task:
+  its data, its training split and the split it is scored on (val200 with
+  `val`, to choose hyper-parameters; else test)."""
+  config = config.copy_and_resolve_references()
+  config.dataset = f"vtab:{task.name}"
+  config.train_split = task.splits["train800" if val else "train800val200"]
+  name = "val" if val else "test"
+  config.evaluators = {name: dict(
+      kind="accuracy", every=config.total_steps,
+      split=task.splits["val200" if val else "test"])}
+  return config
 
 
 def summarise(accuracies, split):

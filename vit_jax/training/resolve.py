@@ -1,6 +1,6 @@
 """A run resolved once: its config checked and completed, its mesh, its data.
 
-`resolve(config, workdir)` is where a training run is put together, before
+`run(config, workdir)` is where a training run is put together, before
 anything is compiled or written:
 
   1. the workdir (vit_jax/runs/workdir.py, local or gs://) and the run it
@@ -21,7 +21,7 @@ anything is compiled or written:
      restart may not make is refused here (runs/store.py).
 
 The training loop, the evaluators and the VTAB suite take the `Run`;
-`vit_jax.plan` takes `resolve_program`'s part of it (no data, no
+`vit_jax.plan` takes `program`'s part of it (no data, no
 checkpoint, no workdir).
 """
 
@@ -58,13 +58,13 @@ class Run:
     return self.source.num_classes
 
 
-def resolve(config, workdir, devices=None):
+def run(config, workdir, devices=None):
   """The Run of `config` in `workdir` (a path or URL) over `devices`
   (default: all)."""
   workdir = workdir_lib.Workdir(workdir)
   recorded = workdir.read_config() if workdir.has_run() else None
   config = pretrained.with_source(config, recorded)  # The run's own copy.
-  mesh = resolve_program(config, devices)
+  mesh = program(config, devices)
   data = sources.Sources(config.dataset, config.data_dir)
   with config.unlocked():
     config.folder_contents = folder_contents(config, recorded, data, workdir)
@@ -75,7 +75,7 @@ def resolve(config, workdir, devices=None):
   return Run(config, workdir, mesh, data, changes)
 
 
-def resolve_program(config, devices=None):
+def program(config, devices=None):
   """The mesh of `config` over `devices`, with every check that compiling
   the train step needs; no data or checkpoint is read (vit_jax.plan stops
   here: what a run computes, its function options, costs the same)."""
