@@ -23,7 +23,7 @@ from tests.util import (
   stored_examples,
 )
 from vit_jax import errors, models
-from vit_jax.analysis import attention as attention_lib, predictions
+from vit_jax.analysis import attention as attention_lib, classify
 from vit_jax.data import image_files, sources
 from vit_jax.runs import writers
 from vit_jax.weights import npz, pretrained
@@ -274,9 +274,9 @@ def test_a_scanned_run_loads_as_the_plain_model(digits_run):
 
 def test_top_classes_are_named_ordered_and_printed():
   probs = np.array([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])
-  tops = predictions.top_classes(probs, 2, ["a", "b", "c"])
+  tops = classify.top_classes(probs, 2, ["a", "b", "c"])
   assert tops == [[(1, "b", 0.6), (2, "c", 0.3)],
                   [(0, "a", 0.5), (2, "c", 0.3)]]
-  assert predictions.top_classes(probs, 5)[0][2] == (0, "class 0", 0.1)
-  assert predictions.as_text("x.png", tops[0]) == (
+  assert classify.top_classes(probs, 5)[0][2] == (0, "class 0", 0.1)
+  assert classify.as_text("x.png", tops[0]) == (
       "x.png\n  1.  60.00%  b\n  2.  30.00%  c")

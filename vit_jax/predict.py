@@ -17,7 +17,7 @@ if __name__ == "__main__":
 from absl import app, flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from vit_jax import cli
-from vit_jax.analysis import predictions
+from vit_jax.analysis import classify
 from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
 
@@ -42,9 +42,9 @@ def main(argv):
   names = (image_files.name_classes(
       f.labels, *inference.data(f.dataset, f.data_dir),
       num_classes=inference.model.num_classes) or inference.class_names)
-  tops = predictions.top_classes(
-      predictions.probabilities(inference, pixels, f.batch_size), f.top, names)
-  show = predictions.as_json if f.json else predictions.as_text
+  tops = classify.top_classes(
+      classify.probabilities(inference, pixels, f.batch_size), f.top, names)
+  show = classify.as_json if f.json else classify.as_text
   for path, top in zip(files, tops):
     print(show(path, top))
 

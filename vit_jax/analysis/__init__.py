@@ -2,5 +2,5 @@
 
 attention.py computes the paper's numbers (attention distance, rollout,
 embedding filters, position similarity), plots.py draws them, and
-predictions.py turns logits into named top classes.
+classify.py turns logits into named top classes.
 """

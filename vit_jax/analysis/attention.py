@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from vit_jax import errors, models, paths
-from vit_jax.analysis import plots, predictions
+from vit_jax.analysis import classify, plots
 from vit_jax.data import image_files as images_lib
 from vit_jax.models import vit
 from vit_jax.runs import writers
@@ -242,8 +242,8 @@ def caption(logits, names, label=None):
   """'7 (0.98)': the prediction and its probability; with the label when
   known, '1 -> 7 (0.98)'."""
   probs = np.asarray(jax.nn.softmax(logits))[None]
-  ((_, name, probability),) = predictions.top_classes(probs, 1, names)[0]
+  ((_, name, probability),) = classify.top_classes(probs, 1, names)[0]
   text = f"{name} ({probability:.2f})"
   if label is None:
     return text
-  return f"{predictions.class_name(names, int(label))} -> {text}"
+  return f"{classify.class_name(names, int(label))} -> {text}"

@@ -16,7 +16,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from vit_jax import errors, paths
-from vit_jax.runs import fingerprints, storage
+from vit_jax.runs import failures, fingerprints
 
 # Orbax splits the writing of a replicated array among its replicas. For a
 # small array that saves nothing, and every (shape, device) pair costs a
@@ -185,7 +185,7 @@ def _storage_errors(checkpoints, what):
     steps = complete_steps(checkpoints.directory)
     return (f"the checkpoint of step {steps[-1]} is complete" if steps
             else "no checkpoint is complete yet")
-  return storage.stops_on_failure(f"{what} in {checkpoints.directory}", kept)
+  return failures.stops_on_failure(f"{what} in {checkpoints.directory}", kept)
 
 
 # What orbax writes after a step's arrays: a step directory without them

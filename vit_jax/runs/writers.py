@@ -22,7 +22,7 @@ import json
 import jax
 from absl import logging
 
-from vit_jax.runs import storage
+from vit_jax.runs import failures
 from vit_jax.runs.workdir import Workdir
 
 
@@ -88,7 +88,7 @@ def create(workdir, resume_step):
   stops the run in one message."""
   if jax.process_index() > 0:
     return LoggingWriter()
-  with storage.stops_on_failure(f"write the metrics in {workdir}"):
+  with failures.stops_on_failure(f"write the metrics in {workdir}"):
     jsonl = JsonlWriter(workdir, resume_step)
     events = TensorBoardWriter(workdir.events)
   return FileWriters([LoggingWriter(), events, jsonl], workdir)
@@ -97,18 +97,18 @@ def create(workdir, resume_step):
 class FileWriters:
   """Each row and flush to every one of `writers`; their storage failures
   (TensorBoard's among them, which its file writer may raise at a later
-  write or flush) end the run with storage.stops_on_failure's message."""
+  write or flush) end the run with failures.stops_on_failure's message."""
 
   def __init__(self, writers, workdir):
     self._writers, self._workdir = writers, workdir
 
   def write_scalars(self, step, scalars):
-    with storage.stops_on_failure(f"write the metrics in {self._workdir}"):
+    with failures.stops_on_failure(f"write the metrics in {self._workdir}"):
       for writer in self._writers:
         writer.write_scalars(step, scalars)
 
   def flush(self):
-    with storage.stops_on_failure(f"write the metrics in {self._workdir}"):
+    with failures.stops_on_failure(f"write the metrics in {self._workdir}"):
       for writer in self._writers:
         writer.flush()
 
