@@ -2,6 +2,7 @@
 and the run resumes from the one before; one workdir has one writer; a
 finished run is reported without writing to its workdir."""
 
+import errno
 import json
 import logging
 import os
@@ -184,6 +185,38 @@ def test_a_held_workdir_refuses_a_second_run_and_is_left_as_it_was(
   finally:
     other_run.kill()
     other_run.wait()
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_a_lock_appears_whole_and_only_once(tmp_path, monkeypatch,
+                                            hard_links):
+  if not hard_links:  # A FUSE mount of a bucket, say.
+    def no_link(*_):
+      raise OSError(errno.EPERM, "Operation not permitted")
+    monkeypatch.setattr(os, "link", no_link)
+  path = tmp_path / lock.LOCK_FILE
+  with lock.WorkdirLock(str(tmp_path)):
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert os.listdir(tmp_path) == [lock.LOCK_FILE]  # No temporary left.
+    # Another run's exclusive creation fails (from this process, a run
+    # would take the lock over as one left by a dead process of its pid).
+    second = lock.WorkdirLock(str(tmp_path))
+    assert second._create(replace=False) is False  # pylint: disable=protected-access
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+  assert os.listdir(tmp_path) == []
+
+
+def test_a_signal_as_the_lock_appears_removes_it(tmp_path, monkeypatch):
+  link = os.link
+
+  def link_then_stopped(*args):
+    link(*args)
+    raise KeyboardInterrupt  # What cli.Stopped is.
+  monkeypatch.setattr(os, "link", link_then_stopped)
+  with pytest.raises(KeyboardInterrupt):
+    with lock.WorkdirLock(str(tmp_path)):
+      pass
+  assert os.listdir(tmp_path) == []
 
 
 def test_a_lock_left_by_kill_9_is_taken_over(digits_data_dir, tmp_path):

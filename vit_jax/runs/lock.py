@@ -9,6 +9,7 @@ RENEW_SECONDS from a thread of its own. On a pod, process 0 holds the lock
 for the run's processes and tells them whether it got it.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -88,11 +89,19 @@ class WorkdirLock:
     """Writes our lock; False when another process wrote one first."""
     text = json.dumps({**self._me, "renewed": time.time()})
     if not replace and not paths.is_url(self._path):
-      try:  # Exclusive creation: of two runs starting at once, one wins.
-        with open(self._path, "x") as f:
+      # Exclusive creation, of a file already whole: of two runs starting at
+      # once, one wins; and a signal that stops this one as its lock
+      # appears finds the lock its own (to remove), never half written.
+      temporary = f"{self._path}.{os.getpid()}.tmp"
+      try:
+        with open(temporary, "w") as f:
           f.write(text)
+        _link_or_create(temporary, self._path, text)
       except FileExistsError:
         return False
+      finally:
+        with contextlib.suppress(FileNotFoundError):
+          os.unlink(temporary)
     else:
       temporary = self._path.parent / f"{LOCK_FILE}.{os.getpid()}.tmp"
       temporary.write_text(text)
@@ -126,6 +135,19 @@ class WorkdirLock:
         temporary = self._path.parent / f"{LOCK_FILE}.{os.getpid()}.tmp"
         temporary.write_text(json.dumps({**self._me, "renewed": time.time()}))
         temporary.replace(self._path)
+
+
+def _link_or_create(whole, path, text):
+  """`path` made a link to the written file `whole`; where the file system
+  has no hard links (a FUSE mount of a bucket), created exclusively and
+  written. FileExistsError if `path` exists."""
+  try:
+    os.link(whole, path)
+  except FileExistsError:
+    raise
+  except OSError:
+    with open(path, "x") as f:
+      f.write(text)
 
 
 def _process_exists(pid):
