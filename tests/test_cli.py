@@ -146,6 +146,9 @@ def main(argv):
     logging.warning("a library's note")
     logging.error("a library's error")
     return 3
+  if argv[1] == "logs, then user":
+    logging.error("a library's error")
+    argv[1] = "user"
   if argv[1] == "user":
     raise errors.ConfigError("config.batch_size=3 is bad\\nline 2\\nline 3"
                              "\\nline 4")
@@ -175,9 +178,16 @@ def test_a_tool_ends_with_mains_status_after_the_exit_handlers():
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 3
   assert done.stdout == "an exit handler ran\n"
-  # A library's errors are shown, its warnings are not.
+  # A library's errors are shown as the tool ends, its warnings are not.
   assert "a library's error" in done.stderr
   assert "a library's note" not in done.stderr
+  # Where the tool ends with a user's mistake, its one line says it all.
+  done = subprocess.run([sys.executable, "-c", TOOL, "logs, then user"],
+                        cwd=REPO, capture_output=True, text=True,
+                        timeout=120)
+  assert done.returncode == 2
+  assert done.stderr.startswith("error: config.batch_size=3 is bad")
+  assert "a library's error" not in done.stderr
 
 
 def test_verbose_shows_a_mistakes_traceback_too():

@@ -5,10 +5,14 @@ JAX or TensorFlow is imported, and ends with `cli.run(main)`. Together they
 give every tool the same behaviour:
 
 - Quiet by default: no C++ logs of TensorFlow, XLA or libtpu (their own
-  log levels, vit_jax/runtime.py), and of the Python log every error but
-  only vit_jax's own warnings. `--verbose` brings all of the libraries'
-  logs back, at INFO. Python's warnings are left as Python shows them (a
-  training run, a resume, export, figures, predict and plan give none).
+  log levels, vit_jax/runtime.py), and of the Python log vit_jax's own
+  warnings and errors as they come; the libraries' errors are held and
+  shown as the tool ends, unless it ends with a user's mistake or a
+  signal, whose one line says what happened (a full disk, for one, has
+  orbax and asyncio log the write's failure from every thread).
+  `--verbose` brings all of the libraries' logs back, at INFO, as they
+  come. Python's warnings are left as Python shows them (a training run,
+  a resume, export, figures, predict and plan give none).
   Native code's stdout is quieted only for gloo (runtime.join_pod).
 - Exit status: 0 done (a run stopped by a signal with its checkpoint saved
   included); EXIT_USER_ERROR (2) a user's mistake, shown as `error: ...` in
@@ -176,9 +180,12 @@ def _shipped_configs_importable():
 _exit_status = None
 
 
-def _end(code):
-  """Exits with `main`'s exit `code` (None: 0) now that it has returned."""
+def _end(code, show_held=True):
+  """Exits with `main`'s exit `code` (None: 0) now that it has returned;
+  the libraries' errors held so far shown first, if `show_held`."""
   global _exit_status
+  if show_held:
+    _show_held_errors()
   _exit_status = code or 0
   sys.exit(_exit_status)
 
@@ -292,9 +299,10 @@ def _call(main, argv):
     return main(argv)
   except KeyboardInterrupt as e:  # Stopped too: the work has unwound.
     _report_stopped(e)
-    _end(128 + _signal_number(e))
+    _end(128 + _signal_number(e), show_held=False)
   except Exception as e:  # pylint: disable=broad-except
     if not is_user_error(e):
+      _show_held_errors()
       raise
     if verbose:
       traceback.print_exc()
@@ -397,10 +405,25 @@ def _from_a_closed_loop(unraisable):
   return names[-1] == "_check_closed" and "call_soon_threadsafe" in names
 
 
+# The libraries' ERROR records not shown yet (_shown).
+_held_errors = []
+
+
 def _shown(record):
-  """Every error; of the warnings, vit_jax's own (the libraries' that come
-  through absl's logger are notes on their internals: orbax's on the
-  checkpoint layout, clu's on its writers)."""
-  return record.levelno >= std_logging.ERROR or (
-      record.levelno >= std_logging.WARNING
-      and os.path.abspath(record.pathname).startswith(_PACKAGE_DIR))
+  """vit_jax's own warnings and errors. The libraries' warnings that come
+  through absl's logger are notes on their internals (orbax's on the
+  checkpoint layout, clu's on its writers); their errors are held for
+  _show_held_errors."""
+  if record.levelno < std_logging.WARNING:
+    return False
+  if os.path.abspath(record.pathname).startswith(_PACKAGE_DIR):
+    return True
+  if record.levelno >= std_logging.ERROR:
+    _held_errors.append(record)
+  return False
+
+
+def _show_held_errors():
+  handler = logging.get_absl_handler()
+  while _held_errors:
+    handler.emit(_held_errors.pop(0))
