@@ -36,7 +36,8 @@ def state_of(name):
   if name != "digits":  # The variant's sizes over the digits model's.
     config.model.update(name=name, **models.VARIANTS[name.split("/")[0]])
     config.image_size, classes = 224, 1000
-  program = step.build(config, sharding.make_mesh(config.mesh), classes)
+  program = step.build(config, sharding.make_mesh(config.mesh),
+                       step.parts(config, classes))
   return program.init(jax.random.key(0))
 
 

@@ -60,7 +60,8 @@ def main(argv):
   name, batch_size = f.models[0].split(":")
   config = bench.config_for(name, int(batch_size), f.dtypes[0],
                             f.image_size, f.attention[0])
-  program = step_lib.build(config, sharding.make_mesh(config.mesh), 1000)
+  program = step_lib.build(config, sharding.make_mesh(config.mesh),
+                           step_lib.parts(config, 1000))
   state = program.init(jax.random.key(0))
   train_images, train_labels, test_images, test_labels = digits(
       f.image_size)

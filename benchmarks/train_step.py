@@ -65,7 +65,7 @@ def prepared_step(config, num_classes=1000):
   from vit_jax import sharding
   from vit_jax.training import step as step_lib
   mesh = sharding.make_mesh(config.mesh)
-  program = step_lib.build(config, mesh, num_classes)
+  program = step_lib.build(config, mesh, step_lib.parts(config, num_classes))
   state = program.init(jax.random.key(0))
   rng = np.random.default_rng(0)
   size = config.image_size

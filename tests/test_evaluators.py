@@ -80,12 +80,13 @@ def test_real_evaluator_scores_the_sets_of_every_image(real_validation):
       "evaluators.test.every": 0, "mesh.data": 8, "mesh.model": 1})
   config.evaluators.real = dict(kind="real", every=5)
   mesh = sharding.make_mesh(config.mesh)
-  program = step_lib.build(config, mesh, num_classes=1000)
+  built = step_lib.parts(config, 1000)
+  program = step_lib.build(config, mesh, built)
   params = randomize(program.init(jax.random.key(0)).params, scale=1.0)
   # Predictions among classes 0-7, where the sets are: some right, some not.
   params["head"]["bias"][8:] = -100.0
-  resolved = resolve.Run(config, None, mesh, sources.Sources(config.dataset,
-                                                        config.data_dir), {})
+  resolved = resolve.Run(config, None, mesh, sources.Sources(
+      config.dataset, config.data_dir), {}, built)
   got = evaluators.Evaluators(resolved, program).run_all(
       jax.device_put(params, program.state_shardings.params))
   pixels = np.stack([preprocess.eval_resize(preprocess.decode(image), 8)
@@ -154,11 +155,12 @@ def run_evaluators(config, params=None):
   mesh = sharding.make_mesh(config.mesh)
   data = sources.Sources(config.dataset, config.data_dir)
   resolve.check_data(config, data)
-  program = step_lib.build(config, mesh, num_classes=10)
+  built = step_lib.parts(config, 10)
+  program = step_lib.build(config, mesh, built)
   state = program.init(jax.random.key(0))
   params = randomize(state.params) if params is None else params
   params = jax.device_put(params, program.state_shardings.params)
-  resolved = resolve.Run(config, None, mesh, data, {})
+  resolved = resolve.Run(config, None, mesh, data, {}, built)
   return program, params, evaluators.Evaluators(resolved, program).run_all(
       params)
 

@@ -50,7 +50,8 @@ def pretrained_run(digits_data_dir, tmp_path_factory):
 
 def start_of(config):
   """The state a run of `config` starts from, before any update."""
-  program = step_lib.build(config, sharding.make_mesh(config.mesh), 10)
+  program = step_lib.build(config, sharding.make_mesh(config.mesh),
+                           step_lib.parts(config, 10))
   return step_lib.initial_state(program, config), program
 
 
@@ -217,7 +218,7 @@ def test_export_writes_the_polyak_average_and_gives_the_same_logits(
   assert "Polyak average" in done.stdout
 
   mesh = sharding.make_mesh(config.mesh)
-  program = step_lib.build(config, mesh, 10)
+  program = step_lib.build(config, mesh, step_lib.parts(config, 10))
   manager = checkpoints_lib.manager(os.path.join(workdir, "checkpoints"), 3)
   state, _ = checkpoints_lib.restore_newest_whole(manager, program.state_shapes)
   exported = npz_lib.load_npz(npz)

@@ -99,7 +99,8 @@ def test_mpp_pretraining_on_digits_lowers_its_loss_and_then_fine_tunes(
 
   finetune = small_config(digits_data_dir, init_from=pretrain, total_steps=3,
                           **{"evaluators.test.every": 0})
-  program = step.build(finetune, sharding.make_mesh(finetune.mesh), 10)
+  program = step.build(finetune, sharding.make_mesh(finetune.mesh),
+                       step.parts(finetune, 10))
   started = flax.traverse_util.flatten_dict(jax.device_get(
       step.initial_state(program, finetune).params), sep="/")
   pretrained = flax.traverse_util.flatten_dict(trained, sep="/")
@@ -121,4 +122,4 @@ def test_the_papers_mpp_config_is_b16_on_jft_and_passes_the_checks():
   assert (config.optimizer.name, config.optimizer.learning_rate,
           config.optimizer.warmup_steps, config.optimizer.decay) == (
               "adam", 2e-4, 10_000, "cosine")
-  resolve.check_program(config, sharding.make_mesh(config.mesh))
+  resolve.check_program(config, sharding.make_mesh(config.mesh), 10)

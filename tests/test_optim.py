@@ -137,7 +137,8 @@ def test_frozen_parameters_are_bitwise_unchanged_and_hold_no_state(
   states = {}
   for name, pattern in (("frozen", frozen), ("trained", "")):
     cfg = small_config(digits_data_dir, **{"optimizer.frozen": pattern})
-    program = step_lib.build(cfg, sharding.make_mesh(cfg.mesh), 10)
+    program = step_lib.build(cfg, sharding.make_mesh(cfg.mesh),
+                             step_lib.parts(cfg, 10))
     state = program.init(jax.random.key(0))
     before = jax.device_get(state.params)
     _, state = train_steps(program, state, cfg, 3)

@@ -394,7 +394,7 @@ def test_full_size_model_builds(mock_tfds, name):
   config = get(name)
   mesh = sharding.make_mesh(config.mesh)
   num_classes = sources.lookup(config.dataset, None).num_classes
-  program = step_lib.build(config, mesh, num_classes)
+  program = step_lib.build(config, mesh, step_lib.parts(config, num_classes))
   patch = int(config.model.name.split("/")[1])
   width = models.VARIANTS[config.model.name[0]]["hidden_size"]
   params = program.state_shapes.params

@@ -157,7 +157,7 @@ def test_defaults_give_todays_step_bitwise(digits_data_dir):
       "loss": "softmax", "mesh.data": 1, "mesh.model": 1})
   assert not targets.Recipe.from_config(config, 10).soft
   mesh = sharding.make_mesh(config.mesh, devices=jax.devices()[:1])
-  program = step_lib.build(config, mesh, num_classes=10)
+  program = step_lib.build(config, mesh, step_lib.parts(config, 10))
   tx, _ = step_lib.optimizer.create(config.optimizer, config.total_steps)
   rng = np.random.default_rng(0)
   batch = {"image": rng.integers(0, 256, (32, 8, 8, 3), dtype=np.uint8),

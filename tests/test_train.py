@@ -27,7 +27,7 @@ from vit_jax.training import step as step_lib
 
 def first_losses(config, devices, num_steps=3):
   mesh = sharding.make_mesh(config.mesh, devices=devices)
-  program = step_lib.build(config, mesh, num_classes=10)
+  program = step_lib.build(config, mesh, step_lib.parts(config, 10))
   state = program.init(jax.random.key(config.seed))
   return train_steps(program, state, config, num_steps, augment=("shift",))
 
@@ -86,6 +86,25 @@ def test_gradient_accumulation_matches_the_full_batch(digits_data_dir):
   np.testing.assert_allclose(accumulated, whole, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
                state_accumulated.params, state_whole.params)
+
+
+def test_a_run_builds_its_model_and_optimizer_once(digits_data_dir, tmp_path,
+                                                   monkeypatch):
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  from vit_jax.training import optimizer  # pylint: disable=g-import-not-at-top
+  built = []
+  for module, name in ((models, "create_from_config"), (optimizer, "create")):
+    real = getattr(module, name)
+
+    def counted(*args, real=real, name=name, **kwargs):
+      built.append(name)
+      return real(*args, **kwargs)
+    monkeypatch.setattr(module, name, counted)
+  config = small_config(digits_data_dir, total_steps=2, log_every=1,
+                        checkpoint_every=2, **{"evaluators.test.every": 2,
+                                               "optimizer.warmup_steps": 1})
+  assert "test_accuracy" in run_training(config, str(tmp_path / "run"))
+  assert sorted(built) == ["create", "create_from_config"]
 
 
 def test_a_crashed_run_resumes_to_the_uninterrupted_result(

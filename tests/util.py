@@ -89,7 +89,7 @@ def check_config(config):
   returns the mesh."""
   from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
   from vit_jax.training import resolve  # pylint: disable=g-import-not-at-top
-  mesh = resolve.program(config)
+  mesh, _ = resolve.program(config)
   resolve.check_data(config, sources.Sources(config.dataset, config.data_dir))
   return mesh
 
@@ -234,7 +234,7 @@ def latest_checkpoint(workdir, config):
   from vit_jax.runs.workdir import Workdir
   from vit_jax.training import step as step_lib
   mesh = sharding.make_mesh(config.mesh)
-  program = step_lib.build(config, mesh, num_classes=10)
+  program = step_lib.build(config, mesh, step_lib.parts(config, 10))
   manager = Workdir(workdir).checkpoint_manager(3)
   state, progress = checkpoints_lib.restore_newest_whole(manager,
                                                    program.state_shapes)

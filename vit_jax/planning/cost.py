@@ -163,8 +163,8 @@ class Plan:
 def build_step(config, devices, classes, unroll=False):
   """(program, batch shapes) of `config`'s step over `devices`: checked
   (vit_jax/training/resolve.py) and built as a run builds it, nothing compiled yet."""
-  mesh = resolve.program(config, devices)
-  program = step_lib.build(config, mesh, classes, unroll)
+  mesh, built = resolve.program(config, devices, classes)
+  program = step_lib.build(config, mesh, built, unroll)
   size, batch = config.image_size, config.batch_size
   # The global batch as the input pipeline feeds it: uint8 images.
   shapes = {"image": jax.ShapeDtypeStruct((batch, size, size, 3), jnp.uint8,
@@ -310,8 +310,8 @@ def plan_slice(config, tpu_slice, classes, overhead):
     else:
       cost = step_cost(compiled)
   model_flops = flops_lib.flops_per_image(
-      config.model, config.image_size, train=True,
-      num_classes=classes) * config.batch_size / len(devices)
+      program.model, config.image_size,
+      train=True) * config.batch_size / len(devices)
   result = Plan(
       topology=tpu_slice.name, generation=generation.name,
       chips=tpu_slice.chips, devices=len(devices), hosts=tpu_slice.hosts,

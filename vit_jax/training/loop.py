@@ -36,7 +36,7 @@ def train_and_evaluate(run, started=None):
   default now."""
   accounts = goodput.Accounts(since=started)
   try:
-    program = step_lib.build(run.config, run.mesh, run.num_classes)
+    program = step_lib.build(run.config, run.mesh, run.parts)
     finished = report_finished(run, program)
     if finished is not None:
       return finished

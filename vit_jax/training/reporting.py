@@ -40,7 +40,9 @@ class Report:
                                       enabled=jax.process_index() == 0)
     self._skipped = broken_records.Count(saved["skipped_examples"])
     self._window = timing.Window(config.batch_size, jax.device_count(),
-                                 throughput.Throughput(config, run.num_classes))
+                                 throughput.Throughput(
+                                     program.model, config.image_size,
+                                     config.batch_size))
     self._row = {}
     self.last = {}
     parameter_overview.log_parameter_overview(

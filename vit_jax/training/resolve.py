@@ -8,16 +8,18 @@ anything is compiled or written:
   2. the model's function options (LayerNorm epsilon, GELU, final norm):
      as the run recorded them, else its init_from's, else the release's
      (weights/pretrained.py, `with_source`);
-  3. the mesh over this process's devices;
-  4. every value of the config checked: a user's slip is one ConfigError
+  3. every value of the config checked: a user's slip is one ConfigError
      naming the key;
+  4. the mesh over this process's devices;
   5. the datasets it reads, each looked up once (data/sources.py), with the
      evaluators' splits and the broken-image policy checked against them;
      a folder's files compared with the run's record before it is
      prepared;
-  6. the input shares the training split is read in: as recorded, else as
+  6. the model and the optimizer, built once for the dataset's classes
+     (step.parts) and checked against the mesh and the image size;
+  7. the input shares the training split is read in: as recorded, else as
      set, else chosen for the data-parallel size (data/shares.py);
-  7. what differs from the workdir's recorded config: a change that a
+  8. what differs from the workdir's recorded config: a change that a
      restart may not make is refused here (runs/store.py).
 
 The training loop, the evaluators and the VTAB suite take the `Run`;
@@ -31,10 +33,10 @@ import numbers
 import ml_collections
 from jax.sharding import Mesh
 
-from vit_jax import errors, models, sharding
+from vit_jax import errors, sharding
 from vit_jax.data import preprocess, shares, sources
 from vit_jax.runs import store, workdir as workdir_lib
-from vit_jax.training import evaluators, optimizer, targets
+from vit_jax.training import evaluators, step, targets
 from vit_jax.weights import pretrained
 
 
@@ -47,6 +49,7 @@ class Run:
   mesh: Mesh
   sources: sources.Sources  # its datasets, each looked up once
   changes: dict  # {key: (recorded, new)} that a restart may make
+  parts: step.Parts  # the model and the optimizer, built once
 
   @property
   def source(self):
@@ -64,25 +67,27 @@ def run(config, workdir, devices=None):
   workdir = workdir_lib.Workdir(workdir)
   recorded = workdir.read_config() if workdir.has_run() else None
   config = pretrained.with_source(config, recorded)  # The run's own copy.
-  mesh = program(config, devices)
+  check_values(config)
+  mesh = sharding.make_mesh(config.mesh, devices)
   data = sources.Sources(config.dataset, config.data_dir)
   with config.unlocked():
     config.folder_contents = folder_contents(config, recorded, data, workdir)
   check_data(config, data)
+  built = check_program(config, mesh, data().num_classes)
   with config.unlocked():
     config.input_shares = input_shares(config, recorded, mesh, data)
   changes = store.differences_allowed(config, recorded, workdir)
-  return Run(config, workdir, mesh, data, changes)
+  return Run(config, workdir, mesh, data, changes, built)
 
 
-def program(config, devices=None):
-  """The mesh of `config` over `devices`, with every check that compiling
-  the train step needs; no data or checkpoint is read (vit_jax.plan stops
-  here: what a run computes, its function options, costs the same)."""
+def program(config, devices=None, num_classes=1):
+  """(mesh over `devices`, Parts for `num_classes`) of `config`, with every
+  check that compiling the train step needs; no data or checkpoint is read
+  (vit_jax.plan stops here: what a run computes, its function options,
+  costs the same)."""
   check_values(config)
   mesh = sharding.make_mesh(config.mesh, devices)
-  check_program(config, mesh)
-  return mesh
+  return mesh, check_program(config, mesh, num_classes)
 
 
 # Keys whose value must be a whole number of at least the given size
@@ -140,7 +145,6 @@ def check_values(config):
     preprocess.parse_randaugment(config.randaugment)
   except errors.InputError as e:
     raise errors.ConfigError(f"config.{e}") from e  # It names the key.
-  optimizer.create(config.optimizer, config.total_steps)  # Its own checks.
   targets.check(config)
 
 
@@ -150,12 +154,11 @@ def _get(config, dotted):
   return config
 
 
-def check_program(config, mesh):
-  """The checks that need the model and the mesh but no data."""
-  try:
-    model = models.create_from_config(config.model, num_classes=1)
-  except errors.InputError as e:
-    raise errors.ConfigError(f"config.model: {e}") from e
+def check_program(config, mesh, num_classes):
+  """The model and the optimizer (step.Parts), built here once, and the
+  checks that need them and the mesh."""
+  built = step.parts(config, num_classes)
+  model = built.model
   data_parallel = sharding.data_parallel_size(mesh)
   per_step = data_parallel * config.accum_steps
   if config.batch_size % per_step:
@@ -171,6 +174,7 @@ def check_program(config, mesh):
   if config.image_size % model.token_stride:
     raise errors.ConfigError(f"config.model {model.describe_patch()} does not "
                              f"divide config.image_size={config.image_size}")
+  return built
 
 
 def check_data(config, data):

@@ -1,8 +1,9 @@
 """The training step, and the program of jitted functions a run is built of.
 
-`build(config, mesh, num_classes)` makes the model, the optimizer and the
-train state's shapes and shardings from abstract values (nothing allocated
-or compiled), and jits `init` and `train_step` with explicit in and out
+`parts(config, num_classes)` builds the model and the optimizer, once per
+run (training/resolve.py keeps them in the Run); `build(config, mesh,
+parts)` makes the train state's shapes and shardings from abstract values
+(nothing allocated or compiled), and jits `init` and `train_step` with explicit in and out
 shardings (sharding.py's rules table). The loop (loop.py) and the planner
 (vit_jax/planning) use the same program.
 """
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 
-from vit_jax import models, sharding
+from vit_jax import errors, models, sharding
 from vit_jax.training import losses, optimizer, polyak, targets
 from vit_jax.weights import pretrained
 
@@ -113,6 +114,26 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
   return train_step
 
 
+class Parts(NamedTuple):
+  """What a run's program is built of, each built once (`parts`)."""
+  model: nn.Module
+  tx: optax.GradientTransformation
+  schedule: Callable     # step -> learning rate
+
+
+def parts(config, num_classes):
+  """The model and the optimizer of `config`, for `num_classes` classes;
+  a ConfigError naming the key where `config.model` or `config.optimizer`
+  cannot be built."""
+  try:
+    model = models.create_from_config(config.model, num_classes)
+  except errors.InputError as e:
+    raise errors.ConfigError(f"config.model: {e}") from e
+  tx, schedule = optimizer.create(config.optimizer, config.total_steps,
+                                  model.config.num_layers)
+  return Parts(model, tx, schedule)
+
+
 class Program(NamedTuple):
   """The jitted functions of a run and the shapes and shardings they take."""
   model: nn.Module
@@ -123,13 +144,11 @@ class Program(NamedTuple):
   train_step: Callable   # state, batch -> state, metrics (state donated)
 
 
-def build(config, mesh, num_classes, unroll=False):
-  """Builds the run's program from abstract shapes only: nothing is allocated
-  or compiled until it is first called (or lowered, for a TPU topology).
-  `unroll`: see make_train_step."""
-  model = models.create_from_config(config.model, num_classes)
-  tx, schedule = optimizer.create(config.optimizer, config.total_steps,
-                                  model.config.num_layers)
+def build(config, mesh, built, unroll=False):
+  """Builds the run's program of its Parts `built` from abstract shapes
+  only: nothing is allocated or compiled until it is first called (or
+  lowered, for a TPU topology). `unroll`: see make_train_step."""
+  model, tx, schedule = built
   state_shapes, state_shardings = abstract_state(
       model, tx, config.image_size, config.polyak_decay, mesh)
   batch_shard = sharding.batch_sharding(mesh)
@@ -141,7 +160,7 @@ def build(config, mesh, num_classes, unroll=False):
       sharding.constrained(
           make_train_step(model, tx, schedule, config.accum_steps,
                           config.seed, config.polyak_decay,
-                          targets.Recipe.from_config(config, num_classes),
+                          targets.Recipe.from_config(config, model.num_classes),
                           unroll), mesh),
       in_shardings=(state_shardings, batch_shard),
       out_shardings=(state_shardings, sharding.replicated(mesh)),

@@ -103,10 +103,11 @@ def measured_matmul_flops(size=1024, repeats=3):
 class Throughput:
   """Turns img/s per device into TFLOP/s per device and MFU for the log."""
 
-  def __init__(self, config, num_classes):
-    self.flops_per_image = flops_lib.flops_per_image(
-        config.model, config.image_size, train=True, num_classes=num_classes)
-    self.flops_per_step = self.flops_per_image * config.batch_size
+  def __init__(self, model, image_size, batch_size):
+    """`model`: the run's VisionTransformer, as its program built it."""
+    self.flops_per_image = flops_lib.flops_per_image(model, image_size,
+                                                     train=True)
+    self.flops_per_step = self.flops_per_image * batch_size
     self.peak = None
 
   def metrics(self, img_per_sec_per_device):
