@@ -3,7 +3,7 @@
   python benchmarks/goodput_overhead.py [--steps=100000]
 
 The loop (training/loop.py) switches buckets around each step's input and
-around the evaluators and saves (training/goodput.py): three `counting`
+around the evaluators and saves (training/reporting/goodput.py): three `counting`
 blocks a step, each two reads of the clock, with JAX's compile listener
 registered. This times those three blocks alone, per step, to set beside
 a step's time; nothing in them waits for a device.
@@ -13,7 +13,7 @@ import time
 
 from absl import app, flags
 
-from vit_jax.training import goodput
+from vit_jax.training.reporting import goodput
 
 flags.DEFINE_integer("steps", 100_000, "Steps' worth of bucket switches.")
 

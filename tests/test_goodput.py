@@ -1,4 +1,4 @@
-"""Every second of a run's wall time in one bucket (training/goodput.py),
+"""Every second of a run's wall time in one bucket (training/reporting/goodput.py),
 across restarts: SIGTERM twice, and kill -9 with steps redone."""
 
 import signal
@@ -18,7 +18,7 @@ from tests.util import (
   wait_for_step,
 )
 from vit_jax.runs.workdir import Workdir
-from vit_jax.training import goodput
+from vit_jax.training.reporting import goodput
 
 RUN = {"total_steps": 40, "log_every": 1, "checkpoint_every": 10,
        "evaluators.test.every": 20}

@@ -1,9 +1,9 @@
-"""The progress lines of a run (vit_jax/training/progress.py), on a clock the
+"""The progress lines of a run (vit_jax/training/reporting/progress.py), on a clock the
 test sets."""
 
 import io
 
-from vit_jax.training import progress
+from vit_jax.training.reporting import progress
 
 
 class Clock:

@@ -16,7 +16,8 @@ from absl import flags, logging
 
 from vit_jax import cli
 from vit_jax.cli import shared_flags
-from vit_jax.training import goodput, loop, progress as progress_lib, resolve
+from vit_jax.training import loop, resolve
+from vit_jax.training.reporting import goodput, progress as progress_lib
 
 shared_flags.define_training()
 

@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from vit_jax import paths
-from vit_jax.training import goodput
+from vit_jax.training.reporting import goodput
 
 DPI = 100
 

@@ -16,13 +16,12 @@ from vit_jax.runs import checkpoints, store
 from vit_jax.training import (
   divergence,
   evaluators,
-  goodput,
   polyak,
   preemption,
   reporting,
   step as step_lib,
-  timing,
 )
+from vit_jax.training.reporting import goodput, timing
 
 
 def train_and_evaluate(run, started=None):

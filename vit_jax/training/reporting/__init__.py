@@ -1,4 +1,5 @@
-"""What a run reports while it trains, in one object the loop calls.
+"""What a run reports while it trains, in one object the loop calls: the
+one place a run reports, its parts in this package.
 
 `Report` keeps the run's clocks (timing.py's window of steps, goodput.py's
 buckets of wall time), its count of skipped examples
@@ -15,7 +16,8 @@ from clu import parameter_overview
 
 from vit_jax.data import broken_records
 from vit_jax.runs import writers
-from vit_jax.training import goodput, progress, throughput, timing
+from vit_jax.training import throughput
+from vit_jax.training.reporting import goodput, progress, timing
 
 
 def due(step, every, last_step):
