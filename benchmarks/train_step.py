@@ -79,11 +79,12 @@ def prepared_step(config, num_classes=1000):
 def place(batch_sharding, images, labels):
   """A batch of every row, laid out as the input pipeline lays one out,
   without importing TensorFlow (a GPU image may have none)."""
-  import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  return {name: jax.make_array_from_process_local_data(batch_sharding, value)
-          for name, value in {"image": images, "label": labels,
-                              "mask": np.ones(len(labels), np.float32)}.items()}
+
+  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  return sharding.to_global({"image": images, "label": labels,
+                             "mask": np.ones(len(labels), np.float32)},
+                            batch_sharding)
 
 
 def time_train_step(config, steps, matmul, warmup=2):

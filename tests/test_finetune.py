@@ -193,7 +193,7 @@ def test_polyak_average_follows_the_recurrence(digits_data_dir):
                                 flat(state.params)[POSEMB])
   for _ in range(4):
     state, _ = program.train_step(
-        state, pipeline.to_global(next(batches), program.batch_sharding))
+        state, sharding.to_global(next(batches), program.batch_sharding))
     expected = jax.tree.map(lambda a, p: decay * a + (1 - decay) * p,
                             expected, jax.device_get(state.params))
   average = jax.device_get(state.polyak)

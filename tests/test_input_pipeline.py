@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 from sklearn import datasets as sklearn_datasets, model_selection
 
 from tests.util import stored_examples
-from vit_jax import errors
+from vit_jax import errors, sharding as sharding_lib
 from vit_jax.data import (
   digits,
   pipeline as pipeline_lib,
@@ -388,7 +388,7 @@ def test_to_global_builds_arrays_sharded_over_all_devices():
   batch = {"image": np.arange(16 * 2 * 2 * 3, dtype=np.float32).reshape(
                16, 2, 2, 3),
            "label": tf.range(16, dtype=tf.int32)}
-  arrays = pipeline_lib.to_global(batch, sharding)
+  arrays = sharding_lib.to_global(batch, sharding)
   assert arrays["image"].sharding == sharding
   assert len(arrays["label"].addressable_shards) == 8
   np.testing.assert_array_equal(arrays["image"], batch["image"])

@@ -119,6 +119,7 @@ def poison_step(monkeypatch, at_step):
 def train_steps(program, state, config, num_steps, augment=()):
   """(the losses, the state) after `num_steps` steps of `program` on digits
   batches of `config`'s size."""
+  from vit_jax import sharding
   from vit_jax.data import pipeline as pipeline_lib, sources
   batches = pipeline_lib.train_dataset(sources.lookup("digits",
                                                       config.data_dir),
@@ -128,7 +129,7 @@ def train_steps(program, state, config, num_steps, augment=()):
                                        augment=augment).as_numpy_iterator()
   losses = []
   for _ in range(num_steps):
-    batch = pipeline_lib.to_global(next(batches), program.batch_sharding)
+    batch = sharding.to_global(next(batches), program.batch_sharding)
     state, metrics = program.train_step(state, batch)
     losses.append(float(metrics["train_loss"]))
   return losses, state

@@ -19,6 +19,7 @@ import math
 
 import flax.linen as nn
 import jax
+import numpy as np
 import optax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
@@ -123,6 +124,16 @@ def constrain(x, names):
 def batch_sharding(mesh):
   """Leading (example) dimension split over data and fsdp."""
   return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def to_global(batch, sharding):
+  """{name: this process's rows (numpy or tf)} -> {name: one jax.Array over
+  the mesh}, laid out by `sharding` (batch_sharding: the leading, example
+  axis split); each process passes the rows its devices hold, as the input
+  pipeline yields them."""
+  return {name: jax.make_array_from_process_local_data(sharding,
+                                                       np.asarray(value))
+          for name, value in batch.items()}
 
 
 def replicated(mesh):

@@ -19,8 +19,8 @@ process decodes a batch's rows at once (broken_records.decode_blocks): an
 image that does not decode becomes a masked row, in its place.
 
 Evaluation reads each data-parallel device's share of a split in order,
-from either format. `to_global` assembles each process's rows into arrays
-over all devices. The datasets come as `Source`s (vit_jax/data/sources.py),
+from either format. sharding.to_global assembles each process's rows into
+arrays over all devices. The datasets come as `Source`s (vit_jax/data/sources.py),
 looked up once per run.
 """
 
@@ -309,15 +309,3 @@ def _options():
   # PREFETCH_BATCHES keep the devices fed.
   options.autotune.enabled = False
   return options
-
-
-def to_global(batch: dict, sharding) -> dict:
-  """Per-process rows (numpy or tf) -> global jax.Arrays laid out by sharding.
-
-  `sharding` splits the leading (example) axis only; each process passes the
-  rows its devices hold, as `train_dataset` and `eval_dataset` yield them.
-  """
-  return {
-      name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
-      for name, value in batch.items()
-  }

@@ -1,7 +1,7 @@
 """train_and_evaluate(run): the training loop, start to end.
 
 An image goes: TFDS record -> data/pipeline.py (per-process batch) ->
-`to_global` (one jax.Array over the mesh) -> step.py's `train_step` (jit
+sharding.to_global (one jax.Array over the mesh) -> step.py's `train_step` (jit
 with explicit shardings, donated state) -> metrics.jsonl / TensorBoard
 (reporting.py), with the state saved by orbax every `checkpoint_every`
 steps (runs/checkpoints.py). The run comes resolved (vit_jax/training/resolve.py).
@@ -10,7 +10,7 @@ steps (runs/checkpoints.py). The run comes resolved (vit_jax/training/resolve.py
 import jax
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, sharding
 from vit_jax.data import broken_records, pipeline, shares
 from vit_jax.runs import checkpoints, store
 from vit_jax.training import (
@@ -70,7 +70,7 @@ def train(run, program, accounts):
       for step in range(start_step + 1, total + 1):
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           with report.counting("input"):
-            batch = pipeline.to_global(next(batches), program.batch_sharding)
+            batch = sharding.to_global(next(batches), program.batch_sharding)
           state, metrics = program.train_step(state, batch)
         # Waiting for the previous step keeps at most one step queued behind
         # the running one: the CPU runtime deadlocks its collectives when

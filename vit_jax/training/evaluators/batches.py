@@ -33,7 +33,7 @@ class Batches:
     for batch in broken_records.named(self._rows.as_numpy_iterator(),
                                       f"{source.name} {self._split}",
                                       config.broken_images):
-      yield pipeline.to_global(batch, sharded)
+      yield sharding.to_global(batch, sharded)
 
 
 def scored(name, total, examples):
