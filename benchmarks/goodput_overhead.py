@@ -3,10 +3,10 @@
   python benchmarks/goodput_overhead.py [--steps=100000]
 
 The loop (training/loop.py) switches buckets around each step's input and
-around the evaluators and saves (training/reporting/goodput.py): three `counting`
-blocks a step, each two reads of the clock, with JAX's compile listener
-registered. This times those three blocks alone, per step, to set beside
-a step's time; nothing in them waits for a device.
+around the evaluators and saves (training/reporting/goodput.py): three
+`counting` blocks a step, each two reads of the clock, with JAX's compile
+listener registered. This times those three blocks alone, per step, to set
+beside a step's time; nothing in them waits for a device.
 """
 
 import time

@@ -20,7 +20,8 @@ def get_config():
   config.input_shares = ml_collections.config_dict.placeholder(int)
   # A folder dataset's contents as the run recorded them (a fingerprint of
   # its files): "" takes the folder as it is, and a resume refuses one whose
-  # files changed; naming the new contents allows it (vit_jax/training/resolve.py).
+  # files changed; naming the new contents allows it
+  # (vit_jax/training/resolve.py).
   config.folder_contents = ""
   config.image_size = 0
   # Comma-separated: flip, shift, inception_crop, random_crop (resize to 7/6

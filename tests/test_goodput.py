@@ -1,5 +1,6 @@
-"""Every second of a run's wall time in one bucket (training/reporting/goodput.py),
-across restarts: SIGTERM twice, and kill -9 with steps redone."""
+"""Every second of a run's wall time in one bucket
+(training/reporting/goodput.py), across restarts: SIGTERM twice, and kill
+-9 with steps redone."""
 
 import signal
 import time

@@ -1,5 +1,5 @@
-"""The progress lines of a run (vit_jax/training/reporting/progress.py), on a clock the
-test sets."""
+"""The progress lines of a run (vit_jax/training/reporting/progress.py), on
+a clock the test sets."""
 
 import io
 

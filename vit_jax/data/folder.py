@@ -40,11 +40,11 @@ size, mtime) of its images. Adding, removing or replacing an image therefore
 makes a new config, prepared afresh, rather than reading a stale copy; the
 copies of earlier contents stay in `data_dir` until deleted; each lists
 the files it was made of in FILES, so that a run resumed on a changed folder
-is told which changed (`changed_files`; vit_jax/training/resolve.py refuses it). The
-folder is scanned (one `stat` per entry) each time the dataset is opened.
-A file name that is not UTF-8 is read as its bytes; a folder's must be
-UTF-8, since it names a class. PATH may
-be a local directory (the same on every host of a pod) or a URL
+is told which changed (`changed_files`; vit_jax/training/resolve.py
+refuses it). The folder is scanned (one `stat` per entry) each time the
+dataset is opened. A file name that is not UTF-8 is read as its bytes; a
+folder's must be UTF-8, since it names a class. PATH may be a local
+directory (the same on every host of a pod) or a URL
 (`folder:gs://BUCKET/images`), listed and read through tf.io.gfile; a URL
 is used as given, a local path made absolute.
 """

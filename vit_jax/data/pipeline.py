@@ -20,8 +20,8 @@ image that does not decode becomes a masked row, in its place.
 
 Evaluation reads each data-parallel device's share of a split in order,
 from either format. sharding.to_global assembles each process's rows into
-arrays over all devices. The datasets come as `Source`s (vit_jax/data/sources.py),
-looked up once per run.
+arrays over all devices. The datasets come as `Source`s
+(vit_jax/data/sources.py), looked up once per run.
 """
 
 import jax

@@ -11,9 +11,10 @@ divides input_shares: a run stopped on 8 devices resumes on 4, or on 2 hosts
 of 2, with the batches it would have had.
 
 The count is chosen when a run starts and recorded in its config.json
-(vit_jax/training/resolve.py); a resume keeps it. Unset, it is the data-parallel size of
-the start doubled while the result, up to MAX_SHARES, divides the batch and
-leaves each share MIN_SHARE_EXAMPLES examples:
+(vit_jax/training/resolve.py); a resume keeps it. Unset, it is the
+data-parallel size of the start doubled while the result, up to
+MAX_SHARES, divides the batch and leaves each share MIN_SHARE_EXAMPLES
+examples:
   - MAX_SHARES = 2048 is the core count of a v3-2048, the largest slice, so
     a run may move between any power-of-two v3 slices of pure data
     parallelism (v3-8 to v3-2048); a batch of 4096 has 2 examples per share.

@@ -162,7 +162,8 @@ class Plan:
 
 def build_step(config, devices, classes, unroll=False):
   """(program, batch shapes) of `config`'s step over `devices`: checked
-  (vit_jax/training/resolve.py) and built as a run builds it, nothing compiled yet."""
+  (vit_jax/training/resolve.py) and built as a run builds it, nothing
+  compiled yet."""
   mesh, built = resolve.program(config, devices, classes)
   program = step_lib.build(config, mesh, built, unroll)
   size, batch = config.image_size, config.batch_size

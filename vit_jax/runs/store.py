@@ -3,9 +3,9 @@
 `config.json` in the workdir (read and written by runs/workdir.py) is the
 config of the run. A restart with a config that differs in
 anything but CHANGEABLE_KEYS is refused (`differences_allowed`, called by
-vit_jax/training/resolve.py) before anything in the workdir is written; allowed changes
-are appended to `config_changes.jsonl` and `config.json` is updated
-(`record`).
+vit_jax/training/resolve.py) before anything in the workdir is written;
+allowed changes are appended to `config_changes.jsonl` and `config.json`
+is updated (`record`).
 """
 
 import fnmatch
@@ -23,8 +23,8 @@ from vit_jax import errors, sharding
 # it evaluates and what it recomputes (neither changes what it trains), and
 # the hardware it runs on: the mesh, and the micro-batches that a smaller
 # slice needs to hold the same global batch (vit_jax/data/shares.py keeps
-# the batches). folder_contents: vit_jax/training/resolve.py has refused a change the
-# user did not ask for. fnmatch patterns of dotted keys.
+# the batches). folder_contents: vit_jax/training/resolve.py has refused a
+# change the user did not ask for. fnmatch patterns of dotted keys.
 CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
                    "total_steps", "data_dir", "evaluators.*",
                    "model.remat_policy", "model.attention", "broken_images",

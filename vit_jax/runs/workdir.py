@@ -96,7 +96,8 @@ class Workdir:
     """Replaces metrics.jsonl with `lines` (each ending in a newline)."""
     self._rewrite_lines(METRICS_FILE, lines)
 
-  # time.json: the goodput buckets (training/reporting/goodput.py reads them).
+  # time.json: the goodput buckets (training/reporting/goodput.py reads
+  # them).
 
   def read_time(self):
     """time.json's contents, or None when there is none."""

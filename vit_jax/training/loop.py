@@ -1,10 +1,10 @@
 """train_and_evaluate(run): the training loop, start to end.
 
 An image goes: TFDS record -> data/pipeline.py (per-process batch) ->
-sharding.to_global (one jax.Array over the mesh) -> step.py's `train_step` (jit
-with explicit shardings, donated state) -> metrics.jsonl / TensorBoard
-(reporting.py), with the state saved by orbax every `checkpoint_every`
-steps (runs/checkpoints.py). The run comes resolved (vit_jax/training/resolve.py).
+sharding.to_global (one jax.Array over the mesh) -> step.py's `train_step`
+(jit with explicit shardings, donated state) -> metrics.jsonl / TensorBoard
+(reporting/), with the state saved by orbax every `checkpoint_every` steps
+(runs/checkpoints.py). The run comes resolved (resolve.py).
 """
 
 import jax

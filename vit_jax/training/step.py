@@ -3,9 +3,9 @@
 `parts(config, num_classes)` builds the model and the optimizer, once per
 run (training/resolve.py keeps them in the Run); `build(config, mesh,
 parts)` makes the train state's shapes and shardings from abstract values
-(nothing allocated or compiled), and jits `init` and `train_step` with explicit in and out
-shardings (sharding.py's rules table). The loop (loop.py) and the planner
-(vit_jax/planning) use the same program.
+(nothing allocated or compiled), and jits `init` and `train_step` with
+explicit in and out shardings (sharding.py's rules table). The loop
+(loop.py) and the planner (vit_jax/planning) use the same program.
 """
 
 from typing import Any, Callable, NamedTuple
@@ -123,8 +123,8 @@ class Parts(NamedTuple):
 
 def parts(config, num_classes):
   """The model and the optimizer of `config`, for `num_classes` classes;
-  a ConfigError naming the key where `config.model` or `config.optimizer`
-  cannot be built."""
+  an InputError naming the key where `config.model` (a ConfigError) or
+  `config.optimizer` cannot be built."""
   try:
     model = models.create_from_config(config.model, num_classes)
   except errors.InputError as e:
