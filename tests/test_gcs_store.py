@@ -123,16 +123,19 @@ def test_tensorboard_writer(gcs_bucket):
   logdir = f"{gcs_bucket}/tensorboard"
   writer = writers.TensorBoardWriter(logdir)
   writer.write_scalars(1, {"loss": 0.5})
-  writer.write_scalars(2, {"loss": 0.25})
+  writer.write_scalars(2, {"loss": 0.25, "accuracy": 1.0})
   writer.flush()
   events = tf.io.gfile.glob(f"{logdir}/events.out.tfevents.*")
   assert len(events) == 1
-  steps = []
+  rows = []
   for record in tf.compat.v1.train.summary_iterator(events[0]):
     for value in record.summary.value:
-      if value.tag == "loss":
-        steps.append(record.step)
-  assert steps == [1, 2]
+      # As tf.summary.scalar writes them: TensorBoard's scalar dashboard
+      # shows them.
+      assert value.metadata.plugin_data.plugin_name == "scalars"
+      rows.append((record.step, value.tag,
+                   tf.make_ndarray(value.tensor).item()))
+  assert rows == [(1, "loss", 0.5), (2, "loss", 0.25), (2, "accuracy", 1.0)]
   assert gcs.list_objects(logdir) == [
       "tensorboard/", events[0].removeprefix(f"{gcs_bucket}/")]
 
