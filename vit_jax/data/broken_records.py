@@ -55,8 +55,11 @@ def decode_blocks(shares, block_size, decode, index):
   is negative and is not decoded).
   """
   # Traced once, for both passes: tracing a decode costs a tenth of a
-  # second.
-  @tf.function
+  # second. No function of the pipeline is left to AutoGraph, which would
+  # rewrite its source at each trace (2 of a short run's 17 seconds,
+  # docs/input_pipeline.md): each is traced as written, its branches
+  # tf.cond, its loops over Python values.
+  @tf.function(autograph=False)
   def decoded(*example):
     return {**decode(*example), "mask": tf.constant(1.0),
             "index": tf.cast(index(*example), tf.int32)}
@@ -64,16 +67,19 @@ def decode_blocks(shares, block_size, decode, index):
   shapes = decoded.get_concrete_function(
       *shares[0].element_spec).structured_outputs
 
+  @tf.autograph.experimental.do_not_convert
   def broken(*example):
     return {**{key: tf.zeros(value.shape, value.dtype)
                for key, value in shapes.items()},
             "mask": tf.constant(0.0),
             "index": tf.cast(index(*example), tf.int32)}
 
+  @tf.autograph.experimental.do_not_convert
   def row(*example):
     return tf.cond(index(*example) >= 0, lambda: decoded(*example),
                    lambda: broken(*example))
 
+  @tf.autograph.experimental.do_not_convert
   def one_by_one(*example):
     # ignore_errors here sees only this example's decoding, never a read
     # error of the records upstream, which must still stop the run.
@@ -83,6 +89,7 @@ def decode_blocks(shares, block_size, decode, index):
 
   size = block_size * len(shares)
 
+  @tf.autograph.experimental.do_not_convert
   def block(*windows):
     # Windows hold their examples without copying them, and can be read
     # twice: at once, then one by one if some image fails.

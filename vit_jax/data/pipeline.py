@@ -32,6 +32,7 @@ from absl import logging
 
 from vit_jax import errors
 from vit_jax.data import broken_records, preprocess, random_access
+from vit_jax.data.random_access import as_written
 
 PREFETCH_BATCHES = 2
 # Records a process holds to shuffle, over all the shares it reads: a share
@@ -94,7 +95,7 @@ def train_dataset(source, split, *, batch_size, image_size, augment=(),
     rows = random_access.stream(
         records, seed=seed, batch_size=batch_size, start_step=start_step,
         rows=(shares[0] * block, (shares[-1] + 1) * block)).map(
-            lambda position, record: (key, position, record))
+            as_written(lambda position, record: (key, position, record)))
   else:
     rows = _streamed_rows(source, split, seed, start_step, block, shares,
                           num_shares, shuffle_records)
@@ -129,11 +130,13 @@ def _streamed_rows(source, split, seed, start_step, block, shares,
   if hint and jax.process_index() == 0:
     logging.warning(hint)
 
+  @as_written
   def share_stream(share):
     size = table.size(share)
     key = tf.stack([tf.constant(seed, tf.int64), share])
     records = table.records(share)
 
+    @as_written
     def epoch(number):
       # Each epoch shuffles with its own seed, a function of (seed, share,
       # epoch), so that any epoch can be built directly.
@@ -148,7 +151,8 @@ def _streamed_rows(source, split, seed, start_step, block, shares,
     examples = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch)
     examples = examples.enumerate(start=first_epoch * size)
     examples = examples.skip(first - first_epoch * size)
-    return examples.map(lambda position, record: (key, position, record))
+    return examples.map(
+        as_written(lambda position, record: (key, position, record)))
 
   # The shares' reading overlaps.
   return tf.data.Dataset.range(shares[0], shares[-1] + 1).interleave(
@@ -198,6 +202,7 @@ def eval_dataset(source, split, *, batch_size, image_size, shares=(0,),
   table = _ShareTable(source, split, num_shares)
   num_blocks = -(-max(table.sizes) // block)  # Ceiling division.
 
+  @as_written
   def slim(index, example):
     # What evaluation reads of a record, in shapes that padding can take.
     return index, {"image": example[source.image_key],
@@ -259,15 +264,16 @@ class _ShareTable:
   def examples(self, share):
     """The examples of share `share` (an int or a scalar tensor) of TFRecord
     files in file order, the image left encoded."""
+    @as_written
     def read(filename, skip, take):
       return tf.data.TFRecordDataset(
           filename, buffer_size=READ_BUFFER_BYTES).skip(skip).take(take)
 
     pieces = tf.data.Dataset.from_tensor_slices(
         (self._files[share], self._skips[share], self._takes[share]))
-    records = pieces.filter(lambda f, skip, take: take > 0).flat_map(read)
-    return records.map(
-        lambda record: random_access.encoded_example(self.source, record))
+    records = pieces.filter(as_written(lambda f, skip, take: take > 0))
+    return records.flat_map(read).map(as_written(
+        lambda record: random_access.encoded_example(self.source, record)))
 
   def records(self, share):
     """(position in the split, example) of share `share`'s examples; share
@@ -275,8 +281,8 @@ class _ShareTable:
     if self.random is not None:
       start = int(self.offsets[share])
       return self.random.range(start, start + self.sizes[share])
-    examples = self.examples(share).map(
-        lambda example: random_access.with_fixed_image(self.source, example))
+    examples = self.examples(share).map(as_written(
+        lambda example: random_access.with_fixed_image(self.source, example)))
     return examples.enumerate(start=tf.gather(self._offsets, share))
 
 

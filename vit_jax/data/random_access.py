@@ -34,6 +34,10 @@ from vit_jax import errors
 SHUFFLE_ROUNDS = 4
 # Records a reading call asks for at once when reading a range (evaluation).
 READ_CHUNK = 256
+# What every function handed to tf.data here and in pipeline.py is traced
+# as: as written, not rewritten by AutoGraph (broken_records.decode_blocks
+# says why).
+as_written = tf.autograph.experimental.do_not_convert
 
 
 def readable(source) -> bool:
@@ -96,8 +100,8 @@ class Records:
   def range(self, start, stop) -> tf.data.Dataset:
     """(index, example) of the records start..stop-1, in order."""
     return tf.data.Dataset.range(start, stop).batch(READ_CHUNK).map(
-        lambda indices: (indices, self.at(indices))).unbatch().map(
-            lambda index, record: (index, self.parse(record)))
+        as_written(lambda indices: (indices, self.at(indices)))).unbatch(
+        ).map(as_written(lambda index, record: (index, self.parse(record))))
 
   def at(self, indices):
     """The serialized records at `indices` (an int64 tensor), in a tf.data
@@ -134,6 +138,7 @@ def stream(records, *, seed, batch_size, rows, start_step):
   first, stop = rows
   offsets = tf.range(first, stop, dtype=tf.int64)
 
+  @as_written
   def read(step):
     positions = step * batch_size + offsets
     indices = tf.ensure_shape(tf.py_function(order, [positions], tf.int64),
@@ -143,5 +148,5 @@ def stream(records, *, seed, batch_size, rows, start_step):
   # Two batches read at once: the next one's reads overlap this one's.
   steps = tf.data.Dataset.range(start_step, 2**62)
   return steps.map(read, num_parallel_calls=2, deterministic=True).unbatch(
-  ).map(lambda position, index, record: (position,
-                                         (index, records.parse(record))))
+  ).map(as_written(lambda position, index, record: (
+      position, (index, records.parse(record)))))
