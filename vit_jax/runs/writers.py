@@ -29,7 +29,6 @@ from tensorboard.util import tensor_util
 from vit_jax.runs import failures
 from vit_jax.runs.workdir import Workdir
 
-
 # What marks a summary value as a scalar for TensorBoard's scalar dashboard.
 _SCALAR = scalar_metadata.create_summary_metadata(display_name=None,
                                                   description=None)
