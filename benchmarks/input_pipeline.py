@@ -170,7 +170,7 @@ def grain_batches(source, threads):
   from vit_jax.data import preprocess, random_access
   records = random_access.Records(source, "train")
   order = random_access.Order(records.size, seed=0)
-  names = preprocess.parse_augmentations(FLAGS.augment)
+  names = preprocess.augmentation(FLAGS.augment).names
 
   @tf.function(input_signature=[tf.TensorSpec([], tf.string),
                                  tf.TensorSpec([], tf.int64)])
@@ -224,7 +224,7 @@ def record_bytes(source):
 
 
 def measure(data_dir):
-  from vit_jax.data import pipeline as pipeline_lib
+  from vit_jax.data import pipeline as pipeline_lib, preprocess
   readers = both_formats(data_dir)
   root = write_images(data_dir, FLAGS.num_images, FLAGS.noise)
   sizes = [os.path.getsize(os.path.join(folder, name))
@@ -235,8 +235,8 @@ def measure(data_dir):
     return pipeline_lib.train_dataset(readers[reader], "train",
                                       batch_size=FLAGS.batch_size,
                                       image_size=FLAGS.image_size,
-                                      augment=FLAGS.augment,
-                                      randaugment=randaugment,
+                                      augmentation=preprocess.augmentation(
+                                          FLAGS.augment, randaugment),
                                       shares=tuple(range(FLAGS.num_shares)),
                                       num_shares=FLAGS.num_shares)
 

@@ -34,11 +34,12 @@ FLAGS = flags.FLAGS
 
 
 def seconds_to_first_batch(source, step):
-  from vit_jax.data import pipeline
+  from vit_jax.data import pipeline, preprocess
   start = time.perf_counter()
   batches = pipeline.train_dataset(
       source, "train", batch_size=FLAGS.batch_size,
-      image_size=FLAGS.image_size, augment=FLAGS.augment, start_step=step,
+      image_size=FLAGS.image_size,
+      augmentation=preprocess.augmentation(FLAGS.augment), start_step=step,
       shares=tuple(range(FLAGS.num_shares)), num_shares=FLAGS.num_shares)
   next(iter(batches))
   return time.perf_counter() - start

@@ -22,7 +22,7 @@ from tests.util import (
   small_config,
 )
 from vit_jax import errors
-from vit_jax.data import conversion, pipeline, sources
+from vit_jax.data import conversion, pipeline, preprocess, sources
 from vit_jax.training import step as step_lib
 
 # Positions in each split of the prepared digits whose image bytes are
@@ -100,7 +100,8 @@ def one_epoch(data_dir):
                                    "train[:256]",
                                    batch_size=32,
                                    image_size=8,
-                                   augment="flip",
+                                   augmentation=preprocess.augmentation(
+                                       "flip"),
                                    shares=range(4),
                                    num_shares=4)
   rows = list(batches.take(8).as_numpy_iterator())

@@ -14,7 +14,7 @@ from tests.test_train import compiles_during
 from tests.util import mocked_tfds, randomize, run_training, small_config
 from vit_jax import sharding
 from vit_jax.data import preprocess, sources
-from vit_jax.training import evaluators, resolve, step as step_lib
+from vit_jax.training import evaluators, resolve, settings, step as step_lib
 from vit_jax.training.evaluators import fewshot, real
 
 # --- ReaL ---------------------------------------------------------------------
@@ -85,8 +85,9 @@ def test_real_evaluator_scores_the_sets_of_every_image(real_validation):
   params = randomize(program.init(jax.random.key(0)).params, scale=1.0)
   # Predictions among classes 0-7, where the sets are: some right, some not.
   params["head"]["bias"][8:] = -100.0
-  resolved = resolve.Run(config, None, mesh, sources.Sources(
-      config.dataset, config.data_dir), {}, built)
+  resolved = resolve.Run(
+      config, settings.of(config), preprocess.Augmentation(), None, mesh,
+      sources.Sources(config.dataset, config.data_dir), {}, built)
   got = evaluators.Evaluators(resolved, program).run_all(
       jax.device_put(params, program.state_shardings.params))
   pixels = np.stack([preprocess.eval_resize(preprocess.decode(image), 8)
@@ -160,7 +161,9 @@ def run_evaluators(config, params=None):
   state = program.init(jax.random.key(0))
   params = randomize(state.params) if params is None else params
   params = jax.device_put(params, program.state_shardings.params)
-  resolved = resolve.Run(config, None, mesh, data, {}, built)
+  resolved = resolve.Run(config, settings.of(config),
+                         preprocess.Augmentation(), None, mesh, data, {},
+                         built)
   return program, params, evaluators.Evaluators(resolved, program).run_all(
       params)
 

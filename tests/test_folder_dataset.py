@@ -18,7 +18,7 @@ from tests.util import (
   stored_examples,
 )
 from vit_jax import errors
-from vit_jax.data import folder, pipeline as pipeline_lib, sources
+from vit_jax.data import folder, pipeline as pipeline_lib, preprocess, sources
 
 CLASSES = ["apple", "banana", "cherry"]
 # (split, class, file name, (height, width), mode): every image a solid
@@ -185,7 +185,8 @@ def test_train_batches_are_rgb_in_range_with_random_crop(split_layout):
                                  "train",
                                  batch_size=7,
                                  image_size=6,
-                                 augment="random_crop,flip",
+                                 augmentation=preprocess.augmentation(
+                                     "random_crop,flip"),
                                  seed=1).take(2).as_numpy_iterator())
   for batch in batches:
     assert batch["image"].shape == (7, 6, 6, 3)

@@ -24,8 +24,9 @@ def take(dataset, num_batches):
   return list(dataset.take(num_batches).as_numpy_iterator())
 
 
-def train_batches(data_dir, num_batches, **overrides):
-  kwargs = dict(batch_size=32, image_size=8)
+def train_batches(data_dir, num_batches, augment="", **overrides):
+  kwargs = dict(batch_size=32, image_size=8,
+                augmentation=preprocess.augmentation(augment))
   kwargs.update(overrides)
   return take(pipeline_lib.train_dataset(sources.lookup("digits", data_dir),
                                          "train", **kwargs), num_batches)
@@ -334,13 +335,9 @@ def test_resize_to_16_is_bilinear_and_aligned(digits_data_dir):
                              atol=0.5 + 1e-9)
 
 
-def test_unknown_augmentation_is_named(digits_data_dir):
-  with pytest.raises(errors.InputError, match="'rotate'"):
-    pipeline_lib.train_dataset(sources.lookup("digits", digits_data_dir),
-                               "train",
-                               batch_size=8,
-                               image_size=8,
-                               augment="flip,rotate")
+def test_unknown_augmentation_is_named():
+  with pytest.raises(errors.InputError, match="augment: .*'rotate'"):
+    preprocess.augmentation("flip,rotate")
 
 
 def test_unknown_dataset_is_named(tmp_path):
@@ -625,7 +622,8 @@ def test_train_batches_of_jpegs_are_those_of_a_full_decode(tmp_path,
                                    "train",
                                    batch_size=8,
                                    image_size=32,
-                                   augment="inception_crop,flip",
+                                   augmentation=preprocess.augmentation(
+                                       "inception_crop,flip"),
                                    seed=4,
                                    shares=(0, 1),
                                    num_shares=2), 3)

@@ -9,7 +9,13 @@ import pytest
 
 from tests.util import small_disk
 from vit_jax import errors
-from vit_jax.data import conversion, pipeline, random_access, sources
+from vit_jax.data import (
+  conversion,
+  pipeline,
+  preprocess,
+  random_access,
+  sources,
+)
 
 # 1,024 records in batches of 64: an epoch is 16 batches. Streamed in 16
 # shares with a window of 5 of each share's 64 records, the ratio of
@@ -102,8 +108,8 @@ def test_a_converted_tfrecord_dataset_reads_the_same_records_at_random(
   # converted copy are those of digits prepared as ArrayRecord.
   for got, want in zip(indices(out, 20), indices(digits_data_dir, 20)):
     np.testing.assert_array_equal(got, want)
-  same = dict(batch_size=BATCH, image_size=8, augment="flip", seed=3,
-              start_step=40)
+  same = dict(batch_size=BATCH, image_size=8, seed=3, start_step=40,
+              augmentation=preprocess.augmentation("flip"))
   got = next(pipeline.train_dataset(converted, "train", **same)
              .as_numpy_iterator())
   want = next(pipeline.train_dataset(sources.lookup("digits", digits_data_dir),

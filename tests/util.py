@@ -120,13 +120,14 @@ def train_steps(program, state, config, num_steps, augment=()):
   """(the losses, the state) after `num_steps` steps of `program` on digits
   batches of `config`'s size."""
   from vit_jax import sharding
-  from vit_jax.data import pipeline as pipeline_lib, sources
+  from vit_jax.data import pipeline as pipeline_lib, preprocess, sources
   batches = pipeline_lib.train_dataset(sources.lookup("digits",
                                                       config.data_dir),
                                        "train",
                                        batch_size=config.batch_size,
                                        image_size=config.image_size,
-                                       augment=augment).as_numpy_iterator()
+                                       augmentation=preprocess.augmentation(
+                                           augment)).as_numpy_iterator()
   losses = []
   for _ in range(num_steps):
     batch = sharding.to_global(next(batches), program.batch_sharding)

@@ -54,16 +54,17 @@ _FOREVER = 2**62  # Epochs in an "infinite" stream.
 WHOLE_SPLIT = -1
 
 
-def train_dataset(source, split, *, batch_size, image_size, augment=(),
-                  randaugment="", seed=0, start_step=0, shares=(0,),
-                  num_shares=1,
+def train_dataset(source, split, *, batch_size, image_size,
+                  augmentation=preprocess.Augmentation(), seed=0,
+                  start_step=0, shares=(0,), num_shares=1,
                   shuffle_records=SHUFFLE_RECORDS) -> tf.data.Dataset:
   """Infinite, reproducible stream of this process's rows of every batch.
 
   The global batch of `batch_size` examples is `num_shares` equal blocks,
   and a process yields the blocks `shares` (the consecutive shares of the
   devices it drives) concatenated: {"image": uint8 [rows, image_size,
-  image_size, 3] (preprocess.py; `randaugment` "N,M" after the resize),
+  image_size, 3] (preprocess.py: `augmentation`, RandAugment's after the
+  resize),
   "label": int32 [rows], "mask": float32 [rows], "index": int32 [rows]},
   rows = batch_size / num_shares * len(shares). "mask" is 0.0 for an
   example whose image does not decode, a row of zeros, and "index" is each
@@ -84,8 +85,6 @@ def train_dataset(source, split, *, batch_size, image_size, augment=(),
   (TFRecord: the epoch of `start_step` is computed rather than replayed,
   and only its records before the position are read, not decoded).
   """
-  names = preprocess.parse_augmentations(augment)
-  preprocess.parse_randaugment(randaugment)  # Its error, before reading.
   block = _block_size(batch_size, image_size, shares, num_shares)
   source.num_examples(split)  # A missing split's error.
   if random_access.readable(source):
@@ -104,10 +103,12 @@ def train_dataset(source, split, *, batch_size, image_size, augment=(),
     # Seeded by the example's position in its stream: the same pixels
     # wherever the run (re)started, whoever reads it.
     example_seed = tf.random.experimental.stateless_fold_in(key, position)
-    image = preprocess.decode_and_augment(record[1][source.image_key], names,
-                                          example_seed, image_size)
+    image = preprocess.decode_and_augment(record[1][source.image_key],
+                                          augmentation.names, example_seed,
+                                          image_size)
     image = preprocess.resize(image, image_size)
-    return {"image": preprocess.randaugment(image, randaugment, example_seed),
+    return {"image": preprocess.randaugment(image, augmentation,
+                                            example_seed),
             "label": source.label(record[1])}
 
   return _prefetched(broken_records.decode_blocks(

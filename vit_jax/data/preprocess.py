@@ -36,6 +36,8 @@ to round(image_size / f) and takes the central image_size square (the
 ImageNet-style f = 0.875: 256 -> 224); see `eval_resize`.
 """
 
+import dataclasses
+
 import tensorflow as tf
 
 from vit_jax import errors
@@ -191,17 +193,29 @@ AUGMENTATIONS = {
 }
 
 
-def parse_augmentations(augment):
-  """("flip", "shift") or "flip,shift" (or empty) -> tuple of checked names."""
+@dataclasses.dataclass(frozen=True)
+class Augmentation:
+  """What training does to each image, parsed and checked once
+  (`augmentation`): the named augmentations in order (AUGMENTATIONS), then
+  RandAugment's `layers` ops at `magnitude` (0 layers: none)."""
+  names: tuple = ()
+  layers: int = 0
+  magnitude: float = 0.0
+
+
+def augmentation(augment="", randaugment=""):
+  """The Augmentation of `augment` ("flip,shift", a tuple of names, or
+  empty) and `randaugment` ("N,M", or "" for none); an InputError starts
+  with the argument that is wrong."""
   if isinstance(augment, str):
     augment = augment.split(",")
   names = tuple(name.strip() for name in augment if name.strip())
   for name in names:
     if name not in AUGMENTATIONS:
       raise errors.InputError(
-          f"unknown augmentation {name!r}: expected names from "
+          f"augment: unknown augmentation {name!r}: expected names from "
           f"{sorted(AUGMENTATIONS)}")
-  return names
+  return Augmentation(names, *_parse_randaugment(randaugment))
 
 
 def augment_image(image, names, seed, image_size, done=0):
@@ -237,7 +251,7 @@ def decode_and_augment(encoded, names, seed, image_size):
 RANDAUGMENT_STREAM = 0x7261  # "ra"
 
 
-def parse_randaugment(spec):
+def _parse_randaugment(spec):
   """"N,M" -> (N, M): N ops an image at magnitude M; "" -> (0, 0.0)."""
   if not spec:
     return 0, 0.0
@@ -253,11 +267,11 @@ def parse_randaugment(spec):
   return layers, magnitude
 
 
-def randaugment(image, spec, seed):
-  """RandAugment as `spec` ("N,M") says, with a seed folded off the
-  example's `seed`; the image as it is for ""."""
-  layers, magnitude = parse_randaugment(spec)
-  if not layers:
+def randaugment(image, augmentation, seed):
+  """RandAugment as `augmentation` (an Augmentation) says, with a seed
+  folded off the example's `seed`; the image as it is for none."""
+  if not augmentation.layers:
     return image
   seed = tf.random.experimental.stateless_fold_in(seed, RANDAUGMENT_STREAM)
-  return randaugment_lib.randaugment(image, seed, layers, magnitude)
+  return randaugment_lib.randaugment(image, seed, augmentation.layers,
+                                     augmentation.magnitude)

@@ -50,8 +50,9 @@ def train_and_evaluate(run, started=None):
 
 def train(run, program, accounts):
   """The loop itself: steps, evaluations and saves from the latest step."""
-  config, total = run.config, run.config.total_steps
-  manager = run.workdir.checkpoint_manager(config.keep_checkpoints)
+  config, keys = run.config, run.settings
+  total = keys.total_steps
+  manager = run.workdir.checkpoint_manager(keys.keep_checkpoints)
   state, saved, resumed = resume_or_start(manager, program, config, accounts)
   store.record(config, run.workdir, {
       **run.changes, **store.devices_change(saved.get("mesh"), run.mesh)})
@@ -79,8 +80,8 @@ def train(run, program, accounts):
           ensure_finite(previous, step - 1, restored_at)
         previous = metrics
         stopping = stop_requested(step)
-        log_now = stopping or reporting.due(step, config.log_every, total)
-        save_now = stopping or reporting.due(step, config.checkpoint_every,
+        log_now = stopping or reporting.due(step, keys.log_every, total)
+        save_now = stopping or reporting.due(step, keys.checkpoint_every,
                                              total)
         if log_now or save_now or evaluate.any_due(step):
           ensure_finite(metrics, step, restored_at)
@@ -109,7 +110,7 @@ def report_finished(run, program):
   results on it and the core-days the run cost, else None (train, and set
   a damaged one aside then). Reads the workdir and writes nothing."""
   newest = max(run.workdir.checkpoint_steps(), default=0)
-  if newest < run.config.total_steps:
+  if newest < run.settings.total_steps:
     return None
   manager = run.workdir.checkpoint_reader()
   restored = checkpoints.restore_if_whole(manager, newest,
@@ -139,16 +140,15 @@ def resume_or_start(manager, program, config, accounts):
 def train_batches(run, start_step):
   """This process's share of each global batch, from `start_step` on; the
   log names the first broken images (broken_records.named)."""
-  config = run.config
+  keys = run.settings
   batches = pipeline.train_dataset(
-      run.source, config.train_split, batch_size=config.batch_size,
-      image_size=config.image_size, augment=config.augment,
-      randaugment=config.randaugment, seed=config.seed,
-      start_step=start_step,
-      shares=shares.process_shares(run.mesh, config.input_shares),
-      num_shares=config.input_shares).as_numpy_iterator()
-  return broken_records.named(batches, f"{config.dataset} "
-                              f"{config.train_split}", config.broken_images)
+      run.source, keys.train_split, batch_size=keys.batch_size,
+      image_size=keys.image_size, augmentation=run.augmentation,
+      seed=keys.seed, start_step=start_step,
+      shares=shares.process_shares(run.mesh, keys.input_shares),
+      num_shares=keys.input_shares).as_numpy_iterator()
+  return broken_records.named(batches, f"{keys.dataset} {keys.train_split}",
+                              keys.broken_images)
 
 
 def ensure_finite(metrics, step, resumed_at=None):

@@ -28,7 +28,6 @@ checkpoint, no workdir).
 """
 
 import dataclasses
-import numbers
 
 import ml_collections
 from jax.sharding import Mesh
@@ -36,7 +35,7 @@ from jax.sharding import Mesh
 from vit_jax import errors, sharding
 from vit_jax.data import preprocess, shares, sources
 from vit_jax.runs import store, workdir as workdir_lib
-from vit_jax.training import evaluators, step, targets
+from vit_jax.training import evaluators, settings, step, targets
 from vit_jax.weights import pretrained
 
 
@@ -45,6 +44,8 @@ class Run:
   """What every part of a training run is told."""
   config: ml_collections.ConfigDict  # checked; function options and
   #                                     input_shares filled in
+  settings: settings.Settings  # the config's keys, typed
+  augmentation: preprocess.Augmentation  # what training does to an image
   workdir: workdir_lib.Workdir
   mesh: Mesh
   sources: sources.Sources  # its datasets, each looked up once
@@ -67,7 +68,7 @@ def run(config, workdir, devices=None):
   workdir = workdir_lib.Workdir(workdir)
   recorded = workdir.read_config() if workdir.has_run() else None
   config = pretrained.with_source(config, recorded)  # The run's own copy.
-  check_values(config)
+  checked, augmentation = check_values(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   data = sources.Sources(config.dataset, config.data_dir)
   with config.unlocked():
@@ -77,7 +78,10 @@ def run(config, workdir, devices=None):
   with config.unlocked():
     config.input_shares = input_shares(config, recorded, mesh, data)
   changes = store.differences_allowed(config, recorded, workdir)
-  return Run(config, workdir, mesh, data, changes, built)
+  checked = dataclasses.replace(checked, input_shares=config.input_shares,
+                                folder_contents=config.folder_contents)
+  return Run(config, checked, augmentation, workdir, mesh, data, changes,
+             built)
 
 
 def program(config, devices=None, num_classes=1):
@@ -90,46 +94,10 @@ def program(config, devices=None, num_classes=1):
   return mesh, check_program(config, mesh, num_classes)
 
 
-# Keys whose value must be a whole number of at least the given size
-# (input_shares may also be unset: None).
-_AT_LEAST = {
-    "input_shares": 1,
-    "image_size": 1,
-    "batch_size": 1,
-    "total_steps": 1,
-    "accum_steps": 1,
-    "log_every": 1,
-    "checkpoint_every": 1,
-    "keep_checkpoints": 1,
-    "optimizer.warmup_steps": 0
-}
-# Keys whose value must be a number in [low, high) (high None: no bound).
-_IN_RANGE = {"polyak_decay": (0.0, 1.0), "optimizer.learning_rate": (0.0, None),
-             "optimizer.weight_decay": (0.0, None),
-             "optimizer.grad_clip_norm": (0.0, None),
-             "optimizer.b1": (0.0, 1.0), "optimizer.b2": (0.0, 1.0),
-             "optimizer.momentum": (0.0, 1.0),
-             "model.dropout_rate": (0.0, 1.0),
-             "model.attention_dropout_rate": (0.0, 1.0)}
-
-
 def check_values(config):
-  """Every value that can be checked on its own, each naming its key."""
-  for key, low in _AT_LEAST.items():
-    value = _get(config, key)
-    if key == "input_shares" and value is None:
-      continue
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
-        value < low):
-      raise errors.ConfigError(
-          f"config.{key} must be a whole number >= {low}, got {value!r}")
-  for key, (low, high) in _IN_RANGE.items():
-    value = _get(config, key)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
-        not low <= value or (high is not None and not value < high)):
-      bound = f"in [{low}, {high})" if high is not None else f">= {low}"
-      raise errors.ConfigError(
-          f"config.{key} must be a number {bound}, got {value!r}")
+  """Every value that can be checked on its own, each naming its key:
+  (the config's Settings, its Augmentation)."""
+  checked = settings.of(config)
   if not config.dataset:
     raise errors.ConfigError("config.dataset is empty: name a TFDS dataset, "
                              "'digits' or folder:PATH")
@@ -138,20 +106,11 @@ def check_values(config):
   except errors.InputError as e:
     raise errors.ConfigError(f"config.{e}") from e  # It names the key.
   try:
-    preprocess.parse_augmentations(config.augment)
-  except errors.InputError as e:
-    raise errors.ConfigError(f"config.augment: {e}") from e
-  try:
-    preprocess.parse_randaugment(config.randaugment)
+    augmentation = preprocess.augmentation(config.augment, config.randaugment)
   except errors.InputError as e:
     raise errors.ConfigError(f"config.{e}") from e  # It names the key.
   targets.check(config)
-
-
-def _get(config, dotted):
-  for part in dotted.split("."):
-    config = config[part]
-  return config
+  return checked, augmentation
 
 
 def check_program(config, mesh, num_classes):

@@ -1,0 +1,261 @@
+"""Every config key in one place: its default, its type, its bounds and a
+line on what it means.
+
+A config file stays an ml-collections ConfigDict (configs/base.py is
+`defaults()`, and `--config.KEY=VALUE` sets any key); `of(config)` turns a
+complete one into `Settings`, frozen dataclasses whose fields are the keys,
+checking each bounded value on the way, a slip named by its key. What
+needs more than the value to check (a dataset's splits, the mesh, an
+augmentation's name) is checked where it is used (training/resolve.py).
+
+README's "Config keys" table names every key here, and every key has a
+description (tests/test_readme.py).
+"""
+
+import copy
+import dataclasses
+import numbers
+import types
+from typing import Optional
+
+import ml_collections
+
+from vit_jax import errors
+
+
+def key(default, description, *, at_least=None, below=None):
+  """A field of a config section: `default`, a one-line `description`, and
+  for a number, its bounds: `at_least` (inclusive) and `below` (exclusive;
+  None: none)."""
+  metadata = {"description": description, "at_least": at_least,
+              "below": below}
+  if isinstance(default, dict):
+    return dataclasses.field(default_factory=lambda: copy.deepcopy(default),
+                             metadata=metadata)
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def section(make, description):
+  """A field holding a nested section, `make()` its defaults."""
+  return dataclasses.field(default_factory=make,
+                           metadata={"description": description})
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """config.model: `name` and any override of models.create's fields (the
+  sizes too, for small models: README, "Models"). The options a checkpoint
+  fixes are None here: init_from's, else the paper's ViT."""
+  name: str = key("", 'a size of Table 1, "B/16", or a hybrid, "R50+B/16"')
+  classifier: Optional[str] = key(
+      None, '"token", "gap" or "map"; unset: init_from\'s, else "token"')
+  representation_size: Optional[int] = key(
+      None, "a tanh pre-logits layer of this width (pre-training); unset: none")
+  dropout_rate: float = key(0.0, "dropout after the position embedding, in "
+                            "the MLPs and on the residual branches",
+                            at_least=0.0, below=1.0)
+  attention_dropout_rate: float = key(
+      0.0, "dropout on the attention weights", at_least=0.0, below=1.0)
+  dtype: str = key("float32", "what the model computes in: float32 or "
+                   "bfloat16")
+  remat_policy: str = key("", "what each block's backward keeps, the rest "
+                          "recomputed (models.REMAT_POLICIES); '': all")
+  scan_layers: bool = key(False, "one block applied by nn.scan, its params "
+                          "stacked: one block compiled, not num_layers")
+  attention: str = key("einsum", '"einsum" (its weights kept for figures) '
+                       'or "fused" (cuDNN\'s kernel on NVIDIA GPUs)')
+  posemb: str = key("learn", '"learn", "learn2d", "sincos2d" or "none" '
+                    "(Appendix D.4)")
+  mpp: bool = key(False, "pre-train by masked patch prediction "
+                  "(configs/mpp.py)")
+  layer_norm_epsilon: Optional[float] = key(
+      None, "the LayerNorms' epsilon; unset: init_from's, else 1e-6")
+  gelu: Optional[str] = key(
+      None, '"tanh" or "exact"; unset: init_from\'s, else "tanh"')
+  final_norm: Optional[str] = key(
+      None, '"tokens" or "pooled"; unset: init_from\'s, else "tokens"')
+  head_bias_init: float = key(
+      0.0, "the head's initial bias (-10 starts a sigmoid loss with every "
+      "class improbable)")
+  layer_scale: Optional[float] = key(
+      None, "the initial value of a per-channel scale on each residual "
+      "branch; unset: init_from's, else none")
+  num_registers: Optional[int] = key(
+      None, "register tokens after the class token; unset: init_from's, "
+      "else 0")
+  qk_norm: Optional[bool] = key(
+      None, "a LayerNorm over each head's queries and keys; unset: "
+      "init_from's, else off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+  """config.optimizer (training/optimizer.py)."""
+  name: str = key("", "adam or sgd")
+  learning_rate: float = key(0.0, "the peak learning rate", at_least=0.0)
+  warmup_steps: int = key(0, "steps of linear warm-up from 0", at_least=0)
+  decay: str = key("", "after the warm-up: linear or cosine to 0; '': "
+                   "constant")
+  weight_decay: float = key(0.0, "decoupled weight decay, of the kernels "
+                            "only", at_least=0.0)
+  grad_clip_norm: float = key(0.0, "the global gradient norm clipped to "
+                              "(0: none)", at_least=0.0)
+  b1: float = key(0.9, "Adam's first-moment decay", at_least=0.0, below=1.0)
+  b2: float = key(0.999, "Adam's second-moment decay", at_least=0.0,
+                  below=1.0)
+  momentum: float = key(0.9, "SGD's momentum", at_least=0.0, below=1.0)
+  layer_decay: float = key(1.0, "block i of L learns at layer_decay^(L - i) "
+                           "of the rate (1: off)")
+  lr_mults: tuple = key((), "((regex, multiplier), ...): the rates of the "
+                        "parameters each regex matches")
+  frozen: str = key("", "a regex of parameters not trained, with no "
+                    "optimizer state")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mix:
+  """config.mixup and config.cutmix (training/targets.py)."""
+  prob: float = key(0.0, "the probability that a batch is mixed")
+  alpha: float = key(1.0, "the mixing ratio's Beta(alpha, alpha)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+  """config.mesh: the device mesh's axes (sharding.py); one may be -1,
+  the devices the others leave."""
+  data: int = key(-1, "the data-parallel axis")
+  fsdp: int = key(1, "the axis params and optimizer state are split over")
+  model: int = key(1, "the tensor-parallel axis")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The whole config, typed and checked."""
+  dataset: str = key("", "a TFDS name, digits, folder:PATH or vtab:TASK")
+  data_dir: str = key("", "where TFDS datasets are prepared; '': TFDS's "
+                      "default (or $TFDS_DATA_DIR)")
+  train_split: str = key("train", "the TFDS split trained on (slices such "
+                         "as train[:98%] work)")
+  input_shares: Optional[int] = key(
+      None, "the shares the training split is read in; unset: chosen at the "
+      "start (data/shares.py) and recorded", at_least=1)
+  folder_contents: str = key(
+      "", "a folder dataset's files as the run recorded them; naming new "
+      "contents resumes on changed files (training/resolve.py)")
+  image_size: int = key(0, "the input resolution in pixels", at_least=1)
+  augment: str = key("", "comma-separated: flip, shift, inception_crop, "
+                     "random_crop (resize to 7/6, crop back)")
+  randaugment: str = key("", "'N,M': N RandAugment ops an image at "
+                         "magnitude M of 10, after the resize; '': none")
+  eval_crop_fraction: float = key(
+      1.0, "1: evaluation resizes to image_size; f < 1: to image_size / f, "
+      "then the central crop")
+  broken_images: str = key(
+      "skip", "images that do not decode: skip (left out, counted, named) "
+      "or refuse (the run stops at the first)")
+  model: Model = section(Model, "the model: name and overrides")
+  loss: str = key("softmax", "softmax or sigmoid cross-entropy")
+  label_smoothing: float = key(0.0, "label smoothing (0: off)")
+  mixup: Mix = section(lambda: Mix(alpha=0.2), "Mixup of whole batches")
+  cutmix: Mix = section(Mix, "CutMix of whole batches")
+  batch_size: int = key(0, "the global batch", at_least=1)
+  accum_steps: int = key(1, "micro-batches a step's gradients are averaged "
+                         "over (where a batch does not fit)", at_least=1)
+  total_steps: int = key(0, "training steps", at_least=1)
+  optimizer: Optimizer = section(Optimizer, "the optimizer and its schedule")
+  init_from: str = key("", "a checkpoint to start from: .npz, HF "
+                       "directory, timm .safetensors or workdir DIR[:STEP]")
+  polyak_decay: float = key(0.0, "the decay of a Polyak average of the "
+                            "params (0: none)", at_least=0.0, below=1.0)
+  mesh: Mesh = section(Mesh, "the device mesh")
+  seed: int = key(0, "seeds the init, the data's order, the augmentations "
+                  "and dropout")
+  log_every: int = key(100, "steps between rows of training metrics",
+                       at_least=1)
+  evaluators: dict = key(
+      {"test": {"kind": "accuracy", "every": 1000, "split": "test"}},
+      "name -> kind, every (steps; 0: never) and the kind's settings "
+      "(training/evaluators/)")
+  checkpoint_every: int = key(1000, "steps between checkpoints",
+                              at_least=1)
+  keep_checkpoints: int = key(3, "the newest checkpoints kept", at_least=1)
+
+
+def defaults():
+  """Every key at its default, as the ConfigDict a config file starts
+  from; an unset key (None) is a placeholder of its type."""
+  return _as_config_dict(Settings())
+
+
+def _as_config_dict(values):
+  config = ml_collections.ConfigDict()
+  for field in dataclasses.fields(values):
+    value = getattr(values, field.name)
+    if dataclasses.is_dataclass(value):
+      config[field.name] = _as_config_dict(value)
+    elif value is None:
+      config[field.name] = ml_collections.config_dict.placeholder(
+          _optional_type(field.type))
+    else:
+      config[field.name] = value
+  return config
+
+
+def _optional_type(annotation):
+  (kind,) = [t for t in annotation.__args__ if t is not type(None)]
+  return kind
+
+
+def of(config):
+  """The Settings of `config` (a ConfigDict of every key), each bounded
+  value checked: a ConfigError names the first out of bounds. Keys that a
+  config adds beyond these (the model's sizes, an evaluator's settings)
+  stay in `config`."""
+  return _section(Settings(), config, "")
+
+
+def _section(defaults, config, prefix):
+  """`defaults` (a section's dataclass) with the values `config` sets."""
+  values = {}
+  for field in dataclasses.fields(defaults):
+    value = getattr(defaults, field.name)
+    if dataclasses.is_dataclass(value):
+      value = _section(value, config[field.name], f"{prefix}{field.name}.")
+    elif field.name in config:
+      value = config[field.name]
+      _check(prefix + field.name, value, field.metadata)
+      if isinstance(value, ml_collections.ConfigDict):
+        value = types.MappingProxyType(value.to_dict())
+    values[field.name] = value
+  return type(defaults)(**values)
+
+
+def _check(name, value, metadata):
+  low, high = metadata["at_least"], metadata["below"]
+  if low is None or value is None:
+    return
+  if isinstance(low, int) and high is None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
+        value < low):
+      raise errors.ConfigError(
+          f"config.{name} must be a whole number >= {low}, got {value!r}")
+    return
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
+      not low <= value or (high is not None and not value < high)):
+    bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+    raise errors.ConfigError(
+        f"config.{name} must be a number {bound}, got {value!r}")
+
+
+def described():
+  """{dotted key: its description (None where a field has none)} of every
+  key, a section's before its own keys."""
+  return dict(_described(Settings(), ""))
+
+
+def _described(section, prefix):
+  for field in dataclasses.fields(section):
+    yield prefix + field.name, field.metadata.get("description")
+    value = getattr(section, field.name)
+    if dataclasses.is_dataclass(value):
+      yield from _described(value, f"{prefix}{field.name}.")
