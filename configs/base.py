@@ -3,10 +3,10 @@
 any key as --config.KEY=VALUE.
 
 The keys, their defaults, bounds and meanings are in one place,
-vit_jax/training/settings.py; README's "Config keys" table explains them.
+vit_jax/runs/settings.py; README's "Config keys" table explains them.
 """
 
-from vit_jax.training import settings
+from vit_jax.runs import settings
 
 
 def get_config():

@@ -14,7 +14,8 @@ from tests.test_train import compiles_during
 from tests.util import mocked_tfds, randomize, run_training, small_config
 from vit_jax import sharding
 from vit_jax.data import preprocess, sources
-from vit_jax.training import evaluators, resolve, settings, step as step_lib
+from vit_jax.runs import settings
+from vit_jax.training import evaluators, resolve, step as step_lib
 from vit_jax.training.evaluators import fewshot, real
 
 # --- ReaL ---------------------------------------------------------------------

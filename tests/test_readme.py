@@ -75,7 +75,7 @@ def section(text, title):
 
 def test_the_config_table_names_every_key_and_only_keys():
   from vit_jax import models  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import settings  # pylint: disable=g-import-not-at-top
+  from vit_jax.runs import settings  # pylint: disable=g-import-not-at-top
   keys = settings.described()
   table = section(readme(), "### Config keys")
   rows = {line.split("|")[1]: line for line in table.splitlines()

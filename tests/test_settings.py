@@ -1,14 +1,17 @@
-"""The config's keys (vit_jax/training/settings.py): one default, bound
-and description each, the ConfigDict that configs start from, and the
-typed Settings a run reads."""
+"""The config's keys (vit_jax/runs/settings.py): one default, bound
+and description each, the ConfigDict that configs start from, the typed
+Settings a run reads, and what a restart may change."""
 
 import dataclasses
+import json
 
+import ml_collections
 import pytest
 
 from configs import base, digits
 from vit_jax import errors
-from vit_jax.training import settings
+from vit_jax.runs import settings, store
+from vit_jax.runs.workdir import Workdir
 
 
 def test_every_key_has_one_line_of_description():
@@ -60,6 +63,8 @@ def test_settings_are_the_configs_values_typed_and_frozen():
                                    "a whole number >= 0, got -1"),
     ("optimizer.b2", 1.0, "config.optimizer.b2 must be a number in "
                           "[0.0, 1.0), got 1.0"),
+    ("mixup.prob", 1.5, "config.mixup.prob must be a number in [0.0, 1.0], "
+                        "got 1.5"),
     ("polyak_decay", -0.5, "config.polyak_decay must be a number in "
                            "[0.0, 1.0), got -0.5"),
     ("model.dropout_rate", float("nan"), "config.model.dropout_rate must be "
@@ -71,3 +76,46 @@ def test_a_value_out_of_bounds_is_named(key, value, message):
   with pytest.raises(errors.ConfigError) as error:
     settings.of(config)
   assert str(error.value) == message
+
+
+def resolved_digits():
+  """The digits config as a run records it: the model's function and
+  architecture options filled in as resolve fills them for no init_from."""
+  config = digits.get_config()
+  config.model.update(layer_norm_epsilon=1e-6, gelu="tanh",
+                      final_norm="tokens", classifier="token",
+                      num_registers=0, qk_norm=False)
+  config.input_shares = 4
+  return config
+
+
+def test_a_run_recorded_before_the_added_keys_resumes_unchanged(tmp_path):
+  config = resolved_digits()
+  recorded = json.loads(config.to_json_best_effort())
+  for dotted in settings.added_keys():
+    *sections, name = dotted.split(".")
+    parent = recorded
+    for part in sections:
+      parent = parent[part]
+    del parent[name]
+  assert "loss" not in recorded and "qk_norm" not in recorded["model"]
+  assert store.differences_allowed(config, ml_collections.ConfigDict(recorded),
+                                   Workdir(tmp_path)) == {}
+
+
+def test_a_restart_changes_only_what_the_keys_allow(tmp_path):
+  recorded = resolved_digits()
+  allowed = resolved_digits()
+  allowed.update_from_flattened_dict({
+      "total_steps": 2000, "mesh.data": 4, "evaluators.test.every": 7,
+      "model.remat_policy": "minimal"})
+  assert set(store.differences_allowed(allowed, recorded,
+                                       Workdir(tmp_path))) == {
+      "total_steps", "mesh.data", "evaluators.test.every",
+      "model.remat_policy"}
+  for change in ({"model.posemb": "sincos2d"}, {"optimizer.b1": 0.8},
+                 {"mixup.prob": 0.5}, {"seed": 1}):
+    refused = resolved_digits()
+    refused.update_from_flattened_dict(change)
+    with pytest.raises(errors.ConfigError, match=next(iter(change))):
+      store.differences_allowed(refused, recorded, Workdir(tmp_path))

@@ -359,7 +359,7 @@ def _flag_error_message(e, argv):
     given = [arg for arg in argv[1:] if arg.startswith("--config.")
              and key in arg.split("=")[0]]
     message = (f"{given[0] if given else key}: the config has no key {key!r}"
-               " (its keys: vit_jax/training/settings.py)")
+               " (its keys: vit_jax/runs/settings.py)")
   return f"{message}\n(--helpfull lists every flag)"
 
 

@@ -17,35 +17,22 @@ import jax
 from absl import logging
 
 from vit_jax import errors, sharding
+from vit_jax.runs import settings
 
-# What may change between restarts of one run: how often it reports and
-# saves, how long it runs (extending a run), where its data is stored, what
-# it evaluates and what it recomputes (neither changes what it trains), and
-# the hardware it runs on: the mesh, and the micro-batches that a smaller
-# slice needs to hold the same global batch (vit_jax/data/shares.py keeps
-# the batches). folder_contents: vit_jax/training/resolve.py has refused a
-# change the user did not ask for. fnmatch patterns of dotted keys.
-CHANGEABLE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints",
-                   "total_steps", "data_dir", "evaluators.*",
-                   "model.remat_policy", "model.attention", "broken_images",
-                   "mesh.*", "accum_steps", "folder_contents")
-# A value of ADDED_KEYS: whatever the restart resolves the key to.
-RESOLVED = object()
+# What may change between restarts of one run (runs/settings.py marks
+# them): how often it reports and saves, how long it runs (extending a
+# run), where its data is stored, what it evaluates and what it recomputes
+# (neither changes what it trains), and the hardware it runs on: the mesh,
+# and the micro-batches that a smaller slice needs to hold the same global
+# batch (vit_jax/data/shares.py keeps the batches). folder_contents:
+# vit_jax/training/resolve.py has refused a change the user did not ask
+# for. fnmatch patterns of dotted keys.
+CHANGEABLE_KEYS = settings.changeable_keys()
 # Keys added since runs were first recorded, with the value that does what
-# a run recorded without them did. input_shares: such a run read one share
-# per data-parallel device, which vit_jax/training/resolve.py resolves.
-ADDED_KEYS = {"model.remat_policy": "", "model.attention": "einsum",
-              "model.scan_layers": False, "model.posemb": "learn",
-              "model.mpp": False,
-              "broken_images": "skip", "model.layer_norm_epsilon": 1e-6,
-              "model.gelu": "tanh", "model.final_norm": "tokens",
-              "input_shares": RESOLVED, "model.head_bias_init": 0.0,
-              "loss": "softmax", "label_smoothing": 0.0, "mixup.prob": 0.0,
-              "mixup.alpha": 0.2, "cutmix.prob": 0.0, "cutmix.alpha": 1.0,
-              "randaugment": "", "optimizer.layer_decay": 1.0,
-              "optimizer.lr_mults": [], "optimizer.frozen": "",
-              "model.layer_scale": None, "model.num_registers": 0,
-              "model.qk_norm": False, "folder_contents": RESOLVED}
+# a run recorded without them did, or settings.RESOLVED: whatever the
+# restart resolves the key to. input_shares: such a run read one share per
+# data-parallel device, which vit_jax/training/resolve.py resolves.
+ADDED_KEYS = settings.added_keys()
 
 
 def differences_allowed(config, recorded, workdir):
@@ -103,7 +90,7 @@ def _as_json(config):
 def differences(old, new):
   """{dotted key: (old value, new value)} for every leaf that differs."""
   old, new = _flatten(old), _flatten(new)
-  old.update({key: new[key] if value is RESOLVED else value
+  old.update({key: new[key] if value is settings.RESOLVED else value
               for key, value in ADDED_KEYS.items()
               if key in new and key not in old})
   return {key: (old.get(key, "<absent>"), new.get(key, "<absent>"))

@@ -34,8 +34,8 @@ from jax.sharding import Mesh
 
 from vit_jax import errors, sharding
 from vit_jax.data import preprocess, shares, sources
-from vit_jax.runs import store, workdir as workdir_lib
-from vit_jax.training import evaluators, settings, step, targets
+from vit_jax.runs import settings, store, workdir as workdir_lib
+from vit_jax.training import evaluators, step, targets
 from vit_jax.weights import pretrained
 
 

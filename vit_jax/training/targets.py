@@ -147,20 +147,14 @@ def box(key, height, width, ratio):
 
 
 def check(config):
-  """ConfigError naming the key, for the keys read here."""
+  """ConfigError naming the key, for the keys read here (each value's
+  bounds: runs/settings.py)."""
   try:
     losses.check(config.loss)
   except errors.InputError as e:
     raise errors.ConfigError(f"config.loss: {e}") from e
-  if not 0 <= config.label_smoothing < 1:
-    raise errors.ConfigError(
-        f"config.label_smoothing must be in [0, 1), got "
-        f"{config.label_smoothing!r}")
   for name in ("mixup", "cutmix"):
     prob, alpha = config[name].prob, config[name].alpha
-    if not 0 <= prob <= 1:
-      raise errors.ConfigError(
-          f"config.{name}.prob must be in [0, 1], got {prob!r}")
     if prob > 0 and not alpha > 0:
       raise errors.ConfigError(
           f"config.{name}.alpha must be > 0 when config.{name}.prob is "

@@ -1,5 +1,5 @@
-"""Every config key in one place: its default, its type, its bounds and a
-line on what it means.
+"""Every config key in one place: its default, its type, its bounds, a
+line on what it means, and what a restart may make of it.
 
 A config file stays an ml-collections ConfigDict (configs/base.py is
 `defaults()`, and `--config.KEY=VALUE` sets any key); `of(config)` turns a
@@ -8,12 +8,18 @@ checking each bounded value on the way, a slip named by its key. What
 needs more than the value to check (a dataset's splits, the mesh, an
 augmentation's name) is checked where it is used (training/resolve.py).
 
+A restart may change the keys marked `changeable` (runs/store.py refuses
+any other change). A key added since runs were first recorded carries
+`before`: the value that does what a run recorded without it did, or
+RESOLVED, whatever the restart resolves it to.
+
 README's "Config keys" table names every key here, and every key has a
-description (tests/test_readme.py).
+description (tests/test_readme.py, tests/test_settings.py).
 """
 
 import copy
 import dataclasses
+import json
 import numbers
 import types
 from typing import Optional
@@ -22,23 +28,34 @@ import ml_collections
 
 from vit_jax import errors
 
+# `before` of a key that runs recorded from the first: none.
+ORIGINAL = object()
+# `before` of a key whose value a restart resolves (training/resolve.py).
+RESOLVED = object()
+# `before` of a key that did what its default does.
+AS_DEFAULT = object()
 
-def key(default, description, *, at_least=None, below=None):
-  """A field of a config section: `default`, a one-line `description`, and
-  for a number, its bounds: `at_least` (inclusive) and `below` (exclusive;
-  None: none)."""
+
+def key(default, description, *, at_least=None, below=None, at_most=None,
+        changeable=False, before=ORIGINAL):
+  """A field of a config section: `default`, a one-line `description`; for
+  a number, its bounds: `at_least`, and `below` or `at_most` (None: none;
+  an int `at_least` alone asks for a whole number); whether a restart may
+  change it (`changeable`), and `before` (module docstring)."""
   metadata = {"description": description, "at_least": at_least,
-              "below": below}
+              "below": below, "at_most": at_most, "changeable": changeable,
+              "before": before}
   if isinstance(default, dict):
     return dataclasses.field(default_factory=lambda: copy.deepcopy(default),
                              metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
 
 
-def section(make, description):
-  """A field holding a nested section, `make()` its defaults."""
-  return dataclasses.field(default_factory=make,
-                           metadata={"description": description})
+def section(make, description, *, changeable=False):
+  """A field holding a nested section, `make()` its defaults; a restart
+  may change all of it where `changeable`, else the keys it marks."""
+  return dataclasses.field(default_factory=make, metadata={
+      "description": description, "changeable": changeable})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,33 +76,39 @@ class Model:
   dtype: str = key("float32", "what the model computes in: float32 or "
                    "bfloat16")
   remat_policy: str = key("", "what each block's backward keeps, the rest "
-                          "recomputed (models.REMAT_POLICIES); '': all")
+                          "recomputed (models.REMAT_POLICIES); '': all",
+                          changeable=True, before=AS_DEFAULT)
   scan_layers: bool = key(False, "one block applied by nn.scan, its params "
-                          "stacked: one block compiled, not num_layers")
+                          "stacked: one block compiled, not num_layers",
+                          before=AS_DEFAULT)
   attention: str = key("einsum", '"einsum" (its weights kept for figures) '
-                       'or "fused" (cuDNN\'s kernel on NVIDIA GPUs)')
+                       'or "fused" (cuDNN\'s kernel on NVIDIA GPUs)',
+                       changeable=True, before=AS_DEFAULT)
   posemb: str = key("learn", '"learn", "learn2d", "sincos2d" or "none" '
-                    "(Appendix D.4)")
+                    "(Appendix D.4)", before=AS_DEFAULT)
   mpp: bool = key(False, "pre-train by masked patch prediction "
-                  "(configs/mpp.py)")
+                  "(configs/mpp.py)", before=AS_DEFAULT)
   layer_norm_epsilon: Optional[float] = key(
-      None, "the LayerNorms' epsilon; unset: init_from's, else 1e-6")
+      None, "the LayerNorms' epsilon; unset: init_from's, else 1e-6",
+      before=1e-6)
   gelu: Optional[str] = key(
-      None, '"tanh" or "exact"; unset: init_from\'s, else "tanh"')
+      None, '"tanh" or "exact"; unset: init_from\'s, else "tanh"',
+      before="tanh")
   final_norm: Optional[str] = key(
-      None, '"tokens" or "pooled"; unset: init_from\'s, else "tokens"')
+      None, '"tokens" or "pooled"; unset: init_from\'s, else "tokens"',
+      before="tokens")
   head_bias_init: float = key(
       0.0, "the head's initial bias (-10 starts a sigmoid loss with every "
-      "class improbable)")
+      "class improbable)", before=AS_DEFAULT)
   layer_scale: Optional[float] = key(
       None, "the initial value of a per-channel scale on each residual "
-      "branch; unset: init_from's, else none")
+      "branch; unset: init_from's, else none", before=None)
   num_registers: Optional[int] = key(
       None, "register tokens after the class token; unset: init_from's, "
-      "else 0")
+      "else 0", before=0)
   qk_norm: Optional[bool] = key(
       None, "a LayerNorm over each head's queries and keys; unset: "
-      "init_from's, else off")
+      "init_from's, else off", before=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,18 +128,20 @@ class Optimizer:
                   below=1.0)
   momentum: float = key(0.9, "SGD's momentum", at_least=0.0, below=1.0)
   layer_decay: float = key(1.0, "block i of L learns at layer_decay^(L - i) "
-                           "of the rate (1: off)")
+                           "of the rate (1: off)", before=AS_DEFAULT)
   lr_mults: tuple = key((), "((regex, multiplier), ...): the rates of the "
-                        "parameters each regex matches")
+                        "parameters each regex matches", before=AS_DEFAULT)
   frozen: str = key("", "a regex of parameters not trained, with no "
-                    "optimizer state")
+                    "optimizer state", before=AS_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True)
 class Mix:
   """config.mixup and config.cutmix (training/targets.py)."""
-  prob: float = key(0.0, "the probability that a batch is mixed")
-  alpha: float = key(1.0, "the mixing ratio's Beta(alpha, alpha)")
+  prob: float = key(0.0, "the probability that a batch is mixed",
+                    at_least=0.0, at_most=1.0, before=AS_DEFAULT)
+  alpha: float = key(1.0, "the mixing ratio's Beta(alpha, alpha)",
+                     before=AS_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,52 +158,59 @@ class Settings:
   """The whole config, typed and checked."""
   dataset: str = key("", "a TFDS name, digits, folder:PATH or vtab:TASK")
   data_dir: str = key("", "where TFDS datasets are prepared; '': TFDS's "
-                      "default (or $TFDS_DATA_DIR)")
+                      "default (or $TFDS_DATA_DIR)", changeable=True)
   train_split: str = key("train", "the TFDS split trained on (slices such "
                          "as train[:98%] work)")
   input_shares: Optional[int] = key(
       None, "the shares the training split is read in; unset: chosen at the "
-      "start (data/shares.py) and recorded", at_least=1)
+      "start (data/shares.py) and recorded", at_least=1, before=RESOLVED)
   folder_contents: str = key(
       "", "a folder dataset's files as the run recorded them; naming new "
-      "contents resumes on changed files (training/resolve.py)")
+      "contents resumes on changed files (training/resolve.py)",
+      changeable=True, before=RESOLVED)
   image_size: int = key(0, "the input resolution in pixels", at_least=1)
   augment: str = key("", "comma-separated: flip, shift, inception_crop, "
                      "random_crop (resize to 7/6, crop back)")
   randaugment: str = key("", "'N,M': N RandAugment ops an image at "
-                         "magnitude M of 10, after the resize; '': none")
+                         "magnitude M of 10, after the resize; '': none",
+                         before=AS_DEFAULT)
   eval_crop_fraction: float = key(
       1.0, "1: evaluation resizes to image_size; f < 1: to image_size / f, "
       "then the central crop")
   broken_images: str = key(
       "skip", "images that do not decode: skip (left out, counted, named) "
-      "or refuse (the run stops at the first)")
+      "or refuse (the run stops at the first)", changeable=True,
+      before=AS_DEFAULT)
   model: Model = section(Model, "the model: name and overrides")
-  loss: str = key("softmax", "softmax or sigmoid cross-entropy")
-  label_smoothing: float = key(0.0, "label smoothing (0: off)")
+  loss: str = key("softmax", "softmax or sigmoid cross-entropy",
+                  before=AS_DEFAULT)
+  label_smoothing: float = key(0.0, "label smoothing (0: off)",
+                               at_least=0.0, below=1.0, before=AS_DEFAULT)
   mixup: Mix = section(lambda: Mix(alpha=0.2), "Mixup of whole batches")
   cutmix: Mix = section(Mix, "CutMix of whole batches")
   batch_size: int = key(0, "the global batch", at_least=1)
   accum_steps: int = key(1, "micro-batches a step's gradients are averaged "
-                         "over (where a batch does not fit)", at_least=1)
-  total_steps: int = key(0, "training steps", at_least=1)
+                         "over (where a batch does not fit)", at_least=1,
+                         changeable=True)
+  total_steps: int = key(0, "training steps", at_least=1, changeable=True)
   optimizer: Optimizer = section(Optimizer, "the optimizer and its schedule")
   init_from: str = key("", "a checkpoint to start from: .npz, HF "
                        "directory, timm .safetensors or workdir DIR[:STEP]")
   polyak_decay: float = key(0.0, "the decay of a Polyak average of the "
                             "params (0: none)", at_least=0.0, below=1.0)
-  mesh: Mesh = section(Mesh, "the device mesh")
+  mesh: Mesh = section(Mesh, "the device mesh", changeable=True)
   seed: int = key(0, "seeds the init, the data's order, the augmentations "
                   "and dropout")
   log_every: int = key(100, "steps between rows of training metrics",
-                       at_least=1)
+                       at_least=1, changeable=True)
   evaluators: dict = key(
       {"test": {"kind": "accuracy", "every": 1000, "split": "test"}},
       "name -> kind, every (steps; 0: never) and the kind's settings "
-      "(training/evaluators/)")
+      "(training/evaluators/)", changeable=True)
   checkpoint_every: int = key(1000, "steps between checkpoints",
-                              at_least=1)
-  keep_checkpoints: int = key(3, "the newest checkpoints kept", at_least=1)
+                              at_least=1, changeable=True)
+  keep_checkpoints: int = key(3, "the newest checkpoints kept", at_least=1,
+                              changeable=True)
 
 
 def defaults():
@@ -231,18 +263,21 @@ def _section(defaults, config, prefix):
 
 
 def _check(name, value, metadata):
-  low, high = metadata["at_least"], metadata["below"]
+  low, high, top = (metadata["at_least"], metadata["below"],
+                    metadata["at_most"])
   if low is None or value is None:
     return
-  if isinstance(low, int) and high is None:
+  if isinstance(low, int) and high is None and top is None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
         value < low):
       raise errors.ConfigError(
           f"config.{name} must be a whole number >= {low}, got {value!r}")
     return
   if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
-      not low <= value or (high is not None and not value < high)):
-    bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+      not low <= value or (high is not None and not value < high) or (
+          top is not None and not value <= top)):
+    bound = (f"in [{low}, {high})" if high is not None else
+             f"in [{low}, {top}]" if top is not None else f">= {low}")
     raise errors.ConfigError(
         f"config.{name} must be a number {bound}, got {value!r}")
 
@@ -259,3 +294,40 @@ def _described(section, prefix):
     value = getattr(section, field.name)
     if dataclasses.is_dataclass(value):
       yield from _described(value, f"{prefix}{field.name}.")
+
+
+def changeable_keys():
+  """fnmatch patterns of the dotted keys a restart may change: a key, or
+  "SECTION.*" for a section or dict-valued key of which any part may."""
+  return tuple(_changeable(Settings(), ""))
+
+
+def _changeable(section, prefix):
+  for field in dataclasses.fields(section):
+    value = getattr(section, field.name)
+    if field.metadata.get("changeable"):
+      nested = dataclasses.is_dataclass(value) or isinstance(value, dict)
+      yield prefix + field.name + (".*" if nested else "")
+    elif dataclasses.is_dataclass(value):
+      yield from _changeable(value, f"{prefix}{field.name}.")
+
+
+def added_keys():
+  """{dotted key: what a run recorded without it did (as JSON holds it),
+  or RESOLVED} of the keys added since runs were first recorded."""
+  return dict(_added(Settings(), ""))
+
+
+def _added(section, prefix):
+  for field in dataclasses.fields(section):
+    value = getattr(section, field.name)
+    if dataclasses.is_dataclass(value):
+      yield from _added(value, f"{prefix}{field.name}.")
+      continue
+    before = field.metadata["before"]
+    if before is ORIGINAL:
+      continue
+    if before is AS_DEFAULT:
+      before = value
+    yield prefix + field.name, (
+        before if before is RESOLVED else json.loads(json.dumps(before)))
