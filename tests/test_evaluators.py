@@ -14,7 +14,6 @@ from tests.test_train import compiles_during
 from tests.util import mocked_tfds, randomize, run_training, small_config
 from vit_jax import sharding
 from vit_jax.data import preprocess, sources
-from vit_jax.runs import settings
 from vit_jax.training import evaluators, resolve, step as step_lib
 from vit_jax.training.evaluators import fewshot, real
 
@@ -86,9 +85,8 @@ def test_real_evaluator_scores_the_sets_of_every_image(real_validation):
   params = randomize(program.init(jax.random.key(0)).params, scale=1.0)
   # Predictions among classes 0-7, where the sets are: some right, some not.
   params["head"]["bias"][8:] = -100.0
-  resolved = resolve.Run(
-      config, settings.of(config), preprocess.Augmentation(), None, mesh,
-      sources.Sources(config.dataset, config.data_dir), {}, built)
+  resolved = resolved_run(config, mesh, sources.Sources(
+      config.dataset, config.data_dir), built)
   got = evaluators.Evaluators(resolved, program).run_all(
       jax.device_put(params, program.state_shardings.params))
   pixels = np.stack([preprocess.eval_resize(preprocess.decode(image), 8)
@@ -152,19 +150,28 @@ def test_fewshot_separates_separable_classes():
       fewshot.fit_predict(x_train, y_train, x_test, 3, 1e-2), [0, 1, 2])
 
 
+def resolved_run(config, mesh, data, built, checked=None):
+  """The Run of `config` with no workdir: the parts of it that evaluators
+  read."""
+  checked = checked or resolve.check_values(config)
+  return resolve.Run(config=config, settings=checked.settings,
+                     augmentation=checked.augmentation,
+                     evaluations=checked.evaluations, workdir=None, mesh=mesh,
+                     sources=data, changes={}, parts=built)
+
+
 def run_evaluators(config, params=None):
   """The config's evaluators at the last step, on a random small model."""
   mesh = sharding.make_mesh(config.mesh)
   data = sources.Sources(config.dataset, config.data_dir)
-  resolve.check_data(config, data)
+  checked = resolve.check_values(config)
+  resolve.check_data(config, checked, data)
   built = step_lib.parts(config, 10)
   program = step_lib.build(config, mesh, built)
   state = program.init(jax.random.key(0))
   params = randomize(state.params) if params is None else params
   params = jax.device_put(params, program.state_shardings.params)
-  resolved = resolve.Run(config, settings.of(config),
-                         preprocess.Augmentation(), None, mesh, data, {},
-                         built)
+  resolved = resolved_run(config, mesh, data, built, checked)
   return program, params, evaluators.Evaluators(resolved, program).run_all(
       params)
 

@@ -122,4 +122,5 @@ def test_the_papers_mpp_config_is_b16_on_jft_and_passes_the_checks():
   assert (config.optimizer.name, config.optimizer.learning_rate,
           config.optimizer.warmup_steps, config.optimizer.decay) == (
               "adam", 2e-4, 10_000, "cosine")
-  resolve.check_program(config, sharding.make_mesh(config.mesh), 10)
+  resolve.check_program(config, resolve.check_values(config),
+                        sharding.make_mesh(config.mesh), 10)

@@ -90,7 +90,8 @@ def check_config(config):
   from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
   from vit_jax.training import resolve  # pylint: disable=g-import-not-at-top
   mesh, _ = resolve.program(config)
-  resolve.check_data(config, sources.Sources(config.dataset, config.data_dir))
+  resolve.check_data(config, resolve.check_values(config),
+                     sources.Sources(config.dataset, config.data_dir))
   return mesh
 
 

@@ -36,7 +36,7 @@ def main(argv):
           f"{workdir}; run the same command to resume")
     return
   # What the evaluators measured last: their names prefix their metrics.
-  prefixes = tuple(f"{name}{sep}" for name in resolved.config.evaluators
+  prefixes = tuple(f"{name}{sep}" for name, _, _, _ in resolved.evaluations
                    for sep in "_/")
   scores = progress_lib.scores({key: value for key, value in
                                 sorted(result.items())

@@ -81,7 +81,7 @@ def explain(run, program, diverged):
                 f"{step - saved} steps since diverged{climb}.")
   elif climb:
     said.append(f"No checkpoint was saved yet{climb}.")
-  rate = run.config.optimizer.learning_rate
+  rate = run.settings.optimizer.learning_rate
   lower = (f"--config.optimizer.learning_rate={rate / 10:.3g} or lower, a "
            "longer optimizer.warmup_steps or optimizer.grad_clip_norm")
   if sane is not None:

@@ -28,6 +28,7 @@ checkpoint, no workdir).
 """
 
 import dataclasses
+from typing import NamedTuple
 
 import ml_collections
 from jax.sharding import Mesh
@@ -39,6 +40,13 @@ from vit_jax.training import evaluators, step, targets
 from vit_jax.weights import pretrained
 
 
+class Checked(NamedTuple):
+  """What the config's values give, each parsed once (`check_values`)."""
+  settings: settings.Settings  # the config's keys, typed
+  augmentation: preprocess.Augmentation  # what training does to an image
+  evaluations: tuple  # (name, kind, every, settings) of each evaluator run
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
   """What every part of a training run is told."""
@@ -46,6 +54,7 @@ class Run:
   #                                     input_shares filled in
   settings: settings.Settings  # the config's keys, typed
   augmentation: preprocess.Augmentation  # what training does to an image
+  evaluations: tuple  # (name, kind, every, settings) of each evaluator run
   workdir: workdir_lib.Workdir
   mesh: Mesh
   sources: sources.Sources  # its datasets, each looked up once
@@ -68,20 +77,21 @@ def run(config, workdir, devices=None):
   workdir = workdir_lib.Workdir(workdir)
   recorded = workdir.read_config() if workdir.has_run() else None
   config = pretrained.with_source(config, recorded)  # The run's own copy.
-  checked, augmentation = check_values(config)
+  checked = check_values(config)
   mesh = sharding.make_mesh(config.mesh, devices)
   data = sources.Sources(config.dataset, config.data_dir)
   with config.unlocked():
     config.folder_contents = folder_contents(config, recorded, data, workdir)
-  check_data(config, data)
-  built = check_program(config, mesh, data().num_classes)
+  check_data(config, checked, data)
+  built = check_program(config, checked, mesh, data().num_classes)
   with config.unlocked():
     config.input_shares = input_shares(config, recorded, mesh, data)
   changes = store.differences_allowed(config, recorded, workdir)
-  checked = dataclasses.replace(checked, input_shares=config.input_shares,
-                                folder_contents=config.folder_contents)
-  return Run(config, checked, augmentation, workdir, mesh, data, changes,
-             built)
+  keys = dataclasses.replace(checked.settings,
+                             input_shares=config.input_shares,
+                             folder_contents=config.folder_contents)
+  return Run(config, keys, checked.augmentation, checked.evaluations,
+             workdir, mesh, data, changes, built)
 
 
 def program(config, devices=None, num_classes=1):
@@ -89,15 +99,15 @@ def program(config, devices=None, num_classes=1):
   check that compiling the train step needs; no data or checkpoint is read
   (vit_jax.plan stops here: what a run computes, its function options,
   costs the same)."""
-  check_values(config)
+  checked = check_values(config)
   mesh = sharding.make_mesh(config.mesh, devices)
-  return mesh, check_program(config, mesh, num_classes)
+  return mesh, check_program(config, checked, mesh, num_classes)
 
 
 def check_values(config):
-  """Every value that can be checked on its own, each naming its key:
-  (the config's Settings, its Augmentation)."""
-  checked = settings.of(config)
+  """Every value that can be checked on its own, each naming its key; what
+  they give (Checked)."""
+  keys = settings.of(config)
   if not config.dataset:
     raise errors.ConfigError("config.dataset is empty: name a TFDS dataset, "
                              "'digits' or folder:PATH")
@@ -110,10 +120,14 @@ def check_values(config):
   except errors.InputError as e:
     raise errors.ConfigError(f"config.{e}") from e  # It names the key.
   targets.check(config)
-  return checked, augmentation
+  try:
+    evaluations = evaluators.enabled(config)
+  except errors.InputError as e:
+    raise errors.ConfigError(str(e)) from e  # It names the key.
+  return Checked(keys, augmentation, evaluations)
 
 
-def check_program(config, mesh, num_classes):
+def check_program(config, checked, mesh, num_classes):
   """The model and the optimizer (step.Parts), built here once, and the
   checks that need them and the mesh."""
   built = step.parts(config, num_classes)
@@ -125,18 +139,19 @@ def check_program(config, mesh, num_classes):
         f"config.batch_size={config.batch_size} is not divisible by the "
         f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
         f" x fsdp={mesh.shape['fsdp']}) times accum_steps={config.accum_steps}")
-  if config.model.get("mpp") and evaluators.enabled_names(config):
+  classifying = [name for name, _, _, _ in checked.evaluations]
+  if config.model.get("mpp") and classifying:
     raise errors.ConfigError(
         f"config.model.mpp pre-trains without labels, but evaluators "
-        f"{evaluators.enabled_names(config)} would classify: set their "
-        "`every` to 0 (configs/mpp.py does)")
+        f"{classifying} would classify: set their `every` to 0 "
+        "(configs/mpp.py does)")
   if config.image_size % model.token_stride:
     raise errors.ConfigError(f"config.model {model.describe_patch()} does not "
                              f"divide config.image_size={config.image_size}")
   return built
 
 
-def check_data(config, data):
+def check_data(config, checked, data):
   """The checks that read the datasets' descriptions: the training split,
   the broken-image policy, the evaluators' datasets and splits. What they
   find is the config's to fix (its dataset, data_dir or splits): a
@@ -153,7 +168,7 @@ def check_data(config, data):
           "learns nothing from one (its loss is 0 from the start); a folder "
           "dataset needs a folder of images per class, two at least")
     sources.check_broken_images(data(), config.broken_images)
-    evaluators.check(config, data)
+    evaluators.check(checked.evaluations, data)
   except errors.InputError as e:
     if isinstance(e, errors.ConfigError):
       raise

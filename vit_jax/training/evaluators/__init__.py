@@ -8,8 +8,9 @@ config.evaluators maps a name to one evaluator's settings:
          in what it logs: "test" -> test_accuracy, "fewshot" ->
          fewshot/cifar10_5shot.
 
-The loop calls `run_due` once per step; `check` refuses bad settings before
-anything is compiled.
+A run parses them once (`enabled`, in training/resolve.py), `check`
+refuses what its data cannot give before anything is compiled, and the
+loop calls `run_due` once per step.
 """
 
 import ml_collections
@@ -45,22 +46,18 @@ def settings(name, entry):
   return kind, every, ml_collections.FrozenConfigDict({**defaults, **entry})
 
 
-def _enabled(config):
-  for name, entry in config.evaluators.items():
-    kind, every, values = settings(name, entry)
-    if every:
-      yield name, kind, every, values
+def enabled(config):
+  """(name, kind, every, settings) of each evaluator that `config` runs,
+  every evaluator's settings checked (an InputError names the key)."""
+  parsed = [(name, *settings(name, entry))
+            for name, entry in config.evaluators.items()]
+  return tuple(entry for entry in parsed if entry[2])
 
 
-def enabled_names(config):
-  """The names of the evaluators that `config` runs."""
-  return [name for name, _, _, _ in _enabled(config)]
-
-
-def check(config, data):
-  """An InputError for settings or data (`data`: the run's Sources) that an
-  evaluator cannot use."""
-  for name, kind, _, values in _enabled(config):
+def check(entries, data):
+  """An InputError for the settings of `entries` (`enabled`'s) that the
+  data (`data`: the run's Sources) cannot give."""
+  for name, kind, _, values in entries:
     try:
       KINDS[kind][0].check(values, data)
     except errors.InputError as e:
@@ -72,9 +69,9 @@ class Evaluators:
   """The run's evaluators, each compiled on its first use."""
 
   def __init__(self, run, program):
-    self.total_steps = run.config.total_steps
+    self.total_steps = run.settings.total_steps
     self.scheduled = [(every, KINDS[kind][0](name, values, run, program))
-                      for name, kind, every, values in _enabled(run.config)]
+                      for name, kind, every, values in run.evaluations]
 
   def _due(self, step):
     return [evaluator for every, evaluator in self.scheduled

@@ -20,19 +20,19 @@ class Batches:
     self._rows = None
 
   def __iter__(self):
-    config, source = self._run.config, self._run.sources(self._dataset)
+    keys, source = self._run.settings, self._run.sources(self._dataset)
     sharded = self._program.batch_sharding
     if self._rows is None:
       # One share per data-parallel device: an evaluation counts every
       # example once on any mesh, so its batches need not outlive one.
       shares, num_shares = sharding.process_blocks(sharded.mesh)
       self._rows = pipeline.eval_dataset(
-          source, self._split, batch_size=config.batch_size,
-          image_size=config.image_size, shares=shares, num_shares=num_shares,
-          eval_crop_fraction=config.eval_crop_fraction, extras=self._extras)
+          source, self._split, batch_size=keys.batch_size,
+          image_size=keys.image_size, shares=shares, num_shares=num_shares,
+          eval_crop_fraction=keys.eval_crop_fraction, extras=self._extras)
     for batch in broken_records.named(self._rows.as_numpy_iterator(),
                                       f"{source.name} {self._split}",
-                                      config.broken_images):
+                                      keys.broken_images):
       yield sharding.to_global(batch, sharded)
 
 

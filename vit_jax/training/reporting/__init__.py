@@ -31,27 +31,27 @@ class Report:
   (goodput.Accounts, the earlier runs' seconds carried)."""
 
   def __init__(self, run, program, start_step, saved, resumed, accounts):
-    config = run.config
+    keys = run.settings
     self._mesh = run.mesh
     self._workdir = run.workdir
     self._start_step = self._step = start_step
     self._accounts = accounts
     self._writer = writers.create(run.workdir, start_step)
-    self._printer = progress.Progress(config.total_steps, start_step,
-                                      config.batch_size, config.log_every,
+    self._printer = progress.Progress(keys.total_steps, start_step,
+                                      keys.batch_size, keys.log_every,
                                       enabled=jax.process_index() == 0)
     self._skipped = broken_records.Count(saved["skipped_examples"])
-    self._window = timing.Window(config.batch_size, jax.device_count(),
+    self._window = timing.Window(keys.batch_size, jax.device_count(),
                                  throughput.Throughput(
-                                     program.model, config.image_size,
-                                     config.batch_size))
+                                     program.model, keys.image_size,
+                                     keys.batch_size))
     self._row = {}
     self.last = {}
     parameter_overview.log_parameter_overview(
         program.state_shapes.params, include_stats=False,
-        msg=f"{config.model.name}, params sharded over mesh "
+        msg=f"{keys.model.name}, params sharded over mesh "
         f"{dict(run.mesh.shape)}")
-    self._printer.say(progress.describe_run(config, run.mesh, run.workdir,
+    self._printer.say(progress.describe_run(keys, run.mesh, run.workdir,
                                             start_step, resumed))
 
   def step(self, step, metrics, log_now):

@@ -17,14 +17,15 @@ from vit_jax import sharding
 EVERY_SECONDS = 30
 
 
-def describe_run(config, mesh, workdir, start_step, resumed):
-  """The line a run starts with: what trains where, or where it resumes."""
-  what = (f"Resuming at step {start_step} of {config.total_steps}" if resumed
-          else f"Training {config.model.name} on {config.dataset} for "
-          f"{config.total_steps} steps")
-  if resumed and config.init_from:
+def describe_run(keys, mesh, workdir, start_step, resumed):
+  """The line a run of `keys` (runs.settings.Settings) starts with: what
+  trains where, or where it resumes."""
+  what = (f"Resuming at step {start_step} of {keys.total_steps}" if resumed
+          else f"Training {keys.model.name} on {keys.dataset} for "
+          f"{keys.total_steps} steps")
+  if resumed and keys.init_from:
     what += " (from the workdir's own checkpoint, not init_from)"
-  return (f"{what}: batch {config.batch_size}, {mesh.size} devices (mesh "
+  return (f"{what}: batch {keys.batch_size}, {mesh.size} devices (mesh "
           f"{sharding.describe_mesh(mesh.shape)}), workdir {workdir}")
 
 
