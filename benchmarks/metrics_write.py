@@ -1,5 +1,6 @@
 r"""What one metrics row costs a run: metrics.jsonl is rewritten whole at
-each row (Cloud Storage cannot append; runs/writers.py).
+each row (Cloud Storage cannot append; runs/writers.py), and the row's
+TensorBoard summary is written.
 
   python benchmarks/metrics_write.py [--rows=100,1000,10000] [--repeats=5]
 
@@ -8,6 +9,10 @@ row (`JsonlWriter.write_scalars`: the whole file replaced), in a local
 workdir and, run as root, in a bucket of the tests' local Cloud Storage
 (tests/gcs.py). The emulator is on this machine: a real bucket adds its
 round trip (tens of ms) and its upload rate to the second figure.
+
+Then the median ms of one row of TensorBoard events, in a local folder:
+`TensorBoardWriter.write_scalars` (the row's scalars in one summary) next
+to one `tf.summary.scalar` call a scalar, which it replaced.
 """
 
 import os
@@ -54,8 +59,37 @@ def median_row_seconds(location, rows, repeats):
   return statistics.median(times), size
 
 
+def median_event_row_ms(logdir, repeats):
+  """(our writer's, one tf.summary.scalar a scalar's) median ms a row."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from vit_jax.runs import writers  # pylint: disable=g-import-not-at-top
+  ours = writers.TensorBoardWriter(f"{logdir}/ours")
+  per_scalar = tf.summary.create_file_writer(f"{logdir}/per_scalar")
+
+  def each_scalar(step, row):
+    with per_scalar.as_default():
+      for name, value in row.items():
+        tf.summary.scalar(name, value, step=step)
+
+  medians = []
+  for write in (ours.write_scalars, each_scalar):
+    write(0, ROW)  # The first row traces TensorFlow's functions.
+    times = []
+    for step in range(1, 1 + repeats):
+      start = time.perf_counter()
+      write(step, ROW)
+      times.append(time.perf_counter() - start)
+    medians.append(1000 * statistics.median(times))
+  return medians
+
+
 def main(argv):
   del argv
+  ours, per_scalar = median_event_row_ms(
+      tempfile.mkdtemp(prefix="metrics_events_"), 20 * flags.FLAGS.repeats)
+  print(f"events, a row of {len(ROW)} scalars: {ours:.2f} ms in one summary, "
+        f"{per_scalar:.2f} ms a tf.summary.scalar each")
   places = {"local": tempfile.mkdtemp(prefix="metrics_write_")}
   try:
     os.environ.update(gcs.start())

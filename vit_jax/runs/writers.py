@@ -65,8 +65,8 @@ class JsonlWriter:
 class TensorBoardWriter:
   """Scalars into TensorBoard event files in `logdir` (a path or URL), each
   as `tf.summary.scalar` writes it, a row's in one summary: one eager write
-  a row, where `tf.summary.scalar` runs several ops a scalar (a fifth of a
-  short run's time at log_every=1, docs/runs.md)."""
+  a row, where `tf.summary.scalar` runs several ops a scalar
+  (docs/runs.md)."""
 
   def __init__(self, logdir):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
