@@ -28,8 +28,8 @@ def test_a_key_without_a_description_is_found():
     described: int = settings.key(0, "a key")
     bare: int = 0
 
-  assert dict(settings._described(Section(), "")) == {  # pylint: disable=protected-access
-      "described": "a key", "bare": None}
+  assert settings.described(Section()) == {"described": "a key",
+                                           "bare": None}
 
 
 def test_the_config_files_start_from_the_defaults():

@@ -9,7 +9,12 @@ needs more than the value to check (a dataset's splits, the mesh, an
 augmentation's name) is checked where it is used (training/resolve.py).
 
 A restart may change the keys marked `changeable` (runs/store.py refuses
-any other change). A key added since runs were first recorded carries
+any other change): how often a run reports and saves, how long it runs
+(extending it), where its data is stored, what it evaluates and what it
+recomputes (neither changes what it trains), and the hardware it runs on:
+the mesh, and the micro-batches a smaller slice needs to hold the same
+global batch (data/shares.py keeps the batches); folder_contents, a change
+that training/resolve.py refuses unless the user names it. A key added since runs were first recorded carries
 `before`: the value that does what a run recorded without it did, or
 RESOLVED, whatever the restart resolves it to.
 
@@ -282,52 +287,43 @@ def _check(name, value, metadata):
         f"config.{name} must be a number {bound}, got {value!r}")
 
 
-def described():
+def described(section=None):
   """{dotted key: its description (None where a field has none)} of every
-  key, a section's before its own keys."""
-  return dict(_described(Settings(), ""))
-
-
-def _described(section, prefix):
-  for field in dataclasses.fields(section):
-    yield prefix + field.name, field.metadata.get("description")
-    value = getattr(section, field.name)
-    if dataclasses.is_dataclass(value):
-      yield from _described(value, f"{prefix}{field.name}.")
+  key of `section` (default: all of Settings), a section's before its own
+  keys."""
+  return {name: field.metadata.get("description")
+          for name, field, _ in _fields(section or Settings())}
 
 
 def changeable_keys():
   """fnmatch patterns of the dotted keys a restart may change: a key, or
   "SECTION.*" for a section or dict-valued key of which any part may."""
-  return tuple(_changeable(Settings(), ""))
-
-
-def _changeable(section, prefix):
-  for field in dataclasses.fields(section):
-    value = getattr(section, field.name)
-    if field.metadata.get("changeable"):
-      nested = dataclasses.is_dataclass(value) or isinstance(value, dict)
-      yield prefix + field.name + (".*" if nested else "")
-    elif dataclasses.is_dataclass(value):
-      yield from _changeable(value, f"{prefix}{field.name}.")
+  return tuple(
+      name + (".*" if dataclasses.is_dataclass(value) or
+              isinstance(value, dict) else "")
+      for name, field, value in _fields(Settings())
+      if field.metadata.get("changeable"))
 
 
 def added_keys():
   """{dotted key: what a run recorded without it did (as JSON holds it),
   or RESOLVED} of the keys added since runs were first recorded."""
-  return dict(_added(Settings(), ""))
-
-
-def _added(section, prefix):
-  for field in dataclasses.fields(section):
-    value = getattr(section, field.name)
-    if dataclasses.is_dataclass(value):
-      yield from _added(value, f"{prefix}{field.name}.")
-      continue
-    before = field.metadata["before"]
-    if before is ORIGINAL:
-      continue
+  added = {}
+  for name, field, value in _fields(Settings()):
+    before = field.metadata.get("before", ORIGINAL)
     if before is AS_DEFAULT:
       before = value
-    yield prefix + field.name, (
-        before if before is RESOLVED else json.loads(json.dumps(before)))
+    if before is not ORIGINAL:
+      added[name] = (before if before is RESOLVED
+                     else json.loads(json.dumps(before)))
+  return added
+
+
+def _fields(section, prefix=""):
+  """(dotted key, field, default) of every field of `section`, a nested
+  section's before its own."""
+  for field in dataclasses.fields(section):
+    value = getattr(section, field.name)
+    yield prefix + field.name, field, value
+    if dataclasses.is_dataclass(value):
+      yield from _fields(value, f"{prefix}{field.name}.")

@@ -19,14 +19,8 @@ from absl import logging
 from vit_jax import errors, sharding
 from vit_jax.runs import settings
 
-# What may change between restarts of one run (runs/settings.py marks
-# them): how often it reports and saves, how long it runs (extending a
-# run), where its data is stored, what it evaluates and what it recomputes
-# (neither changes what it trains), and the hardware it runs on: the mesh,
-# and the micro-batches that a smaller slice needs to hold the same global
-# batch (vit_jax/data/shares.py keeps the batches). folder_contents:
-# vit_jax/training/resolve.py has refused a change the user did not ask
-# for. fnmatch patterns of dotted keys.
+# What may change between restarts of one run, as runs/settings.py marks
+# it (and says why): fnmatch patterns of dotted keys.
 CHANGEABLE_KEYS = settings.changeable_keys()
 # Keys added since runs were first recorded, with the value that does what
 # a run recorded without them did, or settings.RESOLVED: whatever the
