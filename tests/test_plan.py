@@ -196,8 +196,8 @@ def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():
 
 def test_micro_batches_are_all_costed():
   # XLA would count the loop's body once: half the FLOPs of 2 micro-batches.
-  accumulated = cost_lib.plan(tiny_pretraining(batch_size=512, accum_steps=2,
-                                           image_size=64),
+  accumulated = cost_lib.plan(tiny_pretraining(batch_size=64, accum_steps=2,
+                                           image_size=32),
                           "v3-8", classes=10)
   assert accumulated.fits and accumulated.suggestions == []
   assert accumulated.cost_compile_seconds > 0
