@@ -30,14 +30,16 @@ def state_of(name):
     models,  # pylint: disable=g-import-not-at-top
     sharding,  # pylint: disable=g-import-not-at-top
   )
+  from vit_jax.runs import settings  # pylint: disable=g-import-not-at-top
   from vit_jax.training import step  # pylint: disable=g-import-not-at-top
   config = digits.get_config()
   classes = 10
   if name != "digits":  # The variant's sizes over the digits model's.
     config.model.update(name=name, **models.VARIANTS[name.split("/")[0]])
     config.image_size, classes = 224, 1000
-  program = step.build(config, sharding.make_mesh(config.mesh),
-                       step.parts(config, classes))
+  keys = settings.of(config)
+  program = step.build(keys, sharding.make_mesh(config.mesh),
+                       step.parts(keys, classes))
   return program.init(jax.random.key(0))
 
 

@@ -55,13 +55,15 @@ def main(argv):
 
   from vit_jax import sharding
   from vit_jax.models import flops as flops_lib
+  from vit_jax.runs import settings
   from vit_jax.training import step as step_lib, throughput
   f = flags.FLAGS
   name, batch_size = f.models[0].split(":")
   config = bench.config_for(name, int(batch_size), f.dtypes[0],
                             f.image_size, f.attention[0])
-  program = step_lib.build(config, sharding.make_mesh(config.mesh),
-                           step_lib.parts(config, 1000))
+  keys = settings.of(config)
+  program = step_lib.build(keys, sharding.make_mesh(config.mesh),
+                           step_lib.parts(keys, 1000))
   state = program.init(jax.random.key(0))
   train_images, train_labels, test_images, test_labels = digits(
       f.image_size)

@@ -63,9 +63,11 @@ def prepared_step(config, num_classes=1000):
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from vit_jax import sharding
+  from vit_jax.runs import settings
   from vit_jax.training import step as step_lib
-  mesh = sharding.make_mesh(config.mesh)
-  program = step_lib.build(config, mesh, step_lib.parts(config, num_classes))
+  keys = settings.of(config)
+  program = step_lib.build(keys, sharding.make_mesh(config.mesh),
+                           step_lib.parts(keys, num_classes))
   state = program.init(jax.random.key(0))
   rng = np.random.default_rng(0)
   size = config.image_size

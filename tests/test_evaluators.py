@@ -80,8 +80,9 @@ def test_real_evaluator_scores_the_sets_of_every_image(real_validation):
       "evaluators.test.every": 0, "mesh.data": 8, "mesh.model": 1})
   config.evaluators.real = dict(kind="real", every=5)
   mesh = sharding.make_mesh(config.mesh)
-  built = step_lib.parts(config, 1000)
-  program = step_lib.build(config, mesh, built)
+  checked = resolve.check_values(config)
+  built = step_lib.parts(checked.settings, 1000)
+  program = step_lib.build(checked.settings, mesh, built)
   params = randomize(program.init(jax.random.key(0)).params, scale=1.0)
   # Predictions among classes 0-7, where the sets are: some right, some not.
   params["head"]["bias"][8:] = -100.0
@@ -165,9 +166,9 @@ def run_evaluators(config, params=None):
   mesh = sharding.make_mesh(config.mesh)
   data = sources.Sources(config.dataset, config.data_dir)
   checked = resolve.check_values(config)
-  resolve.check_data(config, checked, data)
-  built = step_lib.parts(config, 10)
-  program = step_lib.build(config, mesh, built)
+  resolve.check_data(checked, data)
+  built = step_lib.parts(checked.settings, 10)
+  program = step_lib.build(checked.settings, mesh, built)
   state = program.init(jax.random.key(0))
   params = randomize(state.params) if params is None else params
   params = jax.device_put(params, program.state_shardings.params)

@@ -17,12 +17,13 @@ from tests.util import (
   SMALL,
   assert_trees_equal,
   latest_checkpoint,
+  program_of,
   run_training,
   small_config,
 )
 from vit_jax import models, sharding
 from vit_jax.data import pipeline, sources
-from vit_jax.runs import checkpoints as checkpoints_lib
+from vit_jax.runs import checkpoints as checkpoints_lib, settings
 from vit_jax.training import resolve, step as step_lib
 from vit_jax.weights import adaptation, npz as npz_lib, pretrained
 
@@ -50,9 +51,8 @@ def pretrained_run(digits_data_dir, tmp_path_factory):
 
 def start_of(config):
   """The state a run of `config` starts from, before any update."""
-  program = step_lib.build(config, sharding.make_mesh(config.mesh),
-                           step_lib.parts(config, 10))
-  return step_lib.initial_state(program, config), program
+  program = program_of(config)
+  return step_lib.initial_state(program, settings.of(config)), program
 
 
 @pytest.mark.parametrize("source", ["npz", "workdir", "workdir:6"])
@@ -217,8 +217,7 @@ def test_export_writes_the_polyak_average_and_gives_the_same_logits(
   assert done.returncode == 0, done.stderr[-3000:]
   assert "Polyak average" in done.stdout
 
-  mesh = sharding.make_mesh(config.mesh)
-  program = step_lib.build(config, mesh, step_lib.parts(config, 10))
+  program = program_of(config)
   manager = checkpoints_lib.manager(os.path.join(workdir, "checkpoints"), 3)
   state, _ = checkpoints_lib.restore_newest_whole(manager, program.state_shapes)
   exported = npz_lib.load_npz(npz)

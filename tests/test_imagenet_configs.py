@@ -84,9 +84,9 @@ def get(name):
 def test_full_size_config_passes_its_checks(name):
   from configs import digits  # pylint: disable=g-import-not-at-top
   config = get(name)
-  sizes = {"model.hidden_size", "model.num_layers", "model.mlp_dim",
-           "model.num_heads"}
-  assert flat_keys(config) == flat_keys(digits.get_config()) - sizes
+  assert flat_keys(config) == flat_keys(digits.get_config())
+  assert [config.model[key] for key in ("hidden_size", "num_layers",
+                                        "mlp_dim", "num_heads")] == [None] * 4
   check_config(config)
 
 

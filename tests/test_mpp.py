@@ -7,10 +7,16 @@ import numpy as np
 import pytest
 
 from configs import mpp as mpp_config
-from tests.util import SMALL, latest_checkpoint, run_training, small_config
+from tests.util import (
+  SMALL,
+  latest_checkpoint,
+  program_of,
+  run_training,
+  small_config,
+)
 from vit_jax import errors, sharding
 from vit_jax.models import masked_patches
-from vit_jax.runs import writers
+from vit_jax.runs import settings, writers
 from vit_jax.training import resolve, step
 
 
@@ -99,10 +105,9 @@ def test_mpp_pretraining_on_digits_lowers_its_loss_and_then_fine_tunes(
 
   finetune = small_config(digits_data_dir, init_from=pretrain, total_steps=3,
                           **{"evaluators.test.every": 0})
-  program = step.build(finetune, sharding.make_mesh(finetune.mesh),
-                       step.parts(finetune, 10))
+  program = program_of(finetune)
   started = flax.traverse_util.flatten_dict(jax.device_get(
-      step.initial_state(program, finetune).params), sep="/")
+      step.initial_state(program, settings.of(finetune)).params), sep="/")
   pretrained = flax.traverse_util.flatten_dict(trained, sep="/")
   assert "mask_embedding" not in started
   for key, value in started.items():
@@ -122,5 +127,5 @@ def test_the_papers_mpp_config_is_b16_on_jft_and_passes_the_checks():
   assert (config.optimizer.name, config.optimizer.learning_rate,
           config.optimizer.warmup_steps, config.optimizer.decay) == (
               "adam", 2e-4, 10_000, "cosine")
-  resolve.check_program(config, resolve.check_values(config),
+  resolve.check_program(resolve.check_values(config),
                         sharding.make_mesh(config.mesh), 10)

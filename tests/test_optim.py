@@ -3,12 +3,12 @@
 import re
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from vit_jax import errors
+from vit_jax.runs import settings
 from vit_jax.training import optimizer as optimizer_lib
 
 
@@ -31,7 +31,7 @@ def config(**overrides):
                 decay="linear", weight_decay=0.0, grad_clip_norm=0.0,
                 b1=0.9, b2=0.999, momentum=0.9)
   values.update(overrides)
-  return ml_collections.ConfigDict(values)
+  return settings.Optimizer(**values)
 
 
 def one_update(opt, grads, params):
@@ -130,15 +130,16 @@ def test_frozen_parameters_are_bitwise_unchanged_and_hold_no_state(
     digits_data_dir):
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tests.util import small_config, train_steps  # pylint: disable=g-import-not-at-top
-  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  from tests.util import (
+    program_of,
+    small_config,
+    train_steps,  # pylint: disable=g-import-not-at-top,
+  )
   frozen = r"embedding/.*|cls|Transformer/posembed_input/.*|Transformer/encoderblock_0/.*"
   states = {}
   for name, pattern in (("frozen", frozen), ("trained", "")):
     cfg = small_config(digits_data_dir, **{"optimizer.frozen": pattern})
-    program = step_lib.build(cfg, sharding.make_mesh(cfg.mesh),
-                             step_lib.parts(cfg, 10))
+    program = program_of(cfg)
     state = program.init(jax.random.key(0))
     before = jax.device_get(state.params)
     _, state = train_steps(program, state, cfg, 3)

@@ -6,10 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.util import small_config, train_steps
-from vit_jax import errors, models, sharding
+from tests.util import program_of, small_config, train_steps
+from vit_jax import errors, models
 from vit_jax.analysis import attention
 from vit_jax.models import vit
+from vit_jax.runs import settings
 from vit_jax.training import step
 from vit_jax.weights import adaptation, npz as npz_lib
 
@@ -82,8 +83,7 @@ def test_each_kind_trains_on_digits_and_fine_tunes_at_16_px(
   config = small_config(digits_data_dir, total_steps=60, batch_size=64, **{
       "model.posemb": posemb, "optimizer.learning_rate": 3e-3,
       "optimizer.warmup_steps": 10})
-  program = step.build(config, sharding.make_mesh(config.mesh),
-                       step.parts(config, 10))
+  program = program_of(config)
   losses, state = train_steps(program, program.init(jax.random.key(0)),
                               config, 60)
   assert np.mean(losses[-10:]) < 0.85 * np.mean(losses[:10])
@@ -94,9 +94,8 @@ def test_each_kind_trains_on_digits_and_fine_tunes_at_16_px(
   # At 16 px the 2 px patches make an 8 x 8 grid instead of 4 x 4.
   finetune = small_config(digits_data_dir, init_from=npz, image_size=16,
                           **{"model.posemb": posemb})
-  program = step.build(finetune, sharding.make_mesh(finetune.mesh),
-                       step.parts(finetune, 10))
-  state = step.initial_state(program, finetune)
+  program = program_of(finetune)
+  state = step.initial_state(program, settings.of(finetune))
   started = flat(state.params)
   tables = {k: v for k, v in started.items() if "posembed_input" in k}
   if posemb == "learn2d":

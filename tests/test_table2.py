@@ -24,11 +24,10 @@ import tensorflow_datasets as tfds
 from configs import digits
 from configs.table2 import finetune, pretrain
 from tests.test_train import compiles_during
-from tests.util import check_config, mocked_tfds, run_training
-from vit_jax import errors, models, sharding
+from tests.util import check_config, mocked_tfds, program_of, run_training
+from vit_jax import errors, models
 from vit_jax.data import sources
 from vit_jax.models import flops
-from vit_jax.training import step as step_lib
 
 # Table 3 (Section 4.1) and Table 1's widths, for Table 2's three columns.
 PRETRAIN = {
@@ -205,9 +204,10 @@ def flat_keys(config):
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_keys_are_those_of_digits_without_model_sizes(name):
-  sizes = {f"model.{key}" for key in TINY_MODEL}
-  assert flat_keys(get(name)) == flat_keys(digits.get_config()) - sizes
+def test_keys_are_those_of_digits_with_the_names_model_sizes(name):
+  config = get(name)
+  assert flat_keys(config) == flat_keys(digits.get_config())
+  assert [config.model[key] for key in TINY_MODEL] == [None] * len(TINY_MODEL)
 
 
 @pytest.mark.parametrize("arg", PRETRAIN)
@@ -233,7 +233,9 @@ def test_pretrain_is_table3(arg):
       attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="",
       scan_layers=True, attention="einsum", posemb="learn", mpp=False,
       layer_norm_epsilon=None, gelu=None, final_norm=None, head_bias_init=0.0,
-      layer_scale=None, num_registers=None, qk_norm=None)
+      layer_scale=None, num_registers=None, qk_norm=None, patch_size=None,
+      hidden_size=None, num_layers=None, num_heads=None, mlp_dim=None,
+      param_dtype=None, resnet_stages=None, resnet_width=None)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
@@ -310,7 +312,9 @@ def test_finetune_is_table4(arg):
       attention="einsum", posemb="learn", mpp=False, layer_norm_epsilon=None,
       gelu=None,
       final_norm=None, head_bias_init=0.0, layer_scale=None,
-      num_registers=None, qk_norm=None)
+      num_registers=None, qk_norm=None, patch_size=None, hidden_size=None,
+      num_layers=None, num_heads=None, mlp_dim=None, param_dtype=None,
+      resnet_stages=None, resnet_width=None)
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
   # 2% of the train split held out: the minival that picks the lr.
   assert config.train_split == "train[:98%]"
@@ -392,9 +396,8 @@ def test_full_size_model_builds(mock_tfds, name):
   """The real model and train state, traced but neither allocated nor
   compiled."""
   config = get(name)
-  mesh = sharding.make_mesh(config.mesh)
   num_classes = sources.lookup(config.dataset, None).num_classes
-  program = step_lib.build(config, mesh, step_lib.parts(config, num_classes))
+  program = program_of(config, num_classes)
   patch = int(config.model.name.split("/")[1])
   width = models.VARIANTS[config.model.name[0]]["hidden_size"]
   params = program.state_shapes.params

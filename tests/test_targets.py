@@ -10,8 +10,9 @@ import numpy as np
 import optax
 import pytest
 
-from tests.util import check_config, small_config
+from tests.util import check_config, program_of, small_config
 from vit_jax import errors, sharding
+from vit_jax.runs import settings
 from vit_jax.training import losses, step as step_lib, targets
 
 LOGITS = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]], np.float32)
@@ -155,10 +156,11 @@ def test_defaults_give_todays_step_bitwise(digits_data_dir):
   config = small_config(digits_data_dir, **{
       "mixup.prob": 0.0, "cutmix.prob": 0.0, "label_smoothing": 0.0,
       "loss": "softmax", "mesh.data": 1, "mesh.model": 1})
-  assert not targets.Recipe.from_config(config, 10).soft
+  assert not targets.Recipe.of(settings.of(config), 10).soft
   mesh = sharding.make_mesh(config.mesh, devices=jax.devices()[:1])
-  program = step_lib.build(config, mesh, step_lib.parts(config, 10))
-  tx, _ = step_lib.optimizer.create(config.optimizer, config.total_steps)
+  program = program_of(config, mesh=mesh)
+  tx, _ = step_lib.optimizer.create(settings.of(config).optimizer,
+                                    config.total_steps)
   rng = np.random.default_rng(0)
   batch = {"image": rng.integers(0, 256, (32, 8, 8, 3), dtype=np.uint8),
            "label": rng.integers(0, 10, 32).astype(np.int32),

@@ -15,6 +15,7 @@ from tests.util import (
   REPO,
   latest_checkpoint,
   metric_rows,
+  program_of,
   run_training,
   small_config,
   train_steps,
@@ -22,12 +23,11 @@ from tests.util import (
 from vit_jax import errors, runtime, sharding
 from vit_jax.data import pipeline
 from vit_jax.models import flops
-from vit_jax.training import step as step_lib
 
 
 def first_losses(config, devices, num_steps=3):
   mesh = sharding.make_mesh(config.mesh, devices=devices)
-  program = step_lib.build(config, mesh, step_lib.parts(config, 10))
+  program = program_of(config, mesh=mesh)
   state = program.init(jax.random.key(config.seed))
   return train_steps(program, state, config, num_steps, augment=("shift",))
 

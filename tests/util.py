@@ -89,8 +89,8 @@ def check_config(config):
   returns the mesh."""
   from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
   from vit_jax.training import resolve  # pylint: disable=g-import-not-at-top
-  mesh, _ = resolve.program(config)
-  resolve.check_data(config, resolve.check_values(config),
+  _, mesh, _ = resolve.program(config)
+  resolve.check_data(resolve.check_values(config),
                      sources.Sources(config.dataset, config.data_dir))
   return mesh
 
@@ -230,14 +230,22 @@ def wait_for_step(workdir, step, process, timeout=300):
   raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
+def program_of(config, num_classes=10, mesh=None):
+  """The program (vit_jax.training.step's) that a run of `config` builds,
+  over `mesh` (default: config.mesh over every device)."""
+  from vit_jax import sharding
+  from vit_jax.runs import settings
+  from vit_jax.training import step as step_lib
+  keys = settings.of(config)
+  mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+  return step_lib.build(keys, mesh, step_lib.parts(keys, num_classes))
+
+
 def latest_checkpoint(workdir, config):
   """(step, params, progress) of the newest checkpoint in `workdir`."""
-  from vit_jax import sharding
   from vit_jax.runs import checkpoints as checkpoints_lib
   from vit_jax.runs.workdir import Workdir
-  from vit_jax.training import step as step_lib
-  mesh = sharding.make_mesh(config.mesh)
-  program = step_lib.build(config, mesh, step_lib.parts(config, 10))
+  program = program_of(config)
   manager = Workdir(workdir).checkpoint_manager(3)
   state, progress = checkpoints_lib.restore_newest_whole(manager,
                                                    program.state_shapes)

@@ -84,8 +84,8 @@ def create(name, num_classes, **overrides):
   fields (hidden_size, num_layers, ...) for small models such as the digits
   one. Patch sizes outside PATCH_SIZES are accepted for small images (e.g. 2
   on 8x8). `mpp=True` gives the masked-patch-prediction model,
-  MaskedPatchViT, instead of the classifier. SOURCE_OPTIONS left None
-  take their defaults.
+  MaskedPatchViT, instead of the classifier. An override of None leaves
+  its field as the name (or ViTConfig's default) sets it.
 
   A hybrid ("R50+B/16", "R50+L/32", "R26+S/32") puts the BiT ResNet stem of
   HYBRID_STAGES under the ViT, with patch size 1 on its feature map; the
@@ -103,7 +103,7 @@ def create(name, num_classes, **overrides):
   model_class = MaskedPatchViT if overrides.pop("mpp", False) else (
       VisionTransformer)
   overrides = {key: value for key, value in overrides.items()
-               if not (key in SOURCE_OPTIONS and value is None)}
+               if value is not None}
   unknown = set(overrides) - CONFIG_FIELDS
   if unknown:
     raise errors.InputError(

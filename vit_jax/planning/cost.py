@@ -164,8 +164,8 @@ def build_step(config, devices, classes, unroll=False):
   """(program, batch shapes) of `config`'s step over `devices`: checked
   (vit_jax/training/resolve.py) and built as a run builds it, nothing
   compiled yet."""
-  mesh, built = resolve.program(config, devices, classes)
-  program = step_lib.build(config, mesh, built, unroll)
+  keys, mesh, built = resolve.program(config, devices, classes)
+  program = step_lib.build(keys, mesh, built, unroll)
   size, batch = config.image_size, config.batch_size
   # The global batch as the input pipeline feeds it: uint8 images.
   shapes = {"image": jax.ShapeDtypeStruct((batch, size, size, 3), jnp.uint8,

@@ -65,9 +65,9 @@ def section(make, description, *, changeable=False):
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """config.model: `name` and any override of models.create's fields (the
-  sizes too, for small models: README, "Models"). The options a checkpoint
-  fixes are None here: init_from's, else the paper's ViT."""
+  """config.model: `name` and an override of each of models.create's
+  fields (README, "Models"); None leaves a field as the name, init_from,
+  else the paper's ViT sets it."""
   name: str = key("", 'a size of Table 1, "B/16", or a hybrid, "R50+B/16"')
   classifier: Optional[str] = key(
       None, '"token", "gap" or "map"; unset: init_from\'s, else "token"')
@@ -114,6 +114,25 @@ class Model:
   qk_norm: Optional[bool] = key(
       None, "a LayerNorm over each head's queries and keys; unset: "
       "init_from's, else off", before=False)
+  # The sizes: unset, the name's (models.VARIANTS, its patch size, and a
+  # hybrid's stages); set, for small models such as the digits one.
+  patch_size: Optional[int] = key(
+      None, "pixels per patch side; unset: the name's", before=None)
+  hidden_size: Optional[int] = key(
+      None, "the token width; unset: the name's", before=None)
+  num_layers: Optional[int] = key(
+      None, "Transformer blocks; unset: the name's", before=None)
+  num_heads: Optional[int] = key(
+      None, "attention heads; unset: the name's", before=None)
+  mlp_dim: Optional[int] = key(
+      None, "the MLPs' hidden width; unset: the name's", before=None)
+  param_dtype: Optional[str] = key(
+      None, "what the params are kept in; unset: float32", before=None)
+  resnet_stages: Optional[tuple] = key(
+      None, "a hybrid's ResNet units per stage; unset: the name's",
+      before=None)
+  resnet_width: Optional[int] = key(
+      None, "a hybrid's ResNet base width; unset: 64", before=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,14 +264,21 @@ def _optional_type(annotation):
 
 def of(config):
   """The Settings of `config` (a ConfigDict of every key), each bounded
-  value checked: a ConfigError names the first out of bounds. Keys that a
-  config adds beyond these (the model's sizes, an evaluator's settings)
-  stay in `config`."""
+  value checked: a ConfigError names the first out of bounds, or a key
+  that a config file added and no field reads (an evaluator's settings
+  are the `evaluators` dict's, checked by their kind)."""
   return _section(Settings(), config, "")
 
 
 def _section(defaults, config, prefix):
   """`defaults` (a section's dataclass) with the values `config` sets."""
+  unknown = sorted(set(config) - {field.name for field in
+                                  dataclasses.fields(defaults)})
+  if unknown:
+    section = f"config.{prefix[:-1]}" if prefix else "the config"
+    raise errors.ConfigError(f"{section} has no key "
+                             f"{unknown[0]!r} (its keys: "
+                             "vit_jax/runs/settings.py)")
   values = {}
   for field in dataclasses.fields(defaults):
     value = getattr(defaults, field.name)

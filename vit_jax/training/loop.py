@@ -35,7 +35,7 @@ def train_and_evaluate(run, started=None):
   default now."""
   accounts = goodput.Accounts(since=started)
   try:
-    program = step_lib.build(run.config, run.mesh, run.parts)
+    program = step_lib.build(run.settings, run.mesh, run.parts)
     finished = report_finished(run, program)
     if finished is not None:
       return finished
@@ -50,11 +50,11 @@ def train_and_evaluate(run, started=None):
 
 def train(run, program, accounts):
   """The loop itself: steps, evaluations and saves from the latest step."""
-  config, keys = run.config, run.settings
+  keys = run.settings
   total = keys.total_steps
   manager = run.workdir.checkpoint_manager(keys.keep_checkpoints)
-  state, saved, resumed = resume_or_start(manager, program, config, accounts)
-  store.record(config, run.workdir, {
+  state, saved, resumed = resume_or_start(manager, program, keys, accounts)
+  store.record(run.config, run.workdir, {
       **run.changes, **store.devices_change(saved.get("mesh"), run.mesh)})
   evaluate = evaluators.Evaluators(run, program)
   start_step = int(state.step)
@@ -125,7 +125,7 @@ def report_finished(run, program):
           "core_days": timing.core_days(goodput.total(seconds))}
 
 
-def resume_or_start(manager, program, config, accounts):
+def resume_or_start(manager, program, keys, accounts):
   """(state, saved, whether it resumed): the latest checkpoint's state and
   what it carried (seconds, skipped examples, mesh), or a new run's."""
   with accounts.counting("checkpoint"):
@@ -133,7 +133,7 @@ def resume_or_start(manager, program, config, accounts):
   if restored:
     state, saved = restored
     return state, {"skipped_examples": 0, **saved}, True
-  return (step_lib.initial_state(program, config),
+  return (step_lib.initial_state(program, keys),
           {"seconds": goodput.zeros(), "skipped_examples": 0}, False)
 
 

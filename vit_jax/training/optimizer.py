@@ -81,7 +81,7 @@ def multiplier(name, shape, opt, num_layers):
   """The learning-rate multiplier of parameter `name` of `shape`: a float,
   or for the stacked blocks of scan_layers an array that broadcasts along
   their leading (layer) axis."""
-  decay = opt.get("layer_decay", 1.0)
+  decay = opt.layer_decay
   block = _block(name)
   if block == "top":
     scale = 1.0
@@ -93,7 +93,7 @@ def multiplier(name, shape, opt, num_layers):
         (-1,) + (1,) * (len(shape) - 1)).astype(np.float32)
   else:
     scale = decay ** (num_layers - block)
-  for pattern, mult in opt.get("lr_mults", ()):
+  for pattern, mult in opt.lr_mults:
     if re.fullmatch(pattern, name):
       return scale * mult
   return scale
@@ -101,7 +101,7 @@ def multiplier(name, shape, opt, num_layers):
 
 def labels(params, opt, num_layers):
   """FROZEN or TRAINED for each parameter of `params`."""
-  frozen = opt.get("frozen", "")
+  frozen = opt.frozen
 
   def label(path, leaf):
     name = parameter_name(path)
@@ -126,8 +126,8 @@ def scale_per_parameter(opt, num_layers):
 
 
 def create(opt, total_steps, num_layers=0):
-  """(optax transformation, schedule) for the optimizer config `opt` of a
-  model of `num_layers` blocks."""
+  """(optax transformation, schedule) for the optimizer settings `opt`
+  (runs/settings.py's Optimizer) of a model of `num_layers` blocks."""
   schedule = learning_rate_schedule(opt.learning_rate, total_steps,
                                     opt.warmup_steps, opt.decay)
   check_multipliers(opt)
@@ -150,11 +150,11 @@ def create(opt, total_steps, num_layers=0):
   # Each piece only where it is asked for: an optimizer state of another
   # structure would not restore the checkpoints of earlier runs.
   scaled = ([scale_per_parameter(opt, num_layers)]
-            if opt.get("layer_decay", 1.0) != 1 or opt.get("lr_mults") else [])
+            if opt.layer_decay != 1 or opt.lr_mults else [])
   tx = optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule),
                    *scaled)
-  if not opt.get("frozen") and not any(m == 0 for _, m in
-                                        opt.get("lr_mults", ())):
+  if not opt.frozen and not any(m == 0 for _, m in
+                                        opt.lr_mults):
     return tx, schedule
   # Frozen parameters get no update and, masked out of `tx`, no state.
   return optax.multi_transform(
@@ -164,15 +164,15 @@ def create(opt, total_steps, num_layers=0):
 
 def check_multipliers(opt):
   """layer_decay, lr_mults and frozen, each error naming its key."""
-  decay = opt.get("layer_decay", 1.0)
+  decay = opt.layer_decay
   if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not (
       0 < decay <= 1):
     raise errors.InputError(
         f"config.optimizer.layer_decay must be in (0, 1] (1: off), got "
         f"{decay!r}")
-  patterns = [opt.get("frozen", "")]
+  patterns = [opt.frozen]
   try:
-    for pattern, mult in opt.get("lr_mults", ()):
+    for pattern, mult in opt.lr_mults:
       patterns.append(pattern)
       if isinstance(mult, bool) or not isinstance(mult, (int, float)) or (
           mult < 0):
@@ -180,7 +180,7 @@ def check_multipliers(opt):
   except (TypeError, ValueError):
     raise errors.InputError(
         f"config.optimizer.lr_mults must be pairs (regex, multiplier >= 0), "
-        f"got {opt.get('lr_mults')!r}") from None
+        f"got {opt.lr_mults!r}") from None
   for pattern in patterns:
     try:
       re.compile(pattern)

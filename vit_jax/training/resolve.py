@@ -50,9 +50,9 @@ class Checked(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class Run:
   """What every part of a training run is told."""
-  config: ml_collections.ConfigDict  # checked; function options and
-  #                                     input_shares filled in
-  settings: settings.Settings  # the config's keys, typed
+  config: ml_collections.ConfigDict  # as config.json records it (only
+  #                                     runs/store.py reads it)
+  settings: settings.Settings  # the config's keys, typed, resolved
   augmentation: preprocess.Augmentation  # what training does to an image
   evaluations: tuple  # (name, kind, every, settings) of each evaluator run
   workdir: workdir_lib.Workdir
@@ -78,96 +78,100 @@ def run(config, workdir, devices=None):
   recorded = workdir.read_config() if workdir.has_run() else None
   config = pretrained.with_source(config, recorded)  # The run's own copy.
   checked = check_values(config)
+  keys = checked.settings
   mesh = sharding.make_mesh(config.mesh, devices)
-  data = sources.Sources(config.dataset, config.data_dir)
+  data = sources.Sources(keys.dataset, keys.data_dir)
+  keys = dataclasses.replace(
+      keys, folder_contents=folder_contents(keys, recorded, data, workdir))
+  check_data(checked, data)
+  built = check_program(checked, mesh, data().num_classes)
+  keys = dataclasses.replace(
+      keys, input_shares=input_shares(keys, recorded, mesh, data))
+  # The run store records and compares the config with what it resolved.
   with config.unlocked():
-    config.folder_contents = folder_contents(config, recorded, data, workdir)
-  check_data(config, checked, data)
-  built = check_program(config, checked, mesh, data().num_classes)
-  with config.unlocked():
-    config.input_shares = input_shares(config, recorded, mesh, data)
+    config.folder_contents = keys.folder_contents
+    config.input_shares = keys.input_shares
   changes = store.differences_allowed(config, recorded, workdir)
-  keys = dataclasses.replace(checked.settings,
-                             input_shares=config.input_shares,
-                             folder_contents=config.folder_contents)
   return Run(config, keys, checked.augmentation, checked.evaluations,
              workdir, mesh, data, changes, built)
 
 
 def program(config, devices=None, num_classes=1):
-  """(mesh over `devices`, Parts for `num_classes`) of `config`, with every
-  check that compiling the train step needs; no data or checkpoint is read
-  (vit_jax.plan stops here: what a run computes, its function options,
-  costs the same)."""
+  """(Settings, mesh over `devices`, Parts for `num_classes`) of `config`,
+  with every check that compiling the train step needs; no data or
+  checkpoint is read (vit_jax.plan stops here: what a run computes, its
+  function options, costs the same)."""
   checked = check_values(config)
   mesh = sharding.make_mesh(config.mesh, devices)
-  return mesh, check_program(config, checked, mesh, num_classes)
+  return checked.settings, mesh, check_program(checked, mesh, num_classes)
 
 
 def check_values(config):
   """Every value that can be checked on its own, each naming its key; what
   they give (Checked)."""
   keys = settings.of(config)
-  if not config.dataset:
+  if not keys.dataset:
     raise errors.ConfigError("config.dataset is empty: name a TFDS dataset, "
                              "'digits' or folder:PATH")
   try:
-    preprocess.check_crop_fraction(config.eval_crop_fraction)
+    preprocess.check_crop_fraction(keys.eval_crop_fraction)
   except errors.InputError as e:
     raise errors.ConfigError(f"config.{e}") from e  # It names the key.
   try:
-    augmentation = preprocess.augmentation(config.augment, config.randaugment)
+    augmentation = preprocess.augmentation(keys.augment, keys.randaugment)
   except errors.InputError as e:
     raise errors.ConfigError(f"config.{e}") from e  # It names the key.
-  targets.check(config)
+  targets.check(keys)
   try:
-    evaluations = evaluators.enabled(config)
+    evaluations = evaluators.enabled(keys)
   except errors.InputError as e:
     raise errors.ConfigError(str(e)) from e  # It names the key.
   return Checked(keys, augmentation, evaluations)
 
 
-def check_program(config, checked, mesh, num_classes):
+def check_program(checked, mesh, num_classes):
   """The model and the optimizer (step.Parts), built here once, and the
   checks that need them and the mesh."""
-  built = step.parts(config, num_classes)
+  keys = checked.settings
+  built = step.parts(keys, num_classes)
   model = built.model
   data_parallel = sharding.data_parallel_size(mesh)
-  per_step = data_parallel * config.accum_steps
-  if config.batch_size % per_step:
+  per_step = data_parallel * keys.accum_steps
+  if keys.batch_size % per_step:
     raise errors.ConfigError(
-        f"config.batch_size={config.batch_size} is not divisible by the "
+        f"config.batch_size={keys.batch_size} is not divisible by the "
         f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
-        f" x fsdp={mesh.shape['fsdp']}) times accum_steps={config.accum_steps}")
+        f" x fsdp={mesh.shape['fsdp']}) times accum_steps={keys.accum_steps}")
   classifying = [name for name, _, _, _ in checked.evaluations]
-  if config.model.get("mpp") and classifying:
+  if keys.model.mpp and classifying:
     raise errors.ConfigError(
         f"config.model.mpp pre-trains without labels, but evaluators "
         f"{classifying} would classify: set their `every` to 0 "
         "(configs/mpp.py does)")
-  if config.image_size % model.token_stride:
+  if keys.image_size % model.token_stride:
     raise errors.ConfigError(f"config.model {model.describe_patch()} does not "
-                             f"divide config.image_size={config.image_size}")
+                             f"divide config.image_size={keys.image_size}")
   return built
 
 
-def check_data(config, checked, data):
+def check_data(checked, data):
   """The checks that read the datasets' descriptions: the training split,
   the broken-image policy, the evaluators' datasets and splits. What they
   find is the config's to fix (its dataset, data_dir or splits): a
   ConfigError."""
+  keys = checked.settings
   try:
-    if data().multi_label and config.loss != "sigmoid":
+    if data().multi_label and keys.loss != "sigmoid":
       raise errors.ConfigError(
-          f"{config.dataset} is multi-label (each image a set of classes): "
+          f"{keys.dataset} is multi-label (each image a set of classes): "
           f"train it with config.loss='sigmoid', one binary problem a class")
-    data().num_examples(config.train_split)
-    if data().num_classes < 2 and not config.model.get("mpp"):
+    data().num_examples(keys.train_split)
+    if data().num_classes < 2 and not keys.model.mpp:
       raise errors.ConfigError(
-          f"{config.dataset} has {data().num_classes} class: a classifier "
+          f"{keys.dataset} has {data().num_classes} class: a classifier "
           "learns nothing from one (its loss is 0 from the start); a folder "
           "dataset needs a folder of images per class, two at least")
-    sources.check_broken_images(data(), config.broken_images)
+    sources.check_broken_images(data(), keys.broken_images)
     evaluators.check(checked.evaluations, data)
   except errors.InputError as e:
     if isinstance(e, errors.ConfigError):
@@ -175,7 +179,7 @@ def check_data(config, checked, data):
     raise errors.ConfigError(str(e)) from e
 
 
-def folder_contents(config, recorded, data, workdir):
+def folder_contents(keys, recorded, data, workdir):
   """The run's folder_contents: for a folder dataset, the name of the copy
   its images are prepared in (a fingerprint of their paths, sizes and
   times), else "".
@@ -187,12 +191,12 @@ def folder_contents(config, recorded, data, workdir):
   change is recorded in config_changes.jsonl (runs/store.py).
   """
   found = data.folder_config()
-  wanted = config.get("folder_contents") or ""
+  wanted = keys.folder_contents
   if found is None:
     if wanted:
       raise errors.ConfigError(
           f"config.folder_contents is for folder datasets, but "
-          f"config.dataset is {config.dataset!r}: leave it unset")
+          f"config.dataset is {keys.dataset!r}: leave it unset")
     return ""
   if wanted and wanted != found.name:
     raise errors.ConfigError(
@@ -213,26 +217,26 @@ def folder_contents(config, recorded, data, workdir):
   return found.name
 
 
-def input_shares(config, recorded, mesh, data):
+def input_shares(keys, recorded, mesh, data):
   """The run's input_shares: as the run `recorded` it, else as the config
   sets it, else `shares.default`; refused when the mesh's data-parallel
   devices cannot split it."""
   data_parallel = sharding.data_parallel_size(mesh)
-  count = config.get("input_shares")
+  count = keys.input_shares
   if count is None and recorded is not None:
     # As recorded (a run recorded before there were input shares read one
     # per data-parallel device); a set value that differs is refused by
     # the run store.
     count = recorded.get("input_shares", data_parallel)
   elif count is None:
-    count = shares.default(config.batch_size,
-                           data().num_examples(config.train_split),
+    count = shares.default(keys.batch_size,
+                           data().num_examples(keys.train_split),
                            data_parallel)
-  if count % data_parallel or config.batch_size % count:
+  if count % data_parallel or keys.batch_size % count:
     raise errors.ConfigError(
         f"config.input_shares={count} cannot be read by {data_parallel} "
         f"data-parallel devices (mesh {sharding.describe_mesh(mesh.shape)}) "
-        f"in blocks of config.batch_size={config.batch_size}: it must be a "
+        f"in blocks of config.batch_size={keys.batch_size}: it must be a "
         f"multiple of data x fsdp and divide the batch. A resumed run keeps "
         f"the count it started with: resume it on a mesh whose data x fsdp "
         f"divides {count}")

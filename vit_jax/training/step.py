@@ -1,13 +1,14 @@
 """The training step, and the program of jitted functions a run is built of.
 
-`parts(config, num_classes)` builds the model and the optimizer, once per
-run (training/resolve.py keeps them in the Run); `build(config, mesh,
-parts)` makes the train state's shapes and shardings from abstract values
+`parts(settings, num_classes)` builds the model and the optimizer, once
+per run (training/resolve.py keeps them in the Run); `build(settings,
+mesh, parts)` makes the train state's shapes and shardings from abstract values
 (nothing allocated or compiled), and jits `init` and `train_step` with
 explicit in and out shardings (sharding.py's rules table). The loop
 (loop.py) and the planner (vit_jax/planning) use the same program.
 """
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import flax
@@ -121,15 +122,16 @@ class Parts(NamedTuple):
   schedule: Callable     # step -> learning rate
 
 
-def parts(config, num_classes):
-  """The model and the optimizer of `config`, for `num_classes` classes;
-  an InputError naming the key where `config.model` (a ConfigError) or
-  `config.optimizer` cannot be built."""
+def parts(settings, num_classes):
+  """The model and the optimizer of a run's `settings` (runs/settings.py),
+  for `num_classes` classes; an InputError naming the key where its model
+  (a ConfigError) or its optimizer cannot be built."""
   try:
-    model = models.create_from_config(config.model, num_classes)
+    model = models.create_from_config(dataclasses.asdict(settings.model),
+                                      num_classes)
   except errors.InputError as e:
     raise errors.ConfigError(f"config.model: {e}") from e
-  tx, schedule = optimizer.create(config.optimizer, config.total_steps,
+  tx, schedule = optimizer.create(settings.optimizer, settings.total_steps,
                                   model.config.num_layers)
   return Parts(model, tx, schedule)
 
@@ -144,23 +146,23 @@ class Program(NamedTuple):
   train_step: Callable   # state, batch -> state, metrics (state donated)
 
 
-def build(config, mesh, built, unroll=False):
-  """Builds the run's program of its Parts `built` from abstract shapes
-  only: nothing is allocated or compiled until it is first called (or
-  lowered, for a TPU topology). `unroll`: see make_train_step."""
+def build(settings, mesh, built, unroll=False):
+  """Builds the program of a run's `settings` and its Parts `built` from
+  abstract shapes only: nothing is allocated or compiled until it is first
+  called (or lowered, for a TPU topology). `unroll`: see make_train_step."""
   model, tx, schedule = built
   state_shapes, state_shardings = abstract_state(
-      model, tx, config.image_size, config.polyak_decay, mesh)
+      model, tx, settings.image_size, settings.polyak_decay, mesh)
   batch_shard = sharding.batch_sharding(mesh)
   init = jax.jit(
-      lambda rng: nn.meta.unbox(init_state(model, tx, config.image_size,
-                                           config.polyak_decay, rng)),
+      lambda rng: nn.meta.unbox(init_state(model, tx, settings.image_size,
+                                           settings.polyak_decay, rng)),
       out_shardings=state_shardings)
   train_step = jax.jit(
       sharding.constrained(
-          make_train_step(model, tx, schedule, config.accum_steps,
-                          config.seed, config.polyak_decay,
-                          targets.Recipe.from_config(config, model.num_classes),
+          make_train_step(model, tx, schedule, settings.accum_steps,
+                          settings.seed, settings.polyak_decay,
+                          targets.Recipe.of(settings, model.num_classes),
                           unroll), mesh),
       in_shardings=(state_shardings, batch_shard),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
@@ -169,14 +171,14 @@ def build(config, mesh, built, unroll=False):
                  train_step)
 
 
-def initial_state(program, config):
-  """A new run's state: fresh, with params from config.init_from if set."""
+def initial_state(program, settings):
+  """A new run's state: fresh, with params from init_from if set."""
   adapted = None
-  if config.init_from:  # Read and checked before anything is compiled.
-    adapted = pretrained.initial_params(config.init_from,
+  if settings.init_from:  # Read and checked before anything is compiled.
+    adapted = pretrained.initial_params(settings.init_from,
                                         program.state_shapes.params,
                                         program.model.config.num_heads)
-  state = program.init(jax.random.key(config.seed))
+  state = program.init(jax.random.key(settings.seed))
   if adapted is None:
     return state
   params = pretrained.place(adapted, state.params,

@@ -58,13 +58,15 @@ class Recipe:
   groups: int = 1  # Blocks of the batch that partners are found within.
 
   @classmethod
-  def from_config(cls, config, num_classes):
-    return cls(num_classes=num_classes, loss=config.loss,
-               label_smoothing=config.label_smoothing,
-               mixup_prob=config.mixup.prob, mixup_alpha=config.mixup.alpha,
-               cutmix_prob=config.cutmix.prob,
-               cutmix_alpha=config.cutmix.alpha,
-               groups=config.get("input_shares") or 1)
+  def of(cls, settings, num_classes):
+    """The recipe of a run's `settings` (runs/settings.py)."""
+    return cls(num_classes=num_classes, loss=settings.loss,
+               label_smoothing=settings.label_smoothing,
+               mixup_prob=settings.mixup.prob,
+               mixup_alpha=settings.mixup.alpha,
+               cutmix_prob=settings.cutmix.prob,
+               cutmix_alpha=settings.cutmix.alpha,
+               groups=settings.input_shares or 1)
 
   @property
   def mixes(self):
@@ -146,26 +148,27 @@ def box(key, height, width, ratio):
   return (in_rows[:, None] & in_cols[None, :]).astype(jnp.float32)
 
 
-def check(config):
-  """ConfigError naming the key, for the keys read here (each value's
-  bounds: runs/settings.py)."""
+def check(settings):
+  """ConfigError naming the key, for the keys of a run's `settings` read
+  here (each value's bounds: runs/settings.py)."""
   try:
-    losses.check(config.loss)
+    losses.check(settings.loss)
   except errors.InputError as e:
     raise errors.ConfigError(f"config.loss: {e}") from e
   for name in ("mixup", "cutmix"):
-    prob, alpha = config[name].prob, config[name].alpha
-    if prob > 0 and not alpha > 0:
+    mix = getattr(settings, name)
+    if mix.prob > 0 and not mix.alpha > 0:
       raise errors.ConfigError(
           f"config.{name}.alpha must be > 0 when config.{name}.prob is "
-          f"set, got {alpha!r} (Beta(alpha, alpha) draws the mixing ratio)")
-  if config.mixup.prob + config.cutmix.prob > 1:
+          f"set, got {mix.alpha!r} (Beta(alpha, alpha) draws the mixing "
+          "ratio)")
+  if settings.mixup.prob + settings.cutmix.prob > 1:
     raise errors.ConfigError(
         f"config.mixup.prob + config.cutmix.prob must be at most 1 (one draw "
-        f"picks one of them per step), got {config.mixup.prob} + "
-        f"{config.cutmix.prob}")
-  recipe = Recipe.from_config(config, num_classes=2)
-  if config.model.get("mpp") and recipe.soft:
+        f"picks one of them per step), got {settings.mixup.prob} + "
+        f"{settings.cutmix.prob}")
+  recipe = Recipe.of(settings, num_classes=2)
+  if settings.model.mpp and recipe.soft:
     raise errors.ConfigError(
         "masked patch prediction predicts patch colours, not labels: "
         "config.loss, label_smoothing, mixup and cutmix do not apply to it")

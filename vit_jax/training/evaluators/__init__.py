@@ -46,11 +46,12 @@ def settings(name, entry):
   return kind, every, ml_collections.FrozenConfigDict({**defaults, **entry})
 
 
-def enabled(config):
-  """(name, kind, every, settings) of each evaluator that `config` runs,
-  every evaluator's settings checked (an InputError names the key)."""
+def enabled(keys):
+  """(name, kind, every, settings) of each evaluator that a run's `keys`
+  (runs/settings.py) run, every evaluator's settings checked (an
+  InputError names the key)."""
   parsed = [(name, *settings(name, entry))
-            for name, entry in config.evaluators.items()]
+            for name, entry in keys.evaluators.items()]
   return tuple(entry for entry in parsed if entry[2])
 
 
