@@ -14,9 +14,10 @@ any other change): how often a run reports and saves, how long it runs
 recomputes (neither changes what it trains), and the hardware it runs on:
 the mesh, and the micro-batches a smaller slice needs to hold the same
 global batch (data/shares.py keeps the batches); folder_contents, a change
-that training/resolve.py refuses unless the user names it. A key added since runs were first recorded carries
-`before`: the value that does what a run recorded without it did, or
-RESOLVED, whatever the restart resolves it to.
+that training/resolve.py refuses unless the user names it. A key added
+since runs were first recorded carries `before`: the value that does what
+a run recorded without it did, or RESOLVED, whatever the restart resolves
+it to.
 
 README's "Config keys" table names every key here, and every key has a
 description (tests/test_readme.py, tests/test_settings.py).
@@ -54,6 +55,13 @@ def key(default, description, *, at_least=None, below=None, at_most=None,
     return dataclasses.field(default_factory=lambda: copy.deepcopy(default),
                              metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
+
+
+def size(description, unset="the name's"):
+  """A model's size field: unset (None), what the model's name says
+  (models.VARIANTS, its patch size, a hybrid's stages) or `unset`; a run
+  recorded before it was a key recorded it only where its config set it."""
+  return key(None, f"{description}; unset: {unset}", before=None)
 
 
 def section(make, description, *, changeable=False):
@@ -114,25 +122,17 @@ class Model:
   qk_norm: Optional[bool] = key(
       None, "a LayerNorm over each head's queries and keys; unset: "
       "init_from's, else off", before=False)
-  # The sizes: unset, the name's (models.VARIANTS, its patch size, and a
-  # hybrid's stages); set, for small models such as the digits one.
-  patch_size: Optional[int] = key(
-      None, "pixels per patch side; unset: the name's", before=None)
-  hidden_size: Optional[int] = key(
-      None, "the token width; unset: the name's", before=None)
-  num_layers: Optional[int] = key(
-      None, "Transformer blocks; unset: the name's", before=None)
-  num_heads: Optional[int] = key(
-      None, "attention heads; unset: the name's", before=None)
-  mlp_dim: Optional[int] = key(
-      None, "the MLPs' hidden width; unset: the name's", before=None)
-  param_dtype: Optional[str] = key(
-      None, "what the params are kept in; unset: float32", before=None)
-  resnet_stages: Optional[tuple] = key(
-      None, "a hybrid's ResNet units per stage; unset: the name's",
-      before=None)
-  resnet_width: Optional[int] = key(
-      None, "a hybrid's ResNet base width; unset: 64", before=None)
+  # The sizes (`size`): set for small models such as the digits one.
+  patch_size: Optional[int] = size("pixels per patch side")
+  hidden_size: Optional[int] = size("the token width")
+  num_layers: Optional[int] = size("Transformer blocks")
+  num_heads: Optional[int] = size("attention heads")
+  mlp_dim: Optional[int] = size("the MLPs' hidden width")
+  param_dtype: Optional[str] = size("what the params are kept in",
+                                    unset="float32")
+  resnet_stages: Optional[tuple] = size("a hybrid's ResNet units per stage")
+  resnet_width: Optional[int] = size("a hybrid's ResNet base width",
+                                     unset="64")
 
 
 @dataclasses.dataclass(frozen=True)

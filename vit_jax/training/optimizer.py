@@ -153,8 +153,7 @@ def create(opt, total_steps, num_layers=0):
             if opt.layer_decay != 1 or opt.lr_mults else [])
   tx = optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule),
                    *scaled)
-  if not opt.frozen and not any(m == 0 for _, m in
-                                        opt.lr_mults):
+  if not opt.frozen and not any(m == 0 for _, m in opt.lr_mults):
     return tx, schedule
   # Frozen parameters get no update and, masked out of `tx`, no state.
   return optax.multi_transform(
