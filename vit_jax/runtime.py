@@ -106,7 +106,10 @@ def prepare(verbose=False):
 
 
 def hide_accelerators_from_tensorflow():
-  """TensorFlow only feeds data: it must take no TPU or GPU memory from JAX."""
+  """TensorFlow only feeds data: it must take no TPU or GPU memory from JAX.
+  A host without them leaves TensorFlow unimported until data is read."""
+  if not accelerator_nodes():
+    return
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   tf.config.set_visible_devices([], "GPU")
   tf.config.set_visible_devices([], "TPU")

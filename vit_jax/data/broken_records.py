@@ -25,10 +25,10 @@ import functools
 
 import jax
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 from vit_jax import errors
+from vit_jax.data.lazy_tensorflow import tf
 
 POLICIES = ("skip", "refuse")
 SHOWN = 5  # Broken records named in the log, per split and process.

@@ -23,11 +23,11 @@ import json
 import os
 import shutil
 
-import tensorflow as tf
 import tensorflow_datasets as tfds
 from array_record.python import array_record_module
 
 from vit_jax import errors, paths
+from vit_jax.data.lazy_tensorflow import tf
 
 # One record per chunk: reading record i decodes nothing else (TFDS's
 # setting for the ArrayRecord files it writes).

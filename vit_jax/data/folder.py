@@ -57,11 +57,11 @@ import os
 import re
 import stat as stat_lib
 
-import tensorflow as tf
 import tensorflow_datasets as tfds
 from etils import epath
 
 from vit_jax import errors, paths
+from vit_jax.data.lazy_tensorflow import tf
 
 PREFIX = "folder:"
 SINGLE_SPLIT = "train"  # The split of the root/<class>/<image> layout.

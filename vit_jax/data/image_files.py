@@ -8,10 +8,10 @@ and labels files may be local or URLs (`gs://...`), read through epath.
 import glob
 
 import numpy as np
-import tensorflow as tf
 
 from vit_jax import errors, paths as paths_lib
 from vit_jax.data import pipeline, preprocess, sources, vtab_tasks
+from vit_jax.data.lazy_tensorflow import tf
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
 

@@ -26,12 +26,12 @@ arrays over all devices. The datasets come as `Source`s
 
 import jax
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
 from vit_jax import errors
 from vit_jax.data import broken_records, preprocess, random_access
+from vit_jax.data.lazy_tensorflow import tf
 from vit_jax.data.random_access import as_written
 
 PREFETCH_BATCHES = 2
@@ -57,7 +57,7 @@ WHOLE_SPLIT = -1
 def train_dataset(source, split, *, batch_size, image_size,
                   augmentation=preprocess.Augmentation(), seed=0,
                   start_step=0, shares=(0,), num_shares=1,
-                  shuffle_records=SHUFFLE_RECORDS) -> tf.data.Dataset:
+                  shuffle_records=SHUFFLE_RECORDS) -> "tf.data.Dataset":
   """Infinite, reproducible stream of this process's rows of every batch.
 
   The global batch of `batch_size` examples is `num_shares` equal blocks,
@@ -178,7 +178,7 @@ def shuffle_hint(source, split, window, share_size):
 
 def eval_dataset(source, split, *, batch_size, image_size, shares=(0,),
                  num_shares=1, eval_crop_fraction=1.0,
-                 extras=None) -> tf.data.Dataset:
+                 extras=None) -> "tf.data.Dataset":
   """This process's rows of every evaluation batch over `split`, once.
 
   As in training, block s of every global batch comes from share s of the

@@ -38,10 +38,9 @@ ImageNet-style f = 0.875: 256 -> 224); see `eval_resize`.
 
 import dataclasses
 
-import tensorflow as tf
-
 from vit_jax import errors
 from vit_jax.data import randaugment as randaugment_lib
+from vit_jax.data.lazy_tensorflow import tf
 
 SHIFT_DIVISOR = 8  # "shift" moves by at most ceil(side / SHIFT_DIVISOR).
 INCEPTION_AREA_RANGE = (0.05, 1.0)

@@ -16,9 +16,9 @@ resumed run sees the very pixels an uninterrupted one would have.
 """
 
 import numpy as np
-import tensorflow as tf
 
 from vit_jax import errors
+from vit_jax.data.lazy_tensorflow import tf
 
 MAX_MAGNITUDE = 10  # The reference's _MAX_LEVEL: magnitudes are in [0, 10].
 # The reference fills pixels that rotate, shear, translate and cutout uncover

@@ -25,19 +25,20 @@ bucket through a gcsfuse mount), as the array_record library opens files.
 
 import grain
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from vit_jax import errors
+from vit_jax.data.lazy_tensorflow import tf
 
 # Grain's own choice for its ShuffleMapDataset.
 SHUFFLE_ROUNDS = 4
 # Records a reading call asks for at once when reading a range (evaluation).
 READ_CHUNK = 256
-# What every function handed to tf.data here and in pipeline.py is traced
-# as: as written, not rewritten by AutoGraph (broken_records.decode_blocks
-# says why).
-as_written = tf.autograph.experimental.do_not_convert
+def as_written(function):
+  """`function`, to be traced by tf.data as written, not rewritten by
+  AutoGraph (broken_records.decode_blocks says why): every function handed
+  to tf.data here and in pipeline.py."""
+  return tf.autograph.experimental.do_not_convert(function)
 
 
 def readable(source) -> bool:
@@ -97,7 +98,7 @@ class Records:
     indices = [int(i) for i in np.asarray(indices).flat]
     return np.array(self._records.__getitems__(indices), dtype=object)
 
-  def range(self, start, stop) -> tf.data.Dataset:
+  def range(self, start, stop) -> "tf.data.Dataset":
     """(index, example) of the records start..stop-1, in order."""
     return tf.data.Dataset.range(start, stop).batch(READ_CHUNK).map(
         as_written(lambda indices: (indices, self.at(indices)))).unbatch(

@@ -23,12 +23,12 @@ import os
 from typing import Callable
 
 import jax
-import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
 from vit_jax import errors, paths
 from vit_jax.data import broken_records, digits, folder, vtab_tasks
+from vit_jax.data.lazy_tensorflow import tf
 
 # Builders of ours, prepared on first use instead of by `tfds build`; not
 # registered with TFDS, so importing vit_jax adds nothing to its catalog.

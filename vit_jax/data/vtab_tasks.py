@@ -27,9 +27,8 @@ if any, fixes the encoded image first: dsprites' scales the pixels.
 import dataclasses
 from typing import Callable, Optional
 
-import tensorflow as tf
-
 from vit_jax import errors
+from vit_jax.data.lazy_tensorflow import tf
 
 NATURAL, SPECIALIZED, STRUCTURED = "natural", "specialized", "structured"
 GROUPS = (NATURAL, SPECIALIZED, STRUCTURED)

@@ -9,8 +9,8 @@ Logs NAME_accuracy and NAME_examples, as the accuracy evaluator.
 
 import jax.numpy as jnp
 import numpy as np
-import tensorflow as tf
 
+from vit_jax.data.lazy_tensorflow import tf
 from vit_jax.training.evaluators import accuracy as top1
 
 DEFAULTS = dict(dataset="imagenet2012_real", split="validation")
