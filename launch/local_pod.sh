@@ -48,7 +48,7 @@ for ((i = 0; i < num_processes; i++)); do
   XLA_FLAGS=$xla_flags JAX_PLATFORMS=cpu PYTHONUNBUFFERED=1 \
     "$python" -m vit_jax.main "$@" --coordinator_address="127.0.0.1:$port" \
     --num_processes="$num_processes" --process_id="$i" \
-    > >(sed "s/^/[$i] /") 2>&1 &
+    > >(sed -u "s/^/[$i] /") 2>&1 &
   pids+=("$!")
 done
 ((told == 0)) || forward
