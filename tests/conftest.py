@@ -23,12 +23,15 @@ import tempfile
 # Set before jax or tensorflow is imported: both read them once, at import.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # The tests compile hundreds of small programs and run each for a few steps:
-# LLVM at -O0 compiles them much faster (README, "Tests"). Results move
-# within float32 rounding (fewer fused multiply-adds); every comparison in
-# the tests is between runs of this same setting. Runs outside the tests keep
-# XLA's default.
-if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# LLVM at -O0, and XLA:CPU's older elemental emitters in place of its fusion
+# emitters, compile them much faster (README, "Tests"; docs/speed_on_cpu.md).
+# Results move within float32 rounding (fewer fused multiply-adds); every
+# comparison in the tests is between runs of these same settings. Runs
+# outside the tests keep XLA's defaults.
+for flag, value in (("--xla_backend_optimization_level", "0"),
+                    ("--xla_cpu_use_fusion_emitters", "false")):
+  if flag not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += f" {flag}={value}"
 # The matmul and reduction kernels that `python -m vit_jax.main` picks on a
 # CPU (vit_jax/runtime.py), here too: the tests compare their own runs
 # with those of the processes they start.
