@@ -168,6 +168,11 @@ def test_the_compilers_estimates_are_read_right():
   concat = 'custom-call(%a, %b), custom_call_target="ConcatBitcast"\n'
   assert cost_lib.step_cost(CompiledStub(-2.75, 3 * concat)) == {
       "flops": 1e9, "optimal_seconds": 0.25}
+  # And on TPU7x for each end of an asynchronous call.
+  call = "".join(f'custom-call(%a), custom_call_target="PrepareAsyncCall{end}"'
+                 "\n" for end in ("Start", "Done"))
+  assert cost_lib.step_cost(CompiledStub(-1.75, call)) == {
+      "flops": 1e9, "optimal_seconds": 0.25}
   with pytest.raises(RuntimeError, match="estimate is -0.5 s"):
     cost_lib.step_cost(CompiledStub(-0.5, ""))
   # XLA's out-of-HBM errors give sizes in G (GiB) or T (TiB).
@@ -206,6 +211,33 @@ def test_micro_batches_are_all_costed():
   assert 0 < accumulated.mfu < 1
 
 
+def test_tpu7x_slices_are_named_by_cores_and_planned():
+  # Ironwood: 2 cores per chip, each a JAX device; 4 chips per host.
+  for name, grid, chips, hosts in [("tpu7x-8", "2x2x1", 4, 1),
+                                   ("tpu7x-128", "4x4x4", 64, 16),
+                                   ("tpu7x:4x4x8", "4x4x8", 128, 32)]:
+    tpu = catalogue.topology(name)
+    assert (tpu.grid, tpu.chips, len(tpu.devices), tpu.hosts) == (
+        grid, chips, 2 * chips, hosts)
+    assert {d.device_kind for d in tpu.devices} == {"TPU7x"}
+  assert catalogue.topology("tpu7x:4x4x8").name == "tpu7x-256"
+  assert "tpu7x-18432" in catalogue.GENERATIONS["tpu7x"].slices  # The pod.
+  with pytest.raises(errors.InputError, match="no TPU tpu7x-12 slice"):
+    catalogue.topology("tpu7x-12")
+
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  got = cost_lib.plan(digits.get_config(), "tpu7x-8", classes=10).to_json()
+  assert got["generation"] == "tpu7x" and got["topology"] == "tpu7x-8"
+  assert (got["chips"], got["devices"], got["hosts"]) == (4, 8, 1)
+  assert got["mesh"] == {"data": 8, "fsdp": 1, "model": 1}
+  assert got["fits"] is True and got["hbm_capacity_bytes"] == 96 * GiB
+  # Half of a chip's 2,307 TFLOP/s of bf16 per device.
+  assert got["peak_flops_per_device"] == 1153.5e12
+  assert got["mfu"] == pytest.approx(
+      got["model_flops_per_device_per_step"]
+      / got["estimated_step_seconds"] / 1153.5e12)
+
+
 def test_slices_and_class_counts():
   v3 = catalogue.topology("v3-32")
   assert v3.name == "v3-32" and v3.chips == 16 and len(v3.devices) == 32
@@ -231,7 +263,8 @@ def test_slices_and_class_counts():
                      match="no TPU v4-12 slice.*v4-8, v4-16, v4-32"):
     catalogue.topology("v4-12")
   with pytest.raises(errors.InputError,
-                     match="v3-N, v4-N, v5p-N, v5litepod-N, v6e-N"):
+                     match=r"v3-N, v4-N, v5p-N, v5litepod-N \(or v5e-N\), "
+                     "v6e-N, tpu7x-N, such as"):
     catalogue.topology("v9-8")
   with pytest.raises(errors.InputError, match="v4 chip grid has 3 sides"):
     catalogue.topology("v4:4x4")

@@ -1,7 +1,7 @@
 """python -m vit_jax.plan --config=CONFIG --topology=v4-128 [--json] [--config.KEY=VALUE ...]
 python -m vit_jax.plan --config=CONFIG --compare=v3-256,v4-128,v5p-128,v6e-64 [--json]
 
-What a config will cost on a TPU slice of any generation from v3 to v6e:
+What a config will cost on a TPU slice of any generation from v3 to TPU7x:
 HBM per device, step time, MFU and chip-hours (on v3 also TPUv3-core-days),
 from the config's train step compiled ahead of time for the slice on this
 host's CPU (vit_jax/planning/), and what would make a config that does
@@ -25,8 +25,8 @@ from vit_jax.planning import cost as cost_lib, report
 config_flags.DEFINE_config_file(
     "config", None, "An ml-collections config file.", lock_config=True)
 flags.DEFINE_string("topology", "v3-8", "A Cloud TPU slice: v3-N, v4-N, "
-                    "v5p-N, v5litepod-N (or v5e-N), v6e-N, such as v4-128; "
-                    "or a chip grid such as v3:16x16 or v4:4x4x4.")
+                    "v5p-N, v5litepod-N (or v5e-N), v6e-N, tpu7x-N, such as "
+                    "v4-128; or a chip grid such as v3:16x16 or v4:4x4x4.")
 flags.DEFINE_list("compare", None, "Slices to plan the config on instead of "
                   "--topology, as one table (--json: a list of objects).")
 flags.DEFINE_integer("num_classes", 0, "The head's classes; default: the "

@@ -1,8 +1,8 @@
 """The TPU generations and slices a config can be planned for.
 
 Each Generation knows its HBM per JAX device, bf16 peak, chips per host and
-slice sizes; `topology` turns a slice name (v3-256, v5p-128, v6e-64, or a
-chip grid such as v4:4x4x8) into the devices libtpu compiles for, and
+slice sizes; `topology` turns a slice name (v3-256, v5p-128, v6e-64,
+tpu7x-128, or a chip grid such as v4:4x4x8) into the devices libtpu compiles for, and
 `check_layout` refuses a mesh the slice's torus cannot lay out.
 """
 
@@ -27,8 +27,8 @@ class Generation:
   """A TPU generation: what Cloud TPU rents and libtpu compiles for.
 
   A slice is named `{accelerator}-N`, N its TensorCores (chips x
-  cores_per_chip): Cloud TPU counts v2 to v5p slices in cores, v5e and v6e
-  slices in chips, which have one core each, so N is both.
+  cores_per_chip): Cloud TPU counts v2 to v5p and TPU7x slices in cores,
+  v5e and v6e slices in chips, which have one core each, so N is both.
   """
   name: str              # its short name, libtpu's prefix: v5e:4x4
   accelerator: str       # the accelerator type's prefix: v5litepod-16
@@ -82,6 +82,14 @@ GENERATIONS = {generation.name: generation for generation in (
     # Trillium: one core per chip, 32 GiB; up to 256 chips.
     Generation("v6e", "v6e", "default", "TPU v6 lite", 1, 32 * GiB, 8,
                ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+    # Ironwood: 2 cores per chip, each its own JAX device (no megacore)
+    # with 96 GiB of the chip's 192; 4 chips per VM; 3-D slices up to the
+    # whole pod of 9,216 chips. Slices are named by cores, as xpk names
+    # them: tpu7x-8 is one VM of 2x2x1 chips (docs/plan.md).
+    Generation("tpu7x", "tpu7x", "default", "TPU7x", 2, 96 * GiB, 4,
+               ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8",
+                "4x8x8", "8x8x8", "8x8x16", "8x16x16", "16x16x16",
+                "16x16x24", "16x24x24")),
 )}
 
 
@@ -133,9 +141,11 @@ def topology(name):
     if not match or match.group(1) not in GENERATIONS:
       raise errors.InputError(
           f"--topology={name!r}: expected a Cloud TPU slice, "
-          + ", ".join(f"{g.accelerator}-N" for g in GENERATIONS.values())
-          + " (or v5e-N), such as v3-512 or v4-128, or a chip grid such as "
-          "v3:16x16 or v4:4x4x4")
+          + ", ".join(f"{g.accelerator}-N" + (" (or v5e-N)" if g.name == "v5e"
+                                               else "")
+                      for g in GENERATIONS.values())
+          + ", such as v3-512 or v4-128, or a chip grid such as v3:16x16 or "
+          "v4:4x4x4")
     generation, grid = GENERATIONS[match.group(1)], match.group(2)
     if grid.count("x") != generation.grids[0].count("x"):
       raise errors.InputError(

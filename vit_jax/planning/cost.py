@@ -4,7 +4,7 @@ The config's own train step (training/step.py's `build`: the function and
 shardings a run uses) is built from abstract shapes and compiled ahead of
 time for the slice by libtpu (`pip install 'vit_jax[tpu]'`) on this host's
 CPU: nothing is allocated on a TPU and no data is read. Every Cloud TPU
-generation from v3 to v6e (catalogue.GENERATIONS) can be planned for. The
+generation from v3 to TPU7x (catalogue.GENERATIONS) can be planned for. The
 compiled program gives:
 
   - HBM per device: arguments (params, optimizer state, the batch),
@@ -89,7 +89,7 @@ class Plan:
   needs, and no estimate (None; null in JSON): plan it again once it fits.
   """
   topology: str                         # the slice's accelerator type
-  generation: str             # catalogue.GENERATIONS key: v3, v4, v5p, v5e, v6e
+  generation: str             # catalogue.GENERATIONS key: v3, ..., tpu7x
   chips: int
   devices: int
   hosts: int
@@ -210,15 +210,24 @@ def bytes_per_device(shapes):
              for x in jax.tree.leaves(shapes))
 
 
+# The custom calls that libtpu's cost model prices at -1 s each: on v4, v5e
+# and v6e ConcatBitcast (asynchronously copied slices that lie side by side,
+# read as one buffer); on TPU7x the start and the end of an asynchronous
+# call (PrepareAsyncCall*), 2 of them in the digits step.
+UNPRICED_CUSTOM_CALLS = ("ConcatBitcast", "PrepareAsyncCallStart",
+                         "PrepareAsyncCallDone")
+
+
 def step_cost(compiled):
   """{flops, optimal_seconds} of a compiled step, as XLA's cost model has
   them for one device."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost  # Older JAX: a list.
-  # libtpu's cost model has no time for its ConcatBitcast custom calls (on
-  # v4, v5e and v6e: asynchronously copied slices that lie side by side,
-  # read as one buffer) and adds -1 s for each; they move no data: 0 s.
-  unknown = compiled.as_text().count('custom_call_target="ConcatBitcast"')
+  # libtpu's cost model has no time for some of its own custom calls and
+  # adds -1 s for each; they move no data: 0 s.
+  text = compiled.as_text()
+  unknown = sum(text.count(f'custom_call_target="{target}"')
+                for target in UNPRICED_CUSTOM_CALLS)
   seconds = float(cost["optimal_seconds"]) + unknown
   if seconds <= 0:
     raise RuntimeError(f"the compiler's step time estimate is {seconds} s")

@@ -27,6 +27,7 @@ PEAK_FLOPS_PER_DEVICE = {
     "TPU v5p": 459e12,
     "TPU v5": 459e12,        # v5p, as some runtimes name it.
     "TPU v6 lite": 918e12,   # v6e (Trillium).
+    "TPU7x": 1153.5e12,      # Ironwood: 2,307 TFLOP/s per chip, 2 cores.
     "A100": 312e12,          # A100 sheet: 624 sparse, SXM and PCIe alike.
     "H100": 989e12,          # H100 sheet: SXM, 1,979 sparse.
     "H100 PCIe": 756e12,     # H100 sheet: 1,513 sparse.
