@@ -2,8 +2,9 @@
 
 Each Generation knows its HBM per JAX device, bf16 peak, chips per host and
 slice sizes; `topology` turns a slice name (v3-256, v5p-128, v6e-64,
-tpu7x-128, or a chip grid such as v4:4x4x8) into the devices libtpu compiles for, and
-`check_layout` refuses a mesh the slice's torus cannot lay out.
+tpu7x-128, or a chip grid such as v4:4x4x8) into the devices libtpu
+compiles for, and `check_layout` refuses a mesh the slice's torus cannot
+lay out.
 """
 
 import dataclasses
@@ -139,13 +140,14 @@ def topology(name):
   else:
     match = re.fullmatch(r"([a-z0-9]+):(\d+(?:x\d+)+)", name)
     if not match or match.group(1) not in GENERATIONS:
+      names = ", ".join(
+          f"{g.accelerator}-N" + "".join(
+              f" (or {alias}-N)" for alias, same in ACCELERATORS.items()
+              if same is g and alias != g.accelerator)
+          for g in GENERATIONS.values())
       raise errors.InputError(
-          f"--topology={name!r}: expected a Cloud TPU slice, "
-          + ", ".join(f"{g.accelerator}-N" + (" (or v5e-N)" if g.name == "v5e"
-                                               else "")
-                      for g in GENERATIONS.values())
-          + ", such as v3-512 or v4-128, or a chip grid such as v3:16x16 or "
-          "v4:4x4x4")
+          f"--topology={name!r}: expected a Cloud TPU slice, {names}, such "
+          "as v3-512 or v4-128, or a chip grid such as v3:16x16 or v4:4x4x4")
     generation, grid = GENERATIONS[match.group(1)], match.group(2)
     if grid.count("x") != generation.grids[0].count("x"):
       raise errors.InputError(
