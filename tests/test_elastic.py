@@ -1,4 +1,6 @@
-"""A run stopped on one slice resumes on another with the same batches."""
+"""A run stopped on one slice resumes on another with the same batches;
+a run over two slices (emulated: a process each) trains like one over
+one."""
 
 import json
 import os
@@ -6,12 +8,14 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 from tests.util import (
   REPO,
   finish,
+  latest_checkpoint,
   logged,
   logging_batches,
   main_flags,
@@ -25,10 +29,14 @@ from vit_jax.data import shares as shares_lib
 from vit_jax.training import loop, resolve
 
 # Pure data parallelism, so that 8, 4 and 2 x 2 devices all run it; the
-# test split evaluated once, at the end.
+# test split evaluated once, at the end. SGD, so that params can be
+# compared (tests/test_pod.py says why not Adam).
 ELASTIC = {"mesh.data": -1, "mesh.model": 1, "total_steps": 30,
            "log_every": 1, "checkpoint_every": 10,
-           "evaluators.test.every": 30}
+           "evaluators.test.every": 30, "optimizer.name": "sgd",
+           "optimizer.learning_rate": 0.1, "optimizer.weight_decay": 0.0}
+# Two slices, a process each: data 2 across them, fsdp 4 inside each.
+TWO_SLICES = {**ELASTIC, "mesh.slices": 2, "mesh.fsdp": 4}
 STOP_AFTER = 20
 FINGERPRINTED_MAIN = os.path.join(REPO, "tests", "fingerprinted_main.py")
 
@@ -75,7 +83,8 @@ def global_batches(batch_log, num_processes=1):
 
 @pytest.fixture(scope="module")
 def uninterrupted(digits_data_dir, tmp_path_factory):
-  """(losses, batch fingerprints) of the run on 8 devices without a break."""
+  """(losses, batch fingerprints, workdir) of the run on 8 devices of one
+  slice, data 8, without a break."""
   tmp = str(tmp_path_factory.mktemp("uninterrupted"))
   config = small_config(digits_data_dir, **ELASTIC)
   log = os.path.join(tmp, "batches")
@@ -85,18 +94,20 @@ def uninterrupted(digits_data_dir, tmp_path_factory):
     run_training(config, os.path.join(tmp, "run"))
   finally:
     loop.train_batches = real
-  return logged(os.path.join(tmp, "run")), global_batches(log)
+  workdir = os.path.join(tmp, "run")
+  return logged(workdir), global_batches(log), workdir
 
 
 @pytest.fixture(scope="module")
 def stopped(digits_data_dir, tmp_path_factory, uninterrupted):
-  """A workdir of the run on 8 devices, 2 hosts of 4, stopped after step 20
-  by SIGTERM to one host (as when it is preempted), and the step it saved."""
+  """A workdir of the run on 8 devices, 2 hosts of 4 standing for 2
+  slices, stopped after step 20 by SIGTERM to one host (as when it is
+  preempted), and the step it saved."""
   tmp = str(tmp_path_factory.mktemp("stopped"))
   workdir = os.path.join(tmp, "run")
   log = os.path.join(tmp, "batches")
   pod = start_fingerprinted_pod(
-      2, 4, main_flags(workdir, digits_data_dir, **ELASTIC), log, tmp)
+      2, 4, main_flags(workdir, digits_data_dir, **TWO_SLICES), log, tmp)
   wait_for_step(workdir, STOP_AFTER, pod)
   subprocess.run(["kill", "-TERM", str(pid_of_process(workdir, 1))],
                  check=True)
@@ -108,10 +119,17 @@ def stopped(digits_data_dir, tmp_path_factory, uninterrupted):
   assert len(stops) == 1 and stops[0].startswith(f"[0] stopped at step "
                                                  f"{step}:")
   assert STOP_AFTER <= step < ELASTIC["total_steps"]
-  # The pod read the batches of the run on one host of 8 devices.
+  # The pod read the batches of the run on one host of 8 devices, and
+  # computed its losses: the gradients summed over fsdp inside each slice,
+  # then across the slices.
   batches = global_batches(log, 2)
   assert sorted(batches) == list(range(1, step + 1))
   assert all(batches[s] == uninterrupted[1][s] for s in batches)
+  assert "mesh data=2 x fsdp=4 x model=1" in stdout + stderr
+  losses = logged(workdir)
+  np.testing.assert_allclose([losses[s] for s in batches],
+                             [uninterrupted[0][s] for s in batches],
+                             rtol=1e-5)
   return workdir, step
 
 
@@ -123,7 +141,7 @@ def resumed_copy(stopped, tmp_path):
 
 def assert_continues(workdir, batch_log, num_processes, stopped_at,
                      uninterrupted):
-  expected_losses, expected_batches = uninterrupted
+  expected_losses, expected_batches, _ = uninterrupted
   got = logged(workdir)
   after = range(stopped_at + 1, ELASTIC["total_steps"] + 1)
   assert sorted(got) == list(range(1, ELASTIC["total_steps"] + 1))
@@ -142,6 +160,27 @@ def assert_continues(workdir, batch_log, num_processes, stopped_at,
   return changes
 
 
+def test_a_run_stopped_on_2_slices_resumes_on_1_with_the_same_batches(
+    digits_data_dir, tmp_path, stopped, uninterrupted):
+  workdir = resumed_copy(stopped, tmp_path)
+  log = str(tmp_path / "batches")
+  code, _, stderr = finish(start_fingerprinted(main_flags(
+      workdir, digits_data_dir, **{**TWO_SLICES, "mesh.slices": -1}), 8,
+      log))
+  assert code == 0, stderr[-3000:]
+  changes = assert_continues(workdir, log, 1, stopped[1], uninterrupted)
+  assert changes == {"mesh.slices": {"old": 2, "new": -1}}
+  config = small_config(digits_data_dir, **ELASTIC)
+  _, params, _ = latest_checkpoint(workdir, config)
+  _, expected, _ = latest_checkpoint(uninterrupted[2], config)
+  # Summed in other orders (gloo's, then another mesh's): float32
+  # rounding; a wrong batch or share moves params by 1e-3 or more.
+  np.testing.assert_allclose(
+      np.concatenate([x.ravel() for x in jax.tree.leaves(params)]),
+      np.concatenate([x.ravel() for x in jax.tree.leaves(expected)]),
+      rtol=1e-6, atol=5e-7)
+
+
 def test_a_run_stopped_on_8_devices_resumes_on_4_with_the_same_batches(
     digits_data_dir, tmp_path, stopped, uninterrupted):
   workdir = resumed_copy(stopped, tmp_path)
@@ -150,9 +189,11 @@ def test_a_run_stopped_on_8_devices_resumes_on_4_with_the_same_batches(
       main_flags(workdir, digits_data_dir, **ELASTIC), 4, log))
   assert code == 0, stderr[-3000:]
   changes = assert_continues(workdir, log, 1, stopped[1], uninterrupted)
-  assert changes == {"devices": {"old": "8 (data=8 x fsdp=1 x model=1)",
-                                 "new": "4 (data=4 x fsdp=1 x model=1)"}}
-  assert "devices: '8 (data=8 x fsdp=1 x model=1)' -> '4 (data=4" in stderr
+  assert changes == {
+      "devices": {"old": "8 (data=2 x fsdp=4 x model=1)",
+                  "new": "4 (data=4 x fsdp=1 x model=1)"},
+      "mesh.fsdp": {"old": 4, "new": 1}, "mesh.slices": {"old": 2, "new": -1}}
+  assert "devices: '8 (data=2 x fsdp=4 x model=1)' -> '4 (data=4" in stderr
 
 
 def test_a_run_stopped_on_8_devices_resumes_on_2_hosts_of_2(

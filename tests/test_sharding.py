@@ -23,6 +23,33 @@ def test_bad_meshes_are_refused(axes, message):
     sharding.make_mesh(axes)
 
 
+def test_over_two_slices_only_the_data_axis_crosses_between_them():
+  from vit_jax.planning import catalogue  # pylint: disable=g-import-not-at-top
+  devices = catalogue.topology("v5p-8", slices=2).devices  # 4 chips each.
+  mesh = sharding.make_mesh({"data": -1, "fsdp": 2, "slices": -1}, devices)
+  assert dict(mesh.shape) == {"data": 4, "fsdp": 2, "model": 1}
+  # Slice 0 holds data rows 0-1, slice 1 rows 2-3: every fsdp group, and
+  # so every gathered weight, stays inside a slice.
+  assert [{d.slice_index for d in row.flat} for row in mesh.devices] == [
+      {0}, {0}, {1}, {1}]
+  assert sorted(mesh.devices.flat, key=lambda d: d.id) == sorted(
+      devices, key=lambda d: d.id)
+  assert dict(sharding.make_mesh({"data": 2, "fsdp": 4, "slices": 2},
+                                 devices).shape)["fsdp"] == 4
+  for axes, message in [
+      ({"data": 1, "fsdp": 8}, "data=1 is not a multiple of 2; only the data "
+       "axis crosses between slices"),
+      ({"data": -1, "slices": 1}, "slices=1, but the 8 devices are in 2 "
+       "slices"),
+      ({"data": -1, "slices": 0}, "slices must be positive or -1")]:
+    with pytest.raises(errors.InputError, match=message):
+      sharding.make_mesh(axes, devices)
+  # On CPU a process stands for a slice: this one has one.
+  with pytest.raises(errors.InputError, match="slices=2, but the 8 devices "
+                     "are in 1 process "):
+    sharding.make_mesh({"data": -1, "slices": 2})
+
+
 def test_fsdp_takes_the_largest_free_divisible_dimension():
   mesh = sharding.make_mesh({"fsdp": 4, "model": 2})
   spec = lambda names, shape: sharding.partition_spec(names, shape, mesh)

@@ -12,6 +12,9 @@ below maps them to mesh axes, and then FSDP splits the largest dimension that
 the table left unsharded and that `fsdp` divides (never a scanned model's
 `layers`). The batch is split over `data` and `fsdp` together, and so is
 each block's input inside the jitted step (its logical "batch" axis).
+
+Over several TPU slices (multislice), joined by the data-center network,
+the data axis is the one that crosses between them (`make_mesh`).
 """
 
 import functools
@@ -21,6 +24,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import optax
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from vit_jax import errors
@@ -49,9 +53,22 @@ NOT_FSDP = ("layers",)
 
 
 def make_mesh(axis_sizes, devices=None):
-  """A Mesh over ('data', 'fsdp', 'model'); one size may be -1 (the rest)."""
+  """A Mesh over ('data', 'fsdp', 'model'); one size may be -1 (the rest).
+
+  `axis_sizes` may also hold `slices`: how many TPU slices the devices
+  span, joined by the data-center network (DCN); -1 or absent: as many as
+  they are in (a multislice TPU's devices carry their slice_index, others
+  are in one). Over several slices only `data` crosses between them, its
+  outer part; fsdp and model, which move far more bytes, stay inside each
+  slice. Devices that do not know their slice (CPU) emulate slices with
+  one process each.
+  """
   devices = jax.devices() if devices is None else devices
   sizes = dict(axis_sizes)
+  slices = int(sizes.pop("slices", -1))
+  if slices == 0 or slices < -1:
+    raise errors.InputError(
+        f"config.mesh.slices must be positive or -1, got {slices}")
   unknown = set(sizes) - set(MESH_AXES)
   if unknown:
     raise errors.InputError(
@@ -75,16 +92,65 @@ def make_mesh(axis_sizes, devices=None):
         f"config.mesh {describe_mesh(sizes)} needs {math.prod(sizes.values())} "
         f"devices, but there are {len(devices)}")
   shape = tuple(sizes[axis] for axis in MESH_AXES)
-  # Auto axes: we fix the shardings of params and batches, XLA propagates
-  # them through the step (jax.make_mesh would otherwise default to Explicit).
+  granules = _slices(devices, slices)
   try:
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                         devices=devices)
+    if len(granules) == 1:
+      # Auto axes: we fix the shardings of params and batches, XLA
+      # propagates them through the step (jax.make_mesh would otherwise
+      # default to Explicit).
+      return jax.make_mesh(shape, MESH_AXES,
+                           axis_types=(AxisType.Auto,) * 3, devices=devices)
+    return jax.sharding.Mesh(
+        _hybrid_devices(sizes, granules, devices), MESH_AXES,
+        axis_types=(AxisType.Auto,) * 3)
   except NotImplementedError:  # A TPU torus side it would have to split.
     raise MeshLayoutError(
         f"config.mesh {describe_mesh(sizes)} cannot be laid out on these "
         f"TPU chips: each mesh axis must span whole sides of their torus "
         f"(vit_jax.plan names the fsdp sizes that can)") from None
+
+
+def _slices(devices, wanted):
+  """The devices' slices, as lists of devices: by slice_index on TPUs,
+  else by process (an emulation, when `wanted` > 1)."""
+  if _on_tpu(devices):
+    key = lambda device: getattr(device, "slice_index", 0)
+  elif wanted > 1:
+    key = lambda device: device.process_index
+  else:
+    return [devices]
+  granules = {}
+  for device in devices:
+    granules.setdefault(key(device), []).append(device)
+  if wanted not in (-1, len(granules)):
+    count = len(granules)
+    unit = (f"slice{'s' * (count > 1)}" if _on_tpu(devices) else
+            f"process{'es' * (count > 1)} (each stands for a slice off TPUs)")
+    raise errors.InputError(
+        f"config.mesh.slices={wanted}, but the {len(devices)} devices are "
+        f"in {count} {unit}")
+  return [granules[index] for index in sorted(granules)]
+
+
+def _on_tpu(devices):
+  """Whether the devices are TPUs, which know their slice; JAX gives
+  every device a slice_index, but only a TPU's tells."""
+  return devices[0].platform == "tpu"
+
+
+def _hybrid_devices(sizes, granules, devices):
+  """The mesh's device array over several slices: `data` split into
+  slices x data-per-slice, each slice laid out on its own chips."""
+  if sizes["data"] % len(granules):
+    raise errors.InputError(
+        f"config.mesh {describe_mesh(sizes)} over {len(granules)} slices: "
+        f"data={sizes['data']} is not a multiple of {len(granules)}; only "
+        "the data axis crosses between slices (fsdp and model stay inside "
+        "one)")
+  inner = (sizes["data"] // len(granules), sizes["fsdp"], sizes["model"])
+  return mesh_utils.create_hybrid_device_mesh(
+      inner, (len(granules), 1, 1), devices,
+      process_is_granule=not _on_tpu(devices))
 
 
 class MeshLayoutError(errors.InputError):
@@ -94,8 +160,10 @@ class MeshLayoutError(errors.InputError):
 
 
 def describe_mesh(sizes):
-  """{"data": 4, "model": 2} (or a mesh's shape) -> "data=4 x model=2"."""
-  return " x ".join(f"{axis}={size}" for axis, size in sizes.items())
+  """{"data": 4, "model": 2} (or a mesh's shape) -> "data=4 x model=2";
+  config.mesh's other keys (slices) left out."""
+  return " x ".join(f"{axis}={size}" for axis, size in sizes.items()
+                    if axis in MESH_AXES)
 
 
 def constrained(fn, mesh):

@@ -175,6 +175,9 @@ class Mesh:
   data: int = key(-1, "the data-parallel axis")
   fsdp: int = key(1, "the axis params and optimizer state are split over")
   model: int = key(1, "the tensor-parallel axis")
+  slices: int = key(-1, "the TPU slices the devices span, the data axis "
+                    "crossing between them (-1: as many as they are in; "
+                    "on CPU, N > 1 processes stand for N slices)")
 
 
 @dataclasses.dataclass(frozen=True)
