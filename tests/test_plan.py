@@ -167,12 +167,27 @@ def test_the_compilers_estimates_are_read_right():
   # libtpu counts -1 s for each ConcatBitcast, which moves no data.
   concat = 'custom-call(%a, %b), custom_call_target="ConcatBitcast"\n'
   assert cost_lib.step_cost(CompiledStub(-2.75, 3 * concat)) == {
-      "flops": 1e9, "optimal_seconds": 0.25}
+      "flops": 1e9, "optimal_seconds": 0.25, "dcn_bytes": 0}
   # And on TPU7x for each end of an asynchronous call.
   call = "".join(f'custom-call(%a), custom_call_target="PrepareAsyncCall{end}"'
                  "\n" for end in ("Start", "Done"))
   assert cost_lib.step_cost(CompiledStub(-1.75, call)) == {
-      "flops": 1e9, "optimal_seconds": 0.25}
+      "flops": 1e9, "optimal_seconds": 0.25, "dcn_bytes": 0}
+  # Over several slices for each cut of a DCN buffer's padded tiles and
+  # the slice's id; and the bytes sent between slices are counted from the
+  # sends to the DCN runtime, not their receives nor sends on a slice.
+  dcn = ("%{op}.1 = (f32[8,8,128]{{2,1,0:T(8,128)}}, u32[], token[]) "
+         "{op}(%a, %t), channel_id=3, is_host_transfer=true, "
+         'frontend_attributes={{_xla_megascale_transfer_type="ALL_REDUCE"}}'
+         "\n")
+  sliced = (dcn.format(op="send") + dcn.format(op="recv")
+            + dcn.format(op="send").replace("f32[8,8,128]", "bf16[3,128]")
+            + "%send.9 = (f32[64], u32[], token[]) send(%b, %t)\n"
+            + 'custom-call(), custom_call_target="SliceId"\n'
+            + 2 * 'custom-call(%c), custom_call_target="ZeroCrop"\n')
+  assert cost_lib.step_cost(CompiledStub(-2.75, sliced)) == {
+      "flops": 1e9, "optimal_seconds": 0.25,
+      "dcn_bytes": 8 * 8 * 128 * 4 + 3 * 128 * 2}
   with pytest.raises(RuntimeError, match="estimate is -0.5 s"):
     cost_lib.step_cost(CompiledStub(-0.5, ""))
   # XLA's out-of-HBM errors give sizes in G (GiB) or T (TiB).
@@ -183,6 +198,42 @@ def test_the_compilers_estimates_are_read_right():
   assert cost_lib.hbm_needed("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G "
                              "hbm") == int(20.5 * GiB)
   assert cost_lib.hbm_needed("INVALID_ARGUMENT: no") is None
+
+
+def test_a_run_over_two_slices_is_planned_with_what_crosses_between(
+    later_generations):
+  config = tiny_pretraining(batch_size=64, image_size=16)
+  two = cost_lib.plan(config, "v5p-8", classes=10, slices=2)
+  got = two.to_json()
+  assert (got["slices"], got["chips"], got["devices"], got["hosts"]) == (
+      2, 8, 8, 2)
+  assert got["mesh"] == {"data": 8, "fsdp": 1, "model": 1}
+  # Each slice sums its gradients first, so a device sends a quarter of
+  # them to the other slice, in bfloat16 as the step computes them, plus
+  # the tiles' padding: more than 2 bytes a parameter, less than 4.
+  program, _ = cost_lib.build_step(config, catalogue.topology("v5p-8").devices,
+                                   10)
+  params = sum(x.size for x in jax.tree.leaves(program.state_shapes.params))
+  assert 2 * params / 4 <= got["dcn_bytes_per_device_per_step"] < (
+      4 * params / 4)
+  # At the v5p page's 50 Gbit/s per chip, a chip a device, added to the
+  # compiler's step.
+  assert got["dcn_bits_per_chip"] == 50e9
+  assert got["dcn_seconds_per_step"] == pytest.approx(
+      got["dcn_bytes_per_device_per_step"] * 8 / 50e9)
+  assert got["estimated_step_seconds"] > got["dcn_seconds_per_step"]
+  text = report.describe("tiny", two)
+  assert text.startswith("tiny on TPU 2 x v5p-8: 8 chips as 8 devices, 2 "
+                         "hosts")
+  assert "between slices" in text and "at 50 Gbit/s per chip" in text
+  one = later_generations[list(LATER_SLICES).index("v5p-8")].to_json()
+  assert (one["slices"], one["dcn_bytes_per_device_per_step"],
+          one["dcn_seconds_per_step"]) == (1, 0, None)
+  # Where Cloud TPU publishes no DCN figure, the plan asks for one before
+  # compiling.
+  with pytest.raises(errors.ConfigError, match="2 x v6e-4: Cloud TPU "
+                     "publishes no DCN bandwidth for v6e.*--dcn_gbps"):
+    cost_lib.compare(config, ["v6e-4", "v5p-8"], classes=10, slices=2)
 
 
 def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():

@@ -1,11 +1,14 @@
 """python -m vit_jax.plan --config=CONFIG --topology=v4-128 [--json] [--config.KEY=VALUE ...]
 python -m vit_jax.plan --config=CONFIG --compare=v3-256,v4-128,v5p-128,v6e-64 [--json]
+python -m vit_jax.plan --config=CONFIG --topology=v5p-1024 --slices=2 [--dcn_gbps_per_chip=G]
 
 What a config will cost on a TPU slice of any generation from v3 to TPU7x:
 HBM per device, step time, MFU and chip-hours (on v3 also TPUv3-core-days),
 from the config's train step compiled ahead of time for the slice on this
 host's CPU (vit_jax/planning/), and what would make a config that does
 not fit fit. --compare plans it on several slices and prints one table.
+--slices=N plans it over N such slices joined by the data-center network,
+with the time of what crosses it.
 """
 
 if __name__ == "__main__":
@@ -29,6 +32,12 @@ flags.DEFINE_string("topology", "v3-8", "A Cloud TPU slice: v3-N, v4-N, "
                     "v4-128; or a chip grid such as v3:16x16 or v4:4x4x4.")
 flags.DEFINE_list("compare", None, "Slices to plan the config on instead of "
                   "--topology, as one table (--json: a list of objects).")
+flags.DEFINE_integer("slices", 1, "How many such slices the run spans, "
+                     "joined by the data-center network (multislice; the "
+                     "data axis crosses between them).")
+flags.DEFINE_float("dcn_gbps_per_chip", None, "Data-center network Gbit/s "
+                   "per chip over several slices; default: Cloud TPU's "
+                   "published figure (v5p, v5e).")
 flags.DEFINE_integer("num_classes", 0, "The head's classes; default: the "
                      "dataset's.")
 flags.DEFINE_float("overhead", cost_lib.DEFAULT_OVERHEAD, "Allowance on top "
@@ -42,18 +51,20 @@ def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
   config_name = config_flags.get_config_filename(f["config"])
+  dcn = f.dcn_gbps_per_chip and f.dcn_gbps_per_chip * 1e9
   if f.compare:
     if f["topology"].present:
       raise errors.InputError("give --topology or --compare, not both")
     results = cost_lib.compare(f.config, f.compare, f.num_classes,
-                               f.overhead)
+                               f.overhead, f.slices, dcn)
     if f.json:
       print(json.dumps([{"config": config_name, **result.to_json()}
                         for result in results]))
     else:
       print(report.describe_comparison(config_name, results))
     return
-  result = cost_lib.plan(f.config, f.topology, f.num_classes, f.overhead)
+  result = cost_lib.plan(f.config, f.topology, f.num_classes, f.overhead,
+                         f.slices, dcn)
   if f.json:
     print(json.dumps({"config": config_name, **result.to_json()}))
   else:

@@ -2,9 +2,9 @@
 
 Each Generation knows its HBM per JAX device, bf16 peak, chips per host and
 slice sizes; `topology` turns a slice name (v3-256, v5p-128, v6e-64,
-tpu7x-128, or a chip grid such as v4:4x4x8) into the devices libtpu
-compiles for, and `check_layout` refuses a mesh the slice's torus cannot
-lay out.
+tpu7x-128, or a chip grid such as v4:4x4x8), and a number of such slices
+joined by the data-center network (DCN), into the devices libtpu compiles
+for, and `check_layout` refuses a mesh the slice's torus cannot lay out.
 """
 
 import dataclasses
@@ -94,6 +94,14 @@ GENERATIONS = {generation.name: generation for generation in (
 )}
 
 
+# Data-center network (DCN) bandwidth per chip, in bits per second, where
+# Cloud TPU publishes it: the v5p page's table (50 Gbps per chip), and
+# v5e's two 100 Gbps NICs per host of 8 chips (its page's 6.4 Tbps per
+# 256-chip pod is the same 25 Gbps per chip). Elsewhere a plan over several
+# slices takes the figure from --dcn_gbps_per_chip.
+DCN_BITS_PER_CHIP = {"v5p": 50e9, "v5e": 25e9}
+
+
 # Accelerator-type prefixes: each generation's, and v5e's short name.
 ACCELERATORS = {**{g.accelerator: g for g in GENERATIONS.values()},
                 "v5e": GENERATIONS["v5e"]}
@@ -108,25 +116,34 @@ def _chips(grid):
 
 @dataclasses.dataclass
 class Slice:
-  """A TPU slice as libtpu describes it: devices to compile for, not run
-  on."""
+  """TPU slices as libtpu describes them: devices to compile for, not run
+  on; `slices` of them, alike, joined by DCN."""
   name: str              # its accelerator type: v4-128
   generation: Generation
-  grid: str              # its chips: 4x4x4
-  devices: list
+  grid: str              # each slice's chips: 4x4x4
+  devices: list          # of all the slices
+  slices: int = 1
 
   @property
   def chips(self):
-    return _chips(self.grid)
+    return _chips(self.grid) * self.slices
+
+  @property
+  def description(self):
+    """v4-128, or 2 x v5p-1024."""
+    return self.name if self.slices == 1 else f"{self.slices} x {self.name}"
 
   @property
   def hosts(self):
     return len({device.process_index for device in self.devices})
 
 
-def topology(name):
+def topology(name, slices=1):
   """A Cloud TPU accelerator type ('v4-128') or a generation's chip grid
-  ('v4:4x4x4', for a shape not in its `grids`) -> its Slice."""
+  ('v4:4x4x4', for a shape not in its `grids`), and how many such slices
+  work together -> their Slice."""
+  if slices < 1:
+    raise errors.InputError(f"--slices={slices}: give 1 or more")
   match = re.fullmatch(r"([a-z0-9]+)-(\d+)", name)
   if match and match.group(1) in ACCELERATORS:
     generation = ACCELERATORS[match.group(1)]
@@ -162,10 +179,10 @@ def topology(name):
     description = topologies.get_topology_desc(
         platform="tpu", topology_name=f"{generation.name}:{grid}",
         chip_config_name=generation.chip_config,
-        chips_per_host_bounds=tuple(host), num_slices=1)
+        chips_per_host_bounds=tuple(host), num_slices=slices)
   except jax.errors.JaxRuntimeError as e:  # A grid libtpu cannot lay out.
     raise errors.InputError(f"--topology={name!r}: {e}") from e
-  return Slice(slice_name, generation, grid, description.devices)
+  return Slice(slice_name, generation, grid, description.devices, slices)
 
 
 def check_layout(config, tpu_slice):
@@ -193,7 +210,7 @@ def check_layout(config, tpu_slice):
       pass
   raise errors.ConfigError(
       f"config.mesh {sharding.describe_mesh(config.mesh)} cannot be laid out "
-      f"on {tpu_slice.name}'s {tpu_slice.grid} chips: each mesh axis must "
+      f"on {tpu_slice.description}'s {tpu_slice.grid} chips: each mesh axis must "
       "span whole sides of them"
       + (f"; --config.mesh.fsdp of {', '.join(fits)} would be"
          if fits else ""))

@@ -13,6 +13,10 @@ compiled program gives:
   - FLOPs per device per step and the compiler's step-time estimate
     (`optimal_seconds` of its cost model), hence the MFU against the
     device's bfloat16 peak;
+  - over several slices, the bytes each device sends over the data-center
+    network (DCN) per step (the program's DCN transfers, which XLA's cost
+    model does not time) and their time at the generation's DCN bandwidth
+    (catalogue.DCN_BITS_PER_CHIP, or one given), added to the step;
   - chip-hours: total steps x step time x chips / 3,600, plus an allowance
     (`overhead`) for evaluation, checkpoints and restarts; on v3 also
     TPUv3-core-days, the paper's unit.
@@ -90,7 +94,8 @@ class Plan:
   """
   topology: str                         # the slice's accelerator type
   generation: str             # catalogue.GENERATIONS key: v3, ..., tpu7x
-  chips: int
+  slices: int                 # of that type, joined by DCN
+  chips: int                  # of all the slices
   devices: int
   hosts: int
   mesh: dict
@@ -104,12 +109,21 @@ class Plan:
   flops_per_device_per_step: float | None      # the compiler's count
   model_flops_per_device_per_step: float       # flops_lib.flops_per_image's
   peak_flops_per_device: float                 # bfloat16
-  estimated_step_seconds: float | None
+  estimated_step_seconds: float | None  # the compiler's + DCN's
+  dcn_bytes_per_device_per_step: float | None  # sent; 0 on one slice
+  dcn_bits_per_chip: float | None     # the DCN bandwidth assumed
+  dcn_seconds_per_step: float | None  # sending them, a host's chips at once
   total_steps: int
   overhead: float
   compile_seconds: float       # the step as configured
   cost_compile_seconds: float  # its twins' without loops, if it has loops
   suggestions: list
+
+  @property
+  def description(self):
+    """v4-128, or 2 x v5p-1024."""
+    return (self.topology if self.slices == 1
+            else f"{self.slices} x {self.topology}")
 
   @property
   def mfu(self):
@@ -213,14 +227,23 @@ def bytes_per_device(shapes):
 # The custom calls that libtpu's cost model prices at -1 s each: on v4, v5e
 # and v6e ConcatBitcast (asynchronously copied slices that lie side by side,
 # read as one buffer); on TPU7x the start and the end of an asynchronous
-# call (PrepareAsyncCall*), 2 of them in the digits step.
+# call (PrepareAsyncCall*), 2 of them in the digits step; over several
+# slices ZeroCrop (a DCN transfer's padded tiles cut back) and SliceId.
 UNPRICED_CUSTOM_CALLS = ("ConcatBitcast", "PrepareAsyncCallStart",
-                         "PrepareAsyncCallDone")
+                         "PrepareAsyncCallDone", "ZeroCrop", "SliceId")
+
+# A DCN transfer in a multislice program: a send to the runtime that moves
+# buffers between slices ("megascale"), with its buffer's type.
+DCN_SEND = re.compile(r"= \((\w+)\[([\d,]*)\][^ ]* .*\bsend\(.*"
+                      r"_xla_megascale_transfer_type")
+BYTES_PER_ELEMENT = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2,
+                     "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+                     "f64": 8, "s64": 8, "u64": 8}
 
 
 def step_cost(compiled):
-  """{flops, optimal_seconds} of a compiled step, as XLA's cost model has
-  them for one device."""
+  """{flops, optimal_seconds, dcn_bytes} of a compiled step for one
+  device: XLA's cost model's, and the bytes it sends between slices."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost  # Older JAX: a list.
   # libtpu's cost model has no time for some of its own custom calls and
@@ -231,7 +254,18 @@ def step_cost(compiled):
   seconds = float(cost["optimal_seconds"]) + unknown
   if seconds <= 0:
     raise RuntimeError(f"the compiler's step time estimate is {seconds} s")
-  return {"flops": float(cost["flops"]), "optimal_seconds": seconds}
+  return {"flops": float(cost["flops"]), "optimal_seconds": seconds,
+          "dcn_bytes": float(dcn_bytes(text))}
+
+
+def dcn_bytes(text):
+  """The bytes a device sends between slices in a compiled program's text,
+  each DCN transfer once."""
+  total = 0
+  for dtype, dims in DCN_SEND.findall(text):
+    total += BYTES_PER_ELEMENT[dtype] * math.prod(
+        int(n) for n in dims.split(",") if n)
+  return total
 
 
 def unrolled_cost(config, devices, classes):
@@ -279,27 +313,49 @@ def unrolled_cost(config, devices, classes):
   return per_layers[layers], seconds
 
 
-def plan(config, topology_name, classes=0, overhead=DEFAULT_OVERHEAD):
-  """Compiles `config`'s train step for the slice and reads its cost."""
-  return plan_slice(config, catalogue.topology(topology_name), classes,
-                    overhead)
+def plan(config, topology_name, classes=0, overhead=DEFAULT_OVERHEAD,
+         slices=1, dcn_bits_per_chip=None):
+  """Compiles `config`'s train step for `slices` slices of a type and reads
+  its cost."""
+  return compare(config, [topology_name], classes, overhead, slices,
+                 dcn_bits_per_chip)[0]
 
 
-def compare(config, topology_names, classes=0, overhead=DEFAULT_OVERHEAD):
+def compare(config, topology_names, classes=0, overhead=DEFAULT_OVERHEAD,
+            slices=1, dcn_bits_per_chip=None):
   """`plan` on each slice, every slice checked before the first compile."""
-  slices = [catalogue.topology(name) for name in topology_names]
+  tpu_slices = [catalogue.topology(name, slices) for name in topology_names]
   problems = []
-  for tpu_slice in slices:
+  for tpu_slice in tpu_slices:
     try:
       catalogue.check_layout(config, tpu_slice)
-    except errors.ConfigError as e:
+      dcn_bandwidth(tpu_slice, dcn_bits_per_chip)
+    except errors.InputError as e:
       problems.append(str(e))
   if problems:
     raise errors.ConfigError("\n".join(problems))
-  return [plan_slice(config, s, classes, overhead) for s in slices]
+  return [plan_slice(config, s, classes, overhead,
+                     dcn_bandwidth(s, dcn_bits_per_chip))
+          for s in tpu_slices]
 
 
-def plan_slice(config, tpu_slice, classes, overhead):
+def dcn_bandwidth(tpu_slice, given=None):
+  """The DCN bits per second per chip a plan over several slices assumes:
+  `given`, else the generation's published figure; None on one slice."""
+  if tpu_slice.slices == 1:
+    return None
+  if given:
+    return given
+  name = tpu_slice.generation.name
+  if name not in catalogue.DCN_BITS_PER_CHIP:
+    raise errors.InputError(
+        f"{tpu_slice.description}: Cloud TPU publishes no DCN bandwidth for "
+        f"{name} (only for {', '.join(catalogue.DCN_BITS_PER_CHIP)}); pass "
+        "--dcn_gbps_per_chip")
+  return catalogue.DCN_BITS_PER_CHIP[name]
+
+
+def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
   catalogue.check_layout(config, tpu_slice)
   devices, generation = tpu_slice.devices, tpu_slice.generation
   classes = num_classes(config, classes)
@@ -322,8 +378,16 @@ def plan_slice(config, tpu_slice, classes, overhead):
   model_flops = flops_lib.flops_per_image(
       program.model, config.image_size,
       train=True) * config.batch_size / len(devices)
+  step_seconds, dcn_seconds = cost and cost["optimal_seconds"], None
+  if cost and dcn_bits_per_chip:
+    # A host's devices send at once through its chips' share of DCN.
+    devices_per_chip = len(devices) / tpu_slice.chips
+    dcn_seconds = (cost["dcn_bytes"] * 8 * devices_per_chip
+                   / dcn_bits_per_chip)
+    step_seconds += dcn_seconds  # Not overlapped with compute: at most.
   result = Plan(
       topology=tpu_slice.name, generation=generation.name,
+      slices=tpu_slice.slices,
       chips=tpu_slice.chips, devices=len(devices), hosts=tpu_slice.hosts,
       mesh=dict(program.batch_sharding.mesh.shape),
       batch_size=config.batch_size, accum_steps=config.accum_steps,
@@ -333,7 +397,10 @@ def plan_slice(config, tpu_slice, classes, overhead):
       flops_per_device_per_step=cost and cost["flops"],
       model_flops_per_device_per_step=float(model_flops),
       peak_flops_per_device=generation.peak_flops,
-      estimated_step_seconds=cost and cost["optimal_seconds"],
+      estimated_step_seconds=step_seconds,
+      dcn_bytes_per_device_per_step=cost and cost["dcn_bytes"],
+      dcn_bits_per_chip=dcn_bits_per_chip,
+      dcn_seconds_per_step=dcn_seconds,
       total_steps=int(config.total_steps), overhead=overhead,
       compile_seconds=seconds, cost_compile_seconds=cost_seconds,
       suggestions=[])

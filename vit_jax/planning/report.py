@@ -53,7 +53,8 @@ def describe(config_name, result):
   verdict = ("fits" if result.fits else
              "DOES NOT FIT (the compiler stopped at the temporaries)")
   lines = [
-      f"{config_name} on TPU {result.topology}: {_plural(result.chips, 'chip')}"
+      f"{config_name} on TPU {result.description}: "
+      f"{_plural(result.chips, 'chip')}"
       f" as {_plural(result.devices, 'device')}, "
       f"{_plural(result.hosts, 'host')}",
       f"  mesh          {mesh}; batch {result.batch_size}, {per_device:g} "
@@ -72,8 +73,10 @@ def describe(config_name, result):
         f"per step (compiler's count); the model's matmuls "
         f"{result.model_flops_per_device_per_step:.3g}",
         f"  step time     {result.estimated_step_seconds:.4g} s (compiler's "
-        f"estimate): MFU {result.mfu:.1%} of "
+        f"estimate{' + DCN' if result.dcn_seconds_per_step else ''}): "
+        f"MFU {result.mfu:.1%} of "
         f"{result.peak_flops_per_device / 1e12:.1f} TFLOP/s per device",
+        *_dcn_lines(result),
         f"  steps         {result.total_steps:,}",
         f"  chip-hours    {_number(result.train_chip_hours)} training + "
         f"{result.overhead:.0%} for evaluation, checkpoints and restarts = "
@@ -93,6 +96,18 @@ def describe(config_name, result):
   return "\n".join(lines)
 
 
+def _dcn_lines(result):
+  """What crosses between slices, and how long it takes; none on one."""
+  if result.slices == 1:
+    return []
+  return [
+      f"  DCN           {result.dcn_bytes_per_device_per_step / 2**20:.4g} "
+      f"MiB sent per device per step between slices: "
+      f"{result.dcn_seconds_per_step:.4g} s at "
+      f"{result.dcn_bits_per_chip / 1e9:g} Gbit/s per chip, added to the "
+      "compiler's estimate (not overlapped: at most)"]
+
+
 def describe_comparison(config_name, results):
   """Plans of one config on several slices as one table."""
   header = ("slice", "chips", "hosts", "mesh", "per device",
@@ -102,7 +117,7 @@ def describe_comparison(config_name, results):
   for r in results:
     estimated = r.estimated_step_seconds is not None
     rows.append((
-        r.topology, f"{r.chips:,}", f"{r.hosts:,}",
+        r.description, f"{r.chips:,}", f"{r.hosts:,}",
         "x".join(str(n) for n in r.mesh.values()),
         f"{r.batch_size / r.devices:g}",
         f"{r.hbm_bytes_per_device / GiB:.1f} of "
@@ -123,7 +138,7 @@ def describe_comparison(config_name, results):
                       ).rstrip() for row in rows]
   for r in results:
     if r.suggestions:
-      lines.append(f"{r.topology} does not fit; try: "
+      lines.append(f"{r.description} does not fit; try: "
                    + "; ".join(s.split(":")[0] for s in r.suggestions))
   return "\n".join(lines)
 
