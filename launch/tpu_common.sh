@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shared by the tpu_*.sh scripts, which source it; not a command on its own.
+# Shared by the tpu_*.sh scripts and gke.sh, which source it; not a command on its own.
 #
 # Each script sets USAGE, then loops over its arguments, giving each to
 # parse_common_flag first and handling only its own flags itself.
@@ -91,6 +91,9 @@ run_cmd() {
   fi
   if [[ "$1" == gcloud ]] && ! command -v gcloud > /dev/null; then
     die "gcloud not found on PATH; install the Google Cloud CLI (https://cloud.google.com/sdk/docs/install), or use --dry-run to see the commands"
+  fi
+  if [[ "$1" == xpk ]] && ! command -v xpk > /dev/null; then
+    die "xpk not found on PATH; pip install xpk (it drives gcloud and kubectl), or use --dry-run to see the commands"
   fi
   "$@"
 }

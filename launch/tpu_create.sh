@@ -4,11 +4,15 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/tpu_common.sh"
 
 USAGE="Usage: $PROG --name=NAME --zone=ZONE --accelerator=TYPE [--project=P]
-       [--version=RUNTIME] [--spot] [--dry-run]
+       [--version=RUNTIME] [--queued] [--spot | --reserved] [--dry-run]
 
 Creates the TPU VM slice NAME, e.g. --accelerator=v3-32 (4 hosts).
 --version defaults to the runtime recommended for the TPU generation.
+--queued asks for it as a Cloud TPU queued resource, also named NAME,
+which waits in line until the slice is free (how v5e, v5p and v6e slices
+are mostly obtained); tpu_delete.sh --queued deletes both.
 --spot asks for a Spot slice: much cheaper, but it can be preempted.
+--reserved takes it from the project's reservation (a queued resource).
 --dry-run prints the gcloud command instead of running it."
 
 VALID_TYPES="v2-{8,32,64,128,256,512}, v3-{8,32,64,128,256,512,1024,2048}, \
@@ -47,12 +51,16 @@ default_version() {
 ACCELERATOR=""
 VERSION=""
 SPOT=0
+QUEUED=0
+RESERVED=0
 for arg in "$@"; do
   parse_common_flag "$arg" && continue
   case "$arg" in
     --accelerator=*) ACCELERATOR=${arg#*=} ;;
     --version=*) VERSION=${arg#*=} ;;
     --spot) SPOT=1 ;;
+    --queued) QUEUED=1 ;;
+    --reserved) RESERVED=1 QUEUED=1 ;;
     --accelerator | --version) usage_error "$arg takes a value: $arg=VALUE" ;;
     *) usage_error "unknown flag $arg" ;;
   esac
@@ -62,14 +70,25 @@ require_flag ACCELERATOR --accelerator
 valid_accelerator "$ACCELERATOR" ||
   usage_error "invalid accelerator type $ACCELERATOR; valid types: $VALID_TYPES"
 VERSION=${VERSION:-$(default_version "$ACCELERATOR")}
+(( SPOT && RESERVED )) && usage_error "--spot and --reserved exclude each other"
 location_flags
 
-cmd=(gcloud compute tpus tpu-vm create "$NAME" --zone="$ZONE"
-  --accelerator-type="$ACCELERATOR" --version="$VERSION")
+if (( QUEUED )); then
+  # The node keeps the name NAME, so the other scripts reach it as usual.
+  cmd=(gcloud compute tpus queued-resources create "$NAME" --zone="$ZONE"
+    --node-id="$NAME" --accelerator-type="$ACCELERATOR"
+    --runtime-version="$VERSION")
+else
+  cmd=(gcloud compute tpus tpu-vm create "$NAME" --zone="$ZONE"
+    --accelerator-type="$ACCELERATOR" --version="$VERSION")
+fi
 if [[ -n "$PROJECT" ]]; then
   cmd+=(--project="$PROJECT")
 fi
 if (( SPOT )); then
   cmd+=(--spot)
+fi
+if (( RESERVED )); then
+  cmd+=(--reserved)
 fi
 run_cmd "${cmd[@]}"

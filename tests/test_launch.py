@@ -1,7 +1,7 @@
-"""The Cloud TPU scripts in launch/, through their --dry-run output.
+"""The Cloud TPU and GKE scripts in launch/, through their --dry-run output.
 
-No gcloud is needed: a stand-in `gcloud` that fails loudly comes first on
-PATH, so a command that escaped --dry-run could not reach a real project.
+No gcloud or xpk is needed: stand-ins that fail loudly come first on PATH,
+so a command that escaped --dry-run could not reach a real project.
 The remote shell commands are also run here, in a scratch HOME, with
 stand-ins for sudo and python, to check what they would do on a worker.
 launch/local_pod.sh is run here with stand-in interpreters, for its choice
@@ -44,8 +44,9 @@ TRICKY_MAIN_ARGS = [
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
   fake_bin = tmp_path_factory.mktemp("fake_gcloud")
-  write_script(fake_bin / "gcloud",
-               'echo "real gcloud called: $*" >&2; exit 99')
+  for tool in ("gcloud", "xpk"):
+    write_script(fake_bin / tool,
+                 f'echo "real {tool} called: $*" >&2; exit 99')
   return dict(os.environ, PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
 
 
@@ -82,7 +83,7 @@ def run_remotely(command, home, fake_bin):
 
 
 def test_only_the_sourced_helper_is_not_executable():
-  for script in SCRIPTS:
+  for script in [*SCRIPTS, "gke.sh"]:
     assert os.access(LAUNCH / script, os.X_OK), script
   assert not os.access(LAUNCH / "tpu_common.sh", os.X_OK)
 
@@ -148,6 +149,29 @@ def test_create_project_and_spot_only_when_given(env):
                       (["--spot", "--project=p"], ["--project=p", "--spot"])]:
     [argv] = dry_run(env, "tpu_create.sh", *base, *extra)
     assert argv[9:] == tail, extra
+
+
+def test_create_as_a_queued_resource_spot_or_reserved(env):
+  base = ["--name=vit", "--zone=z", "--accelerator=v5p-128"]
+  queued = ["gcloud", "compute", "tpus", "queued-resources", "create", "vit",
+            "--zone=z", "--node-id=vit", "--accelerator-type=v5p-128",
+            "--runtime-version=v2-alpha-tpuv5"]
+  for extra, tail in [(["--queued"], []),
+                      (["--queued", "--spot"], ["--spot"]),
+                      (["--reserved"], ["--reserved"]),
+                      (["--reserved", "--project=p"],
+                       ["--project=p", "--reserved"])]:
+    assert dry_run(env, "tpu_create.sh", *base, *extra) == [
+        queued + tail], extra
+  result = run(env, "tpu_create.sh", "--dry-run", *base, "--spot",
+               "--reserved")
+  assert result.returncode == 2 and result.stdout == ""
+  assert "--spot and --reserved exclude each other" in result.stderr
+  # Deleting the queued resource deletes its slice too.
+  assert dry_run(env, "tpu_delete.sh", "--name=vit", "--zone=z",
+                 "--queued") == [
+      ["gcloud", "compute", "tpus", "queued-resources", "delete", "vit",
+       "--zone=z", "--force", "--quiet"]]
 
 
 @pytest.mark.parametrize("accelerator,version", [
@@ -355,6 +379,89 @@ def test_dry_run_runs_nothing(env, script):
   assert "real gcloud called" not in result.stderr
   assert all(line.startswith(("gcloud ", "git "))
              for line in result.stdout.splitlines())
+
+
+# launch/gke.sh: xpk's commands for a GKE cluster of TPU slices.
+GKE = ["--cluster=vit", "--zone=us-east5-b"]
+
+
+def test_gke_creates_and_deletes_a_cluster_of_slices(env):
+  assert dry_run(env, "gke.sh", "create", *GKE, "--tpu-type=tpu7x-256") == [
+      ["xpk", "cluster", "create", *GKE, "--tpu-type=tpu7x-256",
+       "--num-slices=1", "--on-demand"]]
+  for capacity, flag in [(["--spot"], "--spot"),
+                         (["--reservation=r1"], "--reservation=r1")]:
+    assert dry_run(env, "gke.sh", "create", *GKE, "--tpu-type=v5p-1024",
+                   "--num-slices=2", "--project=p", *capacity) == [
+        ["xpk", "cluster", "create", *GKE, "--project=p",
+         "--tpu-type=v5p-1024", "--num-slices=2", flag]]
+  assert dry_run(env, "gke.sh", "stop", *GKE, "--workload=h14") == [
+      ["xpk", "workload", "delete", *GKE, "--workload=h14"]]
+  assert dry_run(env, "gke.sh", "delete", *GKE) == [
+      ["xpk", "cluster", "delete", *GKE]]
+
+
+def test_gke_runs_main_on_every_host_of_two_slices(env):
+  [argv] = dry_run(env, "gke.sh", "run", *GKE, "--tpu-type=v5p-1024",
+                   "--num-slices=2", "--workload=h14", "--max-restarts=3",
+                   "--", *TRICKY_MAIN_ARGS, "--config.mesh.slices=2")
+  command = argv.pop(argv.index(next(a for a in argv
+                                     if a.startswith("--command="))))
+  assert argv == ["xpk", "workload", "create", *GKE, "--workload=h14",
+                  "--tpu-type=v5p-1024", "--num-slices=2",
+                  "--base-docker-image=python:3.11", f"--script-dir={ROOT}",
+                  "--max-restarts=3"]
+  # Each host installs this checkout, then runs main with its arguments
+  # intact through the container's shell.
+  install, main = command[len("--command="):].split(" && ")
+  assert shlex.split(install) == ["python", "-m", "pip", "install", "-q",
+                                  ".[tpu]"]
+  assert shlex.split(main) == ["python", "-m", "vit_jax.main",
+                               *TRICKY_MAIN_ARGS, "--config.mesh.slices=2"]
+  # An image that holds vit_jax runs main alone.
+  [argv] = dry_run(env, "gke.sh", "run", *GKE, "--tpu-type=v6e-256",
+                   "--workload=w", "--docker-image=gcr.io/p/vit:1", "--",
+                   "--workdir=gs://b/w")
+  assert argv[-2:] == ["--docker-image=gcr.io/p/vit:1",
+                       "--command=python -m vit_jax.main --workdir=gs://b/w"]
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "missing the action"),
+    (["start", *GKE], "unknown action start"),
+    (["create", "--zone=z", "--tpu-type=v6e-8"], "missing required flag "
+     "--cluster"),
+    (["create", *GKE], "missing required flag --tpu-type"),
+    (["create", *GKE, "--tpu-type=v5p-12k"], "invalid TPU type v5p-12k"),
+    (["create", *GKE, "--tpu-type=v5p-8", "--num-slices=0"],
+     "--num-slices=0: give a whole number"),
+    (["create", *GKE, "--tpu-type=v5p-8", "--name=x"], "unknown flag --name"),
+    (["stop", *GKE], "missing required flag --workload"),
+    (["delete", *GKE, "--", "--workdir=gs://b/w"], "only run takes"),
+    (["run", *GKE, "--tpu-type=v5p-8", "--workload=w", "--",
+      "--config=c"], "missing --workdir=DIR"),
+    (["run", *GKE, "--tpu-type=v5p-8", "--workload=w", "--",
+      "--workdir=/tmp/w"], "the workdir must be a gs:// path"),
+    (["run", *GKE, "--tpu-type=v5p-8", "--workload=w", "--max-restarts=x",
+      "--", "--workdir=gs://b/w"], "--max-restarts=x: give a whole number"),
+])
+def test_gke_refuses_bad_usage_in_one_line(env, args, message):
+  result = run(env, "gke.sh", "--dry-run", *args)
+  assert result.returncode == 2 and result.stdout == ""
+  assert len(result.stderr.splitlines()) == 1 and message in result.stderr
+
+
+def test_gke_without_dry_run_a_missing_xpk_is_named(env, tmp_path):
+  for tool in ["basename", "dirname"]:
+    (tmp_path / tool).symlink_to(shutil.which(tool))
+  result = subprocess.run(
+      [shutil.which("bash"), str(LAUNCH / "gke.sh"), "delete", *GKE],
+      env=dict(os.environ, PATH=str(tmp_path)), capture_output=True,
+      text=True, timeout=30)
+  assert result.returncode == 1
+  assert "xpk not found on PATH; pip install xpk" in result.stderr
+  assert run(env, "gke.sh", "--help").stdout.startswith(
+      "Usage: gke.sh create --cluster=C")
 
 
 # launch/local_pod.sh, with stand-in interpreters in a scratch copy of the
