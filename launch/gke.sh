@@ -101,13 +101,7 @@ case "$ACTION" in
     ;;
   run)
     require_flag WORKLOAD --workload
-    WORKDIR=""
-    for (( i = 0; i < ${#MAIN_ARGS[@]}; i++ )); do
-      case "${MAIN_ARGS[i]}" in
-        --workdir=*) WORKDIR=${MAIN_ARGS[i]#*=} ;;
-        --workdir) WORKDIR=${MAIN_ARGS[i + 1]:-} ;;
-      esac
-    done
+    WORKDIR=$(workdir_of "${MAIN_ARGS[@]}")
     [[ -n "$WORKDIR" ]] || usage_error "missing --workdir=DIR after --"
     # A container's disk is gone when it stops, and every host writes its
     # part of each checkpoint: only a bucket holds a run.

@@ -62,6 +62,19 @@ location_flags() {
   fi
 }
 
+# The --workdir among vit_jax.main's arguments, the last as absl takes it
+# (--workdir=DIR or --workdir DIR), or nothing.
+workdir_of() {
+  local args=("$@") i workdir=""
+  for (( i = 0; i < ${#args[@]}; i++ )); do
+    case "${args[i]}" in
+      --workdir=*) workdir=${args[i]#*=} ;;
+      --workdir) workdir=${args[i + 1]:-} ;;
+    esac
+  done
+  printf '%s' "$workdir"
+}
+
 # Quotes one word for a POSIX shell: left bare when it is made of characters
 # no shell treats specially, so printed commands stay readable; otherwise in
 # single quotes. Both forms paste back into bash and parse with shlex.split.

@@ -23,14 +23,7 @@ done
 MAIN_ARGS=("$@")
 require_name_and_zone
 
-# absl takes both --workdir=DIR and --workdir DIR.
-WORKDIR=""
-for (( i = 0; i < ${#MAIN_ARGS[@]}; i++ )); do
-  case "${MAIN_ARGS[i]}" in
-    --workdir=*) WORKDIR=${MAIN_ARGS[i]#*=} ;;
-    --workdir) WORKDIR=${MAIN_ARGS[i + 1]:-} ;;
-  esac
-done
+WORKDIR=$(workdir_of "${MAIN_ARGS[@]}")
 [[ -n "$WORKDIR" ]] || usage_error "missing --workdir=DIR after --"
 # Each host writes its part of every checkpoint into the workdir, so on a
 # pod all of them must see the same one: a local path would split it.
