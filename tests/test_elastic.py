@@ -160,16 +160,20 @@ def assert_continues(workdir, batch_log, num_processes, stopped_at,
   return changes
 
 
-def test_a_run_stopped_on_2_slices_resumes_on_1_with_the_same_batches(
+def test_a_run_stopped_on_2_slices_resumes_on_1_of_4_devices(
     digits_data_dir, tmp_path, stopped, uninterrupted):
   workdir = resumed_copy(stopped, tmp_path)
   log = str(tmp_path / "batches")
   code, _, stderr = finish(start_fingerprinted(main_flags(
-      workdir, digits_data_dir, **{**TWO_SLICES, "mesh.slices": -1}), 8,
+      workdir, digits_data_dir, **{**TWO_SLICES, "mesh.slices": -1}), 4,
       log))
   assert code == 0, stderr[-3000:]
   changes = assert_continues(workdir, log, 1, stopped[1], uninterrupted)
-  assert changes == {"mesh.slices": {"old": 2, "new": -1}}
+  assert changes == {
+      "devices": {"old": "8 (data=2 x fsdp=4 x model=1)",
+                  "new": "4 (data=1 x fsdp=4 x model=1)"},
+      "mesh.slices": {"old": 2, "new": -1}}
+  assert "devices: '8 (data=2 x fsdp=4 x model=1)' -> '4 (data=1" in stderr
   config = small_config(digits_data_dir, **ELASTIC)
   _, params, _ = latest_checkpoint(workdir, config)
   _, expected, _ = latest_checkpoint(uninterrupted[2], config)
@@ -179,21 +183,6 @@ def test_a_run_stopped_on_2_slices_resumes_on_1_with_the_same_batches(
       np.concatenate([x.ravel() for x in jax.tree.leaves(params)]),
       np.concatenate([x.ravel() for x in jax.tree.leaves(expected)]),
       rtol=1e-6, atol=5e-7)
-
-
-def test_a_run_stopped_on_8_devices_resumes_on_4_with_the_same_batches(
-    digits_data_dir, tmp_path, stopped, uninterrupted):
-  workdir = resumed_copy(stopped, tmp_path)
-  log = str(tmp_path / "batches")
-  code, _, stderr = finish(start_fingerprinted(
-      main_flags(workdir, digits_data_dir, **ELASTIC), 4, log))
-  assert code == 0, stderr[-3000:]
-  changes = assert_continues(workdir, log, 1, stopped[1], uninterrupted)
-  assert changes == {
-      "devices": {"old": "8 (data=2 x fsdp=4 x model=1)",
-                  "new": "4 (data=4 x fsdp=1 x model=1)"},
-      "mesh.fsdp": {"old": 4, "new": 1}, "mesh.slices": {"old": 2, "new": -1}}
-  assert "devices: '8 (data=2 x fsdp=4 x model=1)' -> '4 (data=4" in stderr
 
 
 def test_a_run_stopped_on_8_devices_resumes_on_2_hosts_of_2(
