@@ -113,7 +113,8 @@ case "$ACTION" in
     if [[ -n "$DOCKER_IMAGE" ]]; then
       cmd+=(--docker-image="$DOCKER_IMAGE" --command="$main")
     else
-      # xpk copies --script-dir into its image's working directory.
+      # xpk copies --script-dir into its image's working directory
+      # (less what .dockerignore names: the venv, workdirs, .git).
       cmd+=(--base-docker-image=python:3.11
         --script-dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
         --command="python -m pip install -q '.[tpu]' && $main")
