@@ -50,6 +50,47 @@ def test_over_two_slices_only_the_data_axis_crosses_between_them():
     sharding.make_mesh({"data": -1, "slices": 2})
 
 
+def test_fsdp_leaves_arrays_under_its_floor_whole():
+  mesh = sharding.make_mesh({"fsdp": 4, "model": 2, "fsdp_min_bytes": 1})
+  spec = lambda shape, floor: sharding.partition_spec(
+      ("embed", "mlp"), shape, mesh, fsdp_min_bytes=floor)
+  # 768 x 3072 float32 is 9 MiB: split at a 4 MiB floor, as without one.
+  assert spec((768, 3072), 4 * 2**20) == spec((768, 3072), 0) == jax.P(
+      "fsdp", "model")
+  # 64 x 256 (64 KiB) stays whole over fsdp; the model axis still splits it.
+  assert spec((64, 256), 4 * 2**20) == jax.P(None, "model")
+  assert spec((64, 256), 64 * 2**10) == jax.P("fsdp", "model")  # At it.
+  # Over a model's params: the head's 7.5 KiB kernel stays whole under a
+  # 256 KiB floor, the 576 KiB patch embedding is split.
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  model = models.create("Ti/16", 10, num_layers=1)
+  boxed = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jax.numpy.zeros((1, 32, 32, 3)), train=False))
+  fsdp_8 = sharding.make_mesh({"data": 1, "fsdp": 8})
+  for floor, head in [(0, jax.P("fsdp", None)), (2**18, jax.P(None, None))]:
+    specs = {jax.tree_util.keystr(path): s.spec for path, s in
+             jax.tree_util.tree_flatten_with_path(
+                 sharding.tree_shardings(boxed, fsdp_8, floor))[0]}
+    assert specs["['params']['head']['kernel']"] == head
+    assert "fsdp" in specs["['params']['embedding']['kernel']"]
+  # A run's config sets it: the digits model's head (64 x 10) and its
+  # Adam moments stay whole on fsdp 8, its MLP kernels (64 x 256) split.
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from tests.util import program_of  # pylint: disable=g-import-not-at-top
+  config = digits.get_config()
+  config.update_from_flattened_dict({"mesh.data": 1, "mesh.fsdp": 8,
+                                     "mesh.fsdp_min_bytes": 4096})
+  shardings = program_of(config).state_shardings
+  head = shardings.params["head"]["kernel"].spec
+  mlp = shardings.params["Transformer"]["encoderblock_0"]["MlpBlock_3"][
+      "Dense_0"]["kernel"].spec
+  assert head == jax.P(None, None) and "fsdp" in mlp
+  moments = [s.spec for path, s in jax.tree_util.tree_flatten_with_path(
+      shardings.opt_state)[0] if "['head']['kernel']" in
+              jax.tree_util.keystr(path)]
+  assert len(moments) == 2 and set(moments) == {head}  # mu and nu.
+
+
 def test_fsdp_takes_the_largest_free_divisible_dimension():
   mesh = sharding.make_mesh({"fsdp": 4, "model": 2})
   spec = lambda names, shape: sharding.partition_spec(names, shape, mesh)

@@ -66,6 +66,7 @@ def make_mesh(axis_sizes, devices=None):
   devices = jax.devices() if devices is None else devices
   sizes = dict(axis_sizes)
   slices = int(sizes.pop("slices", -1))
+  sizes.pop("fsdp_min_bytes", None)  # tree_shardings', not the mesh's.
   if slices == 0 or slices < -1:
     raise errors.InputError(
         f"config.mesh.slices must be positive or -1, got {slices}")
@@ -230,8 +231,11 @@ def process_blocks(mesh):
   return tuple(blocks), num_blocks
 
 
-def partition_spec(names, shape, mesh, path="param"):
-  """The PartitionSpec for one array with logical axis `names`."""
+def partition_spec(names, shape, mesh, path="param", fsdp_min_bytes=0):
+  """The PartitionSpec for one array with logical axis `names`; FSDP
+  leaves an array of fewer than `fsdp_min_bytes` whole, counted in float32
+  (so that a moment of another dtype is placed as its parameter is): a
+  small array costs more to gather than to hold."""
   spec = list(nn.logical_to_mesh_axes(names, LOGICAL_AXIS_RULES))
   for dim, axis in enumerate(spec):
     if axis is not None and shape[dim] % mesh.shape[axis]:
@@ -239,7 +243,7 @@ def partition_spec(names, shape, mesh, path="param"):
           f"{path}: dimension {dim} ({names[dim]}, size {shape[dim]}) is not "
           f"divisible by the mesh axis '{axis}' of size {mesh.shape[axis]}")
   fsdp = mesh.shape["fsdp"]
-  if fsdp > 1:
+  if fsdp > 1 and math.prod(shape) * 4 >= fsdp_min_bytes:
     free = [d for d, axis in enumerate(spec)
             if axis is None and shape[d] % fsdp == 0
             and names[d] not in NOT_FSDP]
@@ -248,18 +252,19 @@ def partition_spec(names, shape, mesh, path="param"):
   return P(*spec)
 
 
-def tree_shardings(boxed_tree, mesh):
+def tree_shardings(boxed_tree, mesh, fsdp_min_bytes=0):
   """NamedShardings for a tree whose array leaves may be nn.Partitioned boxes.
 
   Boxed leaves (params and the optimizer's per-param moments) follow the
-  rules; plain leaves (step counters) are replicated.
+  rules, FSDP only for those of `fsdp_min_bytes` or more; plain leaves (step
+  counters) are replicated.
   """
   def sharding(path, leaf):
     if isinstance(leaf, nn.LogicallyPartitioned):
       if isinstance(leaf.value, optax.MaskedNode):
         return leaf.value  # A frozen parameter's moment: nothing to place.
       spec = partition_spec(leaf.names, leaf.value.shape, mesh,
-                            jax.tree_util.keystr(path))
+                            jax.tree_util.keystr(path), fsdp_min_bytes)
       return NamedSharding(mesh, spec)
     return replicated(mesh)
 

@@ -175,9 +175,12 @@ class Mesh:
   data: int = key(-1, "the data-parallel axis")
   fsdp: int = key(1, "the axis params and optimizer state are split over")
   model: int = key(1, "the tensor-parallel axis")
-  slices: int = key(-1, "the TPU slices the devices span, the data axis "
-                    "crossing between them (-1: as many as they are in; "
-                    "on CPU, N > 1 processes stand for N slices)")
+  slices: int = key(-1, "TPU slices the data axis spans (-1: as many as "
+                    "the devices are in; on CPU a process stands for one)",
+                    before=AS_DEFAULT)
+  fsdp_min_bytes: int = key(
+      0, "arrays of fewer bytes are held whole, not split over fsdp (0: "
+      "all are split)", at_least=0, before=AS_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True)

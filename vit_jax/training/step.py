@@ -40,7 +40,8 @@ def init_state(model, tx, image_size, polyak_decay, rng):
                     polyak=polyak.init(params, polyak_decay))
 
 
-def abstract_state(model, tx, image_size, polyak_decay, mesh):
+def abstract_state(model, tx, image_size, polyak_decay, mesh,
+                   fsdp_min_bytes=0):
   """(shapes, shardings) of the train state, without allocating it.
 
   This is all that compiling the train step needs, here or ahead of time for
@@ -48,7 +49,7 @@ def abstract_state(model, tx, image_size, polyak_decay, mesh):
   """
   boxed = jax.eval_shape(lambda: init_state(model, tx, image_size,
                                             polyak_decay, jax.random.key(0)))
-  shardings = sharding.tree_shardings(boxed, mesh)
+  shardings = sharding.tree_shardings(boxed, mesh, fsdp_min_bytes)
   shapes = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
       nn.meta.unbox(boxed), shardings)
@@ -152,7 +153,8 @@ def build(settings, mesh, built, unroll=False):
   called (or lowered, for a TPU topology). `unroll`: see make_train_step."""
   model, tx, schedule = built
   state_shapes, state_shardings = abstract_state(
-      model, tx, settings.image_size, settings.polyak_decay, mesh)
+      model, tx, settings.image_size, settings.polyak_decay, mesh,
+      settings.mesh.fsdp_min_bytes)
   batch_shard = sharding.batch_sharding(mesh)
   init = jax.jit(
       lambda rng: nn.meta.unbox(init_state(model, tx, settings.image_size,
