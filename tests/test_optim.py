@@ -49,6 +49,37 @@ def test_weight_decay_is_decoupled_and_only_on_kernels():
   np.testing.assert_allclose(updates["dense"]["bias"], 0.0)
 
 
+def test_a_bfloat16_first_moment_halves_its_bytes_and_nothing_else():
+  params = {"w": jnp.linspace(-1.0, 1.0, 64).reshape(8, 8)}
+  grads = [{"w": jnp.sin(params["w"] * k)} for k in (1.0, 2.0, 3.0)]
+
+  def run(tx):
+    state, updates = tx.init(params), []
+    for g in grads:
+      update, state = tx.update(g, state, params)
+      updates.append(update["w"])
+    return state, updates
+
+  # The default is optax's Adam as the step has always run it, bitwise.
+  _, schedule = optimizer_lib.create(config(), total_steps=10)
+  default_state, default = run(optimizer_lib.create(config(), 10)[0])
+  _, today = run(optax.chain(optax.scale_by_adam(b1=0.9, b2=0.999),
+                             optax.scale_by_learning_rate(schedule)))
+  for got, expected in zip(default, today):
+    np.testing.assert_array_equal(got, expected)
+  state, halved = run(optimizer_lib.create(config(mu_dtype="bfloat16"), 10)[0])
+  adam, default_adam = state[0], default_state[0]
+  assert adam.mu["w"].dtype == jnp.bfloat16
+  assert adam.mu["w"].nbytes * 2 == default_adam.mu["w"].nbytes
+  assert adam.nu["w"].dtype == default_adam.nu["w"].dtype == jnp.float32
+  # The updates move by bfloat16's rounding of the moment, no more.
+  for got, expected in zip(halved, default):
+    np.testing.assert_allclose(got, expected, rtol=2e-2, atol=1e-3)
+  with pytest.raises(errors.InputError,
+                     match="mu_dtype must be one of float32, bfloat16"):
+    optimizer_lib.create(config(mu_dtype="float16"), 10)
+
+
 def test_clipping_bounds_the_global_norm():
   params = {"w": jnp.zeros(4)}
   grads = {"w": jnp.full(4, 10.0)}

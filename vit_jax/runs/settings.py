@@ -150,6 +150,9 @@ class Optimizer:
   b1: float = key(0.9, "Adam's first-moment decay", at_least=0.0, below=1.0)
   b2: float = key(0.999, "Adam's second-moment decay", at_least=0.0,
                   below=1.0)
+  mu_dtype: str = key("float32", "Adam's first moment: float32 or bfloat16 "
+                      "(half its bytes, as big_vision keeps it)",
+                      before=AS_DEFAULT)
   momentum: float = key(0.9, "SGD's momentum", at_least=0.0, below=1.0)
   layer_decay: float = key(1.0, "block i of L learns at layer_decay^(L - i) "
                            "of the rate (1: off)", before=AS_DEFAULT)
