@@ -2,12 +2,15 @@
 (training/reporting/goodput.py), across restarts: SIGTERM twice, and kill
 -9 with steps redone."""
 
+import argparse
 import signal
 import time
 
 import jax
 import jax.numpy as jnp
 import pytest
+from tensorboard.plugins import base_plugin
+from xprof import profile_plugin
 
 from tests.util import (
   finish,
@@ -85,7 +88,9 @@ def record(workdir):
 def test_sigterm_twice_buckets_add_up_to_the_wall_time(digits_data_dir,
                                                        tmp_path):
   workdir = str(tmp_path / "run")
-  args = [*main_flags(workdir, digits_data_dir, **RUN),
+  # The first run also traces steps 3 and 4 (training/profiling.py).
+  args = [*main_flags(workdir, digits_data_dir, **RUN,
+                      profile_steps="3,2"),
           f"--compilation_cache={tmp_path / 'cache'}"]
   walls, compiles = [], []
   for stop_at in (8, 23, None):
@@ -100,8 +105,15 @@ def test_sigterm_twice_buckets_add_up_to_the_wall_time(digits_data_dir,
   # SIGTERM saves at the step it stops at: nothing is trained twice.
   assert seconds["lost"] == 0
   for bucket in ("startup", "compile", "train", "input", "checkpoint",
-                 "eval"):
+                 "eval", "profile"):
     assert seconds[bucket] > 0, bucket
+  # TensorBoard's profile plugin lists the trace, one run of it.
+  plugin = profile_plugin.ProfilePlugin(base_plugin.TBContext(
+      logdir=workdir, data_provider=None,
+      flags=argparse.Namespace(master_tpu_unsecure_channel="")))
+  (run,) = plugin.generate_runs()
+  assert plugin._get_xplane_basenames(  # pylint: disable=protected-access
+      plugin._run_to_profile_run_dir[run])  # pylint: disable=protected-access
   # The two resumes read their programs from the cache the first wrote.
   assert compiles[1] < compiles[0] and compiles[2] < compiles[0]
   # The rows carry the buckets, cumulative across the restarts.

@@ -268,6 +268,10 @@ def compiles_during(fn):
     (dict(**{"model.dtype": "float8"}), "config.model: dtype must be a float"),
     (dict(**{"model.layer_norm_epsilon": -1.0}),
      "config.model: layer_norm_epsilon must be > 0"),
+    (dict(profile_steps="3"), "config.profile_steps must be 'START,COUNT'"),
+    (dict(profile_steps="0,2"), "config.profile_steps must be 'START,COUNT'"),
+    (dict(**{"optimizer.mu_dtype": "fp8"}), "config.optimizer.mu_dtype must "
+     "be one of float32, bfloat16"),
 ])
 def test_bad_configs_fail_clearly_before_compiling(digits_data_dir, tmp_path,
                                                    overrides, message):

@@ -234,6 +234,10 @@ class Settings:
   mesh: Mesh = section(Mesh, "the device mesh", changeable=True)
   seed: int = key(0, "seeds the init, the data's order, the augmentations "
                   "and dropout")
+  profile_steps: str = key(
+      "", "'START,COUNT': a trace of those steps on process 0 for "
+      "TensorBoard's profile tab; '': none", changeable=True,
+      before=AS_DEFAULT)
   log_every: int = key(100, "steps between rows of training metrics",
                        at_least=1, changeable=True)
   evaluators: dict = key(

@@ -7,6 +7,7 @@
   WORKDIR/lock.json              the run that writes it now (runs/lock.py)
   WORKDIR/checkpoints/           orbax, one folder per step (runs/checkpoints.py)
   WORKDIR/events.out.tfevents.*  TensorBoard
+  WORKDIR/plugins/profile/RUN/   jax.profiler traces (training/profiling.py)
   WORKDIR/figures/               vit_jax.figures' default output
   WORKDIR/exports/               where exports inside a workdir may go
 
@@ -31,6 +32,7 @@ CHANGES_FILE = "config_changes.jsonl"
 METRICS_FILE = "metrics.jsonl"
 TIME_FILE = "time.json"
 CHECKPOINTS = "checkpoints"
+PROFILES = "plugins/profile"  # Where TensorBoard's profile plugin looks.
 FIGURES = "figures"
 EXPORTS = "exports"
 
@@ -140,6 +142,19 @@ class Workdir:
   def events(self):
     """Where TensorBoard's event files go."""
     return self.location
+
+  def add_profile(self, local):
+    """Copies the trace that jax.profiler wrote under the local folder
+    `local` (plugins/profile/RUN/FILES) into this workdir, each file whole;
+    returns where its run's folder is."""
+    traced = paths.path(local) / PROFILES
+    where = None
+    for run in traced.iterdir():
+      where = self._file(PROFILES) / run.name
+      where.mkdir(parents=True, exist_ok=True)
+      for trace in run.iterdir():
+        paths.write_atomically(where / trace.name, trace.read_bytes())
+    return where
 
   def tensorboard_command(self):
     # TensorBoard's fast loader reads local folders only.

@@ -18,6 +18,7 @@ from vit_jax.training import (
   evaluators,
   polyak,
   preemption,
+  profiling,
   reporting,
   step as step_lib,
 )
@@ -64,15 +65,19 @@ def train(run, program, accounts):
   report = reporting.Report(run, program, start_step, saved, resumed,
                             accounts)
   batches = train_batches(run, start_step)
+  trace = profiling.StepTrace(profiling.steps(keys.profile_steps),
+                              run.workdir, accounts)
   previous = None
   accounts.switch("train")
   try:
     with preemption.StopRequest() as stop_requested:
       for step in range(start_step + 1, total + 1):
+        trace.before(step)
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           with report.counting("input"):
             batch = sharding.to_global(next(batches), program.batch_sharding)
           state, metrics = program.train_step(state, batch)
+        trace.after(step, metrics)
         # Waiting for the previous step keeps at most one step queued behind
         # the running one: the CPU runtime deadlocks its collectives when
         # many are queued, and on TPU one queued step hides the dispatch.
@@ -97,6 +102,8 @@ def train(run, program, accounts):
           report.last["stopped_at_step"] = step
           break
   finally:
+    with report.counting("profile"):
+      trace.close()
     # Even when a step fails, the save under way completes: the run
     # resumes from it rather than from an older step.
     with report.counting("checkpoint"):

@@ -36,7 +36,7 @@ from jax.sharding import Mesh
 from vit_jax import errors, sharding
 from vit_jax.data import preprocess, shares, sources
 from vit_jax.runs import settings, store, workdir as workdir_lib
-from vit_jax.training import evaluators, step, targets
+from vit_jax.training import evaluators, profiling, step, targets
 from vit_jax.weights import pretrained
 
 
@@ -122,6 +122,7 @@ def check_values(config):
   except errors.InputError as e:
     raise errors.ConfigError(f"config.{e}") from e  # It names the key.
   targets.check(keys)
+  profiling.steps(keys.profile_steps)  # A ConfigError names the key.
   try:
     evaluations = evaluators.enabled(keys)
   except errors.InputError as e:

@@ -8,6 +8,7 @@
   input       waiting for the next batch and placing it on the devices
   checkpoint  restoring, starting saves and waiting for them to finish
   eval        the evaluators, less their compiles
+  profile     starting a trace of config.profile_steps and writing it
   lost        what a run did after the checkpoint that the next run resumed
               from: steps trained, then trained again
   other       the rest: the end of a run, after its last save
@@ -27,7 +28,7 @@ import time
 import jax
 
 BUCKETS = ("startup", "compile", "train", "input", "checkpoint", "eval",
-           "lost", "other")
+           "profile", "lost", "other")
 # JAX's time spans of the three stages of making a program; a cache hit is
 # timed as a backend compile.
 COMPILE_EVENTS = frozenset({"/jax/core/compile/jaxpr_trace_duration",
