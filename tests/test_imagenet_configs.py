@@ -32,7 +32,8 @@ def test_paper_is_table3s_imagenet_row():
     assert config.optimizer.to_dict() | {"momentum": None} == dict(
         name="adam", learning_rate=3e-3, warmup_steps=10_000,
         decay="cosine", weight_decay=0.3, grad_clip_norm=1.0, b1=0.9,
-        b2=0.999, momentum=None, layer_decay=1.0, lr_mults=(), frozen="")
+        b2=0.999, mu_dtype="float32", momentum=None, layer_decay=1.0,
+        lr_mults=(), frozen="")
     assert config.model.dropout_rate == 0.1
     assert config.model.representation_size == {"B": 768, "L": 1024}[
         model[0]]
@@ -52,7 +53,8 @@ def test_plain_is_the_big_vision_recipe(epochs, steps):
     assert config.optimizer.to_dict() | {"momentum": None} == dict(
         name="adam", learning_rate=1e-3, warmup_steps=10_000,
         decay="cosine", weight_decay=0.1, grad_clip_norm=1.0, b1=0.9,
-        b2=0.999, momentum=None, layer_decay=1.0, lr_mults=(), frozen="")
+        b2=0.999, mu_dtype="float32", momentum=None, layer_decay=1.0,
+        lr_mults=(), frozen="")
     assert (config.model.classifier, config.model.posemb) == ("gap",
                                                               "sincos2d")
     assert config.model.representation_size == width

@@ -225,8 +225,8 @@ def test_pretrain_is_table3(arg):
   assert config.optimizer.to_dict() | {"momentum": None} == dict(
       name="adam", learning_rate=expected["lr"], warmup_steps=10_000,
       decay="linear", weight_decay=expected["weight_decay"],
-      grad_clip_norm=0.0, b1=0.9, b2=0.999, momentum=None, layer_decay=1.0,
-      lr_mults=(), frozen="")
+      grad_clip_norm=0.0, b1=0.9, b2=0.999, mu_dtype="float32", momentum=None,
+      layer_decay=1.0, lr_mults=(), frozen="")
   assert config.model.to_dict() == dict(
       name=model_name, classifier=None,
       representation_size=expected["width"], dropout_rate=expected["dropout"],
@@ -238,7 +238,8 @@ def test_pretrain_is_table3(arg):
       param_dtype=None, resnet_stages=None, resnet_width=None)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
-  assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
+  assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1, slices=-1,
+                                       fsdp_min_bytes=0)
   # The held-out images are not trained on.
   assert config.train_split == "train[51200:]"
   assert config.evaluators.val.to_dict() == dict(
@@ -315,7 +316,8 @@ def test_finetune_is_table4(arg):
       num_registers=None, qk_norm=None, patch_size=None, hidden_size=None,
       num_layers=None, num_heads=None, mlp_dim=None, param_dtype=None,
       resnet_stages=None, resnet_width=None)
-  assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1)
+  assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1, slices=-1,
+                                       fsdp_min_bytes=0)
   # 2% of the train split held out: the minival that picks the lr.
   assert config.train_split == "train[:98%]"
   assert config.evaluators.to_dict() == {"minival": dict(
