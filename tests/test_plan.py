@@ -13,7 +13,7 @@ from configs.table2 import pretrain
 from tests.util import REPO
 from vit_jax import errors, models
 from vit_jax.models import flops as flops_lib
-from vit_jax.planning import catalogue, cost as cost_lib, report
+from vit_jax.planning import catalogue, cost as cost_lib, report, work
 
 GiB = 2**30
 
@@ -127,6 +127,10 @@ def test_every_generation_is_planned(later_generations):
         517_823 * got["estimated_step_seconds"] * 4 / 3600 * 1.05)
     # TPUv3-core-days and the other per-core fields are v3's alone.
     assert "predicted_core_days" not in got and "cores" not in got
+    # The step's work by kind, from each generation's compiled program.
+    assert list(got["work_shares"]) == list(work.KINDS)
+    assert sum(got["work_shares"].values()) == pytest.approx(1)
+    assert got["work_shares"]["matmuls"] > 0.05
   assert [r.peak_flops_per_device for r in later_generations] == [
       275e12, 197e12, 459e12, 918e12]
 
@@ -166,15 +170,21 @@ class CompiledStub:
     return self.text
 
 
+def read(compiled):
+  """step_cost's time, FLOPs and DCN bytes."""
+  cost = cost_lib.step_cost(compiled)
+  return {k: cost[k] for k in ("flops", "optimal_seconds", "dcn_bytes")}
+
+
 def test_the_compilers_estimates_are_read_right():
   # libtpu counts -1 s for each ConcatBitcast, which moves no data.
   concat = 'custom-call(%a, %b), custom_call_target="ConcatBitcast"\n'
-  assert cost_lib.step_cost(CompiledStub(-2.75, 3 * concat)) == {
+  assert read(CompiledStub(-2.75, 3 * concat)) == {
       "flops": 1e9, "optimal_seconds": 0.25, "dcn_bytes": 0}
   # And on TPU7x for each end of an asynchronous call.
   call = "".join(f'custom-call(%a), custom_call_target="PrepareAsyncCall{end}"'
                  "\n" for end in ("Start", "Done"))
-  assert cost_lib.step_cost(CompiledStub(-1.75, call)) == {
+  assert read(CompiledStub(-1.75, call)) == {
       "flops": 1e9, "optimal_seconds": 0.25, "dcn_bytes": 0}
   # Over several slices for each cut of a DCN buffer's padded tiles and
   # the slice's id; and the bytes sent between slices are counted from the
@@ -188,7 +198,7 @@ def test_the_compilers_estimates_are_read_right():
             + "%send.9 = (f32[64], u32[], token[]) send(%b, %t)\n"
             + 'custom-call(), custom_call_target="SliceId"\n'
             + 2 * 'custom-call(%c), custom_call_target="ZeroCrop"\n')
-  assert cost_lib.step_cost(CompiledStub(-2.75, sliced)) == {
+  assert read(CompiledStub(-2.75, sliced)) == {
       "flops": 1e9, "optimal_seconds": 0.25,
       "dcn_bytes": 8 * 8 * 128 * 4 + 3 * 128 * 2}
   with pytest.raises(RuntimeError, match="estimate is -0.5 s"):
@@ -237,6 +247,32 @@ def test_a_run_over_two_slices_is_planned_with_what_crosses_between(
   with pytest.raises(errors.ConfigError, match="2 x v6e-4: Cloud TPU "
                      "publishes no DCN bandwidth for v6e.*--dcn_gbps"):
     cost_lib.compare(config, ["v6e-4", "v5p-8"], classes=10, slices=2)
+
+
+def test_the_steps_work_is_sorted_by_kind():
+  def line(opcode, op_name=None, cycles=100):
+    name = f'op_name="jit(train_step)/{op_name}", ' if op_name else ""
+    return (f"  %x.1 = f32[8]{{0}} {opcode}(%a), metadata={{{name}}}, "
+            f'backend_config={{"window_config":{{"estimated_cycles":'
+            f'"{cycles}"}}}}')
+  model = "jvp(VisionTransformer)/Transformer/encoderblock_0"
+  text = "\n".join([
+      line("fusion", f"{model}/MlpBlock_3/Dense_0/dot_general", 500),
+      line("convolution", None, 300),
+      line("fusion", f"transpose({model})/MultiHeadDotProductAttention_1/"
+           "reduce_max", 200),
+      line("fusion", f"{model}/LayerNorm_0/rsqrt", 150),
+      line("fusion", f"{model}/MlpBlock_3/gelu", 120),
+      line("fusion", "mul", 80),  # Outside the model: the update.
+      line("copy", None, 50),
+      line("all-gather", f"{model}/all_gather", 0),  # No estimate.
+      "  %y = f32[8]{0} add(%a, %b)",  # A fused computation's: no cycles.
+  ])
+  assert work.cycles(text) == {"matmuls": 800, "attention": 200,
+                               "norms": 150, "elementwise": 120,
+                               "update": 80, "layout": 50}
+  assert work.shares(work.cycles(text))["matmuls"] == 800 / 1400
+  assert work.shares(work.cycles("")) == {}
 
 
 def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from vit_jax import errors
 from vit_jax.data import sources, vtab_tasks
 from vit_jax.models import flops as flops_lib
-from vit_jax.planning import catalogue, report
+from vit_jax.planning import catalogue, report, work
 from vit_jax.training import resolve, step as step_lib, throughput
 
 # Evaluation, checkpoints and restarts after preemption, on top of the
@@ -113,6 +113,7 @@ class Plan:
   dcn_bytes_per_device_per_step: float | None  # sent; 0 on one slice
   dcn_bits_per_chip: float | None     # the DCN bandwidth assumed
   dcn_seconds_per_step: float | None  # sending them, a host's chips at once
+  work_shares: dict | None   # {kind: share of estimated cycles} (work.py)
   total_steps: int
   overhead: float
   compile_seconds: float       # the step as configured
@@ -241,9 +242,14 @@ BYTES_PER_ELEMENT = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2,
                      "f64": 8, "s64": 8, "u64": 8}
 
 
+# step_cost's keys of the estimated cycles of each kind of work.
+CYCLES = "cycles:"
+
+
 def step_cost(compiled):
-  """{flops, optimal_seconds, dcn_bytes} of a compiled step for one
-  device: XLA's cost model's, and the bytes it sends between slices."""
+  """{flops, optimal_seconds, dcn_bytes, cycles:KIND...} of a compiled step
+  for one device: XLA's cost model's, the bytes it sends between slices,
+  and its instructions' estimated cycles by kind of work (work.py)."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost  # Older JAX: a list.
   # libtpu's cost model has no time for some of its own custom calls and
@@ -255,7 +261,8 @@ def step_cost(compiled):
   if seconds <= 0:
     raise RuntimeError(f"the compiler's step time estimate is {seconds} s")
   return {"flops": float(cost["flops"]), "optimal_seconds": seconds,
-          "dcn_bytes": float(dcn_bytes(text))}
+          "dcn_bytes": float(dcn_bytes(text)),
+          **{CYCLES + k: float(v) for k, v in work.cycles(text).items()}}
 
 
 def dcn_bytes(text):
@@ -401,6 +408,9 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
       dcn_bytes_per_device_per_step=cost and cost["dcn_bytes"],
       dcn_bits_per_chip=dcn_bits_per_chip,
       dcn_seconds_per_step=dcn_seconds,
+      work_shares=cost and work.shares(
+          {k[len(CYCLES):]: v for k, v in cost.items()
+           if k.startswith(CYCLES)}),
       total_steps=int(config.total_steps), overhead=overhead,
       compile_seconds=seconds, cost_compile_seconds=cost_seconds,
       suggestions=[])

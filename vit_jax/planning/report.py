@@ -77,6 +77,7 @@ def describe(config_name, result):
         f"MFU {result.mfu:.1%} of "
         f"{result.peak_flops_per_device / 1e12:.1f} TFLOP/s per device",
         *_dcn_lines(result),
+        *_work_lines(result),
         f"  steps         {result.total_steps:,}",
         f"  chip-hours    {_number(result.train_chip_hours)} training + "
         f"{result.overhead:.0%} for evaluation, checkpoints and restarts = "
@@ -106,6 +107,16 @@ def _dcn_lines(result):
       f"{result.dcn_seconds_per_step:.4g} s at "
       f"{result.dcn_bits_per_chip / 1e9:g} Gbit/s per chip, added to the "
       "compiler's estimate (not overlapped: at most)"]
+
+
+def _work_lines(result):
+  """The step's estimated cycles by kind of work, largest first."""
+  if not result.work_shares:
+    return []
+  kinds = sorted(result.work_shares.items(), key=lambda kv: -kv[1])
+  return ["  work          " + ", ".join(
+      f"{kind} {share:.0%}" for kind, share in kinds if share >= 0.005)
+          + " of the instructions' estimated cycles"]
 
 
 def describe_comparison(config_name, results):
