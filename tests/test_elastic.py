@@ -31,13 +31,13 @@ from vit_jax.training import loop, resolve
 # Pure data parallelism, so that 8, 4 and 2 x 2 devices all run it; the
 # test split evaluated once, at the end. SGD, so that params can be
 # compared (tests/test_pod.py says why not Adam).
-ELASTIC = {"mesh.data": -1, "mesh.model": 1, "total_steps": 30,
-           "log_every": 1, "checkpoint_every": 10,
-           "evaluators.test.every": 30, "optimizer.name": "sgd",
+ELASTIC = {"mesh.data": -1, "mesh.model": 1, "total_steps": 20,
+           "log_every": 1, "checkpoint_every": 6,
+           "evaluators.test.every": 20, "optimizer.name": "sgd",
            "optimizer.learning_rate": 0.1, "optimizer.weight_decay": 0.0}
 # Two slices, a process each: data 2 across them, fsdp 4 inside each.
 TWO_SLICES = {**ELASTIC, "mesh.slices": 2, "mesh.fsdp": 4}
-STOP_AFTER = 20
+STOP_AFTER = 12
 FINGERPRINTED_MAIN = os.path.join(REPO, "tests", "fingerprinted_main.py")
 
 
@@ -101,7 +101,7 @@ def uninterrupted(digits_data_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def stopped(digits_data_dir, tmp_path_factory, uninterrupted):
   """A workdir of the run on 8 devices, 2 hosts of 4 standing for 2
-  slices, stopped after step 20 by SIGTERM to one host (as when it is
+  slices, stopped after step 12 by SIGTERM to one host (as when it is
   preempted), and the step it saved."""
   tmp = str(tmp_path_factory.mktemp("stopped"))
   workdir = os.path.join(tmp, "run")
@@ -151,7 +151,7 @@ def assert_continues(workdir, batch_log, num_processes, stopped_at,
     assert batches[step] == expected_batches[step], step
   # The same batches summed in another order (another all-reduce, another
   # split of the batch over devices): float32 rounding, measured at 2.2e-7
-  # relative at most over the 30 steps; a wrong example moves a loss by
+  # relative at most over 30 steps; a wrong example moves a loss by
   # about 1e-3.
   np.testing.assert_allclose([got[s] for s in after],
                              [expected_losses[s] for s in after], rtol=1e-5)
