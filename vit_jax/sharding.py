@@ -93,17 +93,16 @@ def make_mesh(axis_sizes, devices=None):
         f"config.mesh {describe_mesh(sizes)} needs {math.prod(sizes.values())} "
         f"devices, but there are {len(devices)}")
   shape = tuple(sizes[axis] for axis in MESH_AXES)
-  granules = _slices(devices, slices)
+  count = _slice_count(devices, slices)
   try:
-    if len(granules) == 1:
+    if count == 1:
       # Auto axes: we fix the shardings of params and batches, XLA
       # propagates them through the step (jax.make_mesh would otherwise
       # default to Explicit).
       return jax.make_mesh(shape, MESH_AXES,
                            axis_types=(AxisType.Auto,) * 3, devices=devices)
-    return jax.sharding.Mesh(
-        _hybrid_devices(sizes, granules, devices), MESH_AXES,
-        axis_types=(AxisType.Auto,) * 3)
+    return jax.sharding.Mesh(_hybrid_devices(sizes, count, devices),
+                             MESH_AXES, axis_types=(AxisType.Auto,) * 3)
   except NotImplementedError:  # A TPU torus side it would have to split.
     raise MeshLayoutError(
         f"config.mesh {describe_mesh(sizes)} cannot be laid out on these "
@@ -111,26 +110,22 @@ def make_mesh(axis_sizes, devices=None):
         f"(vit_jax.plan names the fsdp sizes that can)") from None
 
 
-def _slices(devices, wanted):
-  """The devices' slices, as lists of devices: by slice_index on TPUs,
-  else by process (an emulation, when `wanted` > 1)."""
+def _slice_count(devices, wanted):
+  """How many slices the devices are in: by slice_index on TPUs, else by
+  process (an emulation, when `wanted` > 1); `wanted` -1 or that count."""
   if _on_tpu(devices):
-    key = lambda device: getattr(device, "slice_index", 0)
+    count = len({getattr(device, "slice_index", 0) for device in devices})
   elif wanted > 1:
-    key = lambda device: device.process_index
+    count = len({device.process_index for device in devices})
   else:
-    return [devices]
-  granules = {}
-  for device in devices:
-    granules.setdefault(key(device), []).append(device)
-  if wanted not in (-1, len(granules)):
-    count = len(granules)
+    return 1
+  if wanted not in (-1, count):
     unit = (f"slice{'s' * (count > 1)}" if _on_tpu(devices) else
             f"process{'es' * (count > 1)} (each stands for a slice off TPUs)")
     raise errors.InputError(
         f"config.mesh.slices={wanted}, but the {len(devices)} devices are "
         f"in {count} {unit}")
-  return [granules[index] for index in sorted(granules)]
+  return count
 
 
 def _on_tpu(devices):
@@ -139,19 +134,18 @@ def _on_tpu(devices):
   return devices[0].platform == "tpu"
 
 
-def _hybrid_devices(sizes, granules, devices):
-  """The mesh's device array over several slices: `data` split into
-  slices x data-per-slice, each slice laid out on its own chips."""
-  if sizes["data"] % len(granules):
+def _hybrid_devices(sizes, count, devices):
+  """The mesh's device array over `count` slices: `data` split into slices
+  x data-per-slice, each slice laid out on its own chips."""
+  if sizes["data"] % count:
     raise errors.InputError(
-        f"config.mesh {describe_mesh(sizes)} over {len(granules)} slices: "
-        f"data={sizes['data']} is not a multiple of {len(granules)}; only "
+        f"config.mesh {describe_mesh(sizes)} over {count} slices: "
+        f"data={sizes['data']} is not a multiple of {count}; only "
         "the data axis crosses between slices (fsdp and model stay inside "
         "one)")
-  inner = (sizes["data"] // len(granules), sizes["fsdp"], sizes["model"])
+  inner = (sizes["data"] // count, sizes["fsdp"], sizes["model"])
   return mesh_utils.create_hybrid_device_mesh(
-      inner, (len(granules), 1, 1), devices,
-      process_is_granule=not _on_tpu(devices))
+      inner, (count, 1, 1), devices, process_is_granule=not _on_tpu(devices))
 
 
 class MeshLayoutError(errors.InputError):

@@ -110,6 +110,11 @@ ACCELERATORS = {**{g.accelerator: g for g in GENERATIONS.values()},
 MULTI_HOST_CHIPS = (2, 2, 1)  # The hosts of a multi-host slice.
 
 
+def describe(name, slices):
+  """v4-128, or 2 x v5p-1024: `slices` slices of type `name`."""
+  return name if slices == 1 else f"{slices} x {name}"
+
+
 def _chips(grid):
   return math.prod(int(n) for n in grid.split("x"))
 
@@ -130,8 +135,7 @@ class Slice:
 
   @property
   def description(self):
-    """v4-128, or 2 x v5p-1024."""
-    return self.name if self.slices == 1 else f"{self.slices} x {self.name}"
+    return describe(self.name, self.slices)
 
   @property
   def hosts(self):

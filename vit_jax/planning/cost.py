@@ -122,9 +122,7 @@ class Plan:
 
   @property
   def description(self):
-    """v4-128, or 2 x v5p-1024."""
-    return (self.topology if self.slices == 1
-            else f"{self.slices} x {self.topology}")
+    return catalogue.describe(self.topology, self.slices)
 
   @property
   def mfu(self):
@@ -332,18 +330,17 @@ def compare(config, topology_names, classes=0, overhead=DEFAULT_OVERHEAD,
             slices=1, dcn_bits_per_chip=None):
   """`plan` on each slice, every slice checked before the first compile."""
   tpu_slices = [catalogue.topology(name, slices) for name in topology_names]
-  problems = []
+  problems, bandwidths = [], []
   for tpu_slice in tpu_slices:
     try:
       catalogue.check_layout(config, tpu_slice)
-      dcn_bandwidth(tpu_slice, dcn_bits_per_chip)
+      bandwidths.append(dcn_bandwidth(tpu_slice, dcn_bits_per_chip))
     except errors.InputError as e:
       problems.append(str(e))
   if problems:
     raise errors.ConfigError("\n".join(problems))
-  return [plan_slice(config, s, classes, overhead,
-                     dcn_bandwidth(s, dcn_bits_per_chip))
-          for s in tpu_slices]
+  return [plan_slice(config, s, classes, overhead, bandwidth)
+          for s, bandwidth in zip(tpu_slices, bandwidths)]
 
 
 def dcn_bandwidth(tpu_slice, given=None):
@@ -363,7 +360,7 @@ def dcn_bandwidth(tpu_slice, given=None):
 
 
 def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
-  catalogue.check_layout(config, tpu_slice)
+  """One slice's plan, its layout checked by `compare` first."""
   devices, generation = tpu_slice.devices, tpu_slice.generation
   classes = num_classes(config, classes)
   program, batch = build_step(config, devices, classes)
