@@ -127,6 +127,15 @@ def test_every_generation_is_planned(later_generations):
         517_823 * got["estimated_step_seconds"] * 4 / 3600 * 1.05)
     # TPUv3-core-days and the other per-core fields are v3's alone.
     assert "predicted_core_days" not in got and "cores" not in got
+    # libtpu's estimate follows the larger of the step's HBM traffic and
+    # its FLOPs; at this size HBM (the data sheets' bandwidth; libtpu's
+    # model derates v4's and v5p's to about 0.85 of it).
+    assert got["hbm_seconds"] == pytest.approx(
+        got["bytes_accessed_per_device_per_step"]
+        / got["hbm_bandwidth_per_device"])
+    assert got["flops_seconds"] < got["hbm_seconds"]
+    assert 1.0 <= got["estimated_step_seconds"] / got["hbm_seconds"] < 1.3, (
+        got["topology"], got["estimated_step_seconds"] / got["hbm_seconds"])
     # The step's work by kind, from each generation's compiled program.
     assert list(got["work_shares"]) == list(work.KINDS)
     assert sum(got["work_shares"].values()) == pytest.approx(1)

@@ -37,6 +37,7 @@ class Generation:
   device_kind: str       # what JAX calls its devices
   cores_per_chip: int
   hbm_bytes: int         # per JAX device
+  hbm_bandwidth: float   # bytes/s per JAX device, the data sheet's
   host_chips: int        # a slice of up to this many chips is one host
   grids: tuple           # the slices Cloud TPU offers, as chip grids
 
@@ -59,35 +60,41 @@ class Generation:
 # (one TPU VM, one JAX process each): v3, v4 and v5p hosts hold 4 chips;
 # v5e's and v6e's machines hold 8, but their multi-host slices run a VM on
 # each half (ct5lp-hightpu-4t, ct6e-standard-4t), and only the 8-chip
-# slice is one VM of 8.
+# slice is one VM of 8. HBM bandwidth per chip, from the same pages: v3
+# 900 GB/s, v4 1,200, v5p 2,765, v5e 819, v6e 1,640, TPU7x 7,380; split
+# between the devices of a chip where each core is one.
 GENERATIONS = {generation.name: generation for generation in (
     # 2 cores per chip, each its own JAX device with 16 GiB of the chip's
     # 32; a 2-D torus of up to 1,024 chips.
-    Generation("v3", "v3", "default", "TPU v3", 2, 16 * GiB, 4,
+    Generation("v3", "v3", "default", "TPU v3", 2, 16 * GiB, 450e9, 4,
                ("2x2", "4x4", "4x8", "8x8", "8x16", "16x16", "16x32",
                 "32x32")),
     # 2 cores per chip that JAX drives as one device (megacore), 32 GiB;
     # 3-D slices of up to 2,048 chips here (a pod has 4,096).
-    Generation("v4", "v4", "megacore", "TPU v4", 2, 32 * GiB, 4,
+    Generation("v4", "v4", "megacore", "TPU v4", 2, 32 * GiB, 1_200e9, 4,
                ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8",
                 "4x8x8", "8x8x8", "8x8x12", "8x8x16", "8x16x16")),
     # Megacore too, 95 GiB per chip; its common 3-D shapes up to the
     # largest single slice, 6,144 chips (others: a chip grid).
-    Generation("v5p", "v5p", "megacore", "TPU v5", 2, 95 * GiB, 4,
+    Generation("v5p", "v5p", "megacore", "TPU v5", 2, 95 * GiB, 2_765e9,
+               4,
                ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8",
                 "4x8x8", "8x8x8", "8x8x16", "8x16x16", "16x16x16",
                 "16x16x24")),
     # One core per chip, 16 GiB; a 2-D torus of up to 256 chips.
-    Generation("v5e", "v5litepod", "default", "TPU v5 lite", 1, 16 * GiB, 8,
+    Generation("v5e", "v5litepod", "default", "TPU v5 lite", 1, 16 * GiB,
+               819e9, 8,
                ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
     # Trillium: one core per chip, 32 GiB; up to 256 chips.
-    Generation("v6e", "v6e", "default", "TPU v6 lite", 1, 32 * GiB, 8,
+    Generation("v6e", "v6e", "default", "TPU v6 lite", 1, 32 * GiB,
+               1_640e9, 8,
                ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
     # Ironwood: 2 cores per chip, each its own JAX device (no megacore)
     # with 96 GiB of the chip's 192; 4 chips per VM; 3-D slices up to the
     # whole pod of 9,216 chips. Slices are named by cores, as xpk names
     # them: tpu7x-8 is one VM of 2x2x1 chips (docs/plan.md).
-    Generation("tpu7x", "tpu7x", "default", "TPU7x", 2, 96 * GiB, 4,
+    Generation("tpu7x", "tpu7x", "default", "TPU7x", 2, 96 * GiB, 3_690e9,
+               4,
                ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8",
                 "4x8x8", "8x8x8", "8x8x16", "8x16x16", "16x16x16",
                 "16x16x24", "16x24x24")),

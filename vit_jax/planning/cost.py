@@ -107,8 +107,10 @@ class Plan:
   hbm_bytes_per_device: int   # all of it, code and unaliased outputs too
   hbm_capacity_bytes: int     # the device's HBM
   flops_per_device_per_step: float | None      # the compiler's count
+  bytes_accessed_per_device_per_step: float | None  # the compiler's count
   model_flops_per_device_per_step: float       # flops_lib.flops_per_image's
   peak_flops_per_device: float                 # bfloat16
+  hbm_bandwidth_per_device: float              # bytes/s, the data sheet's
   estimated_step_seconds: float | None  # the compiler's + DCN's
   dcn_bytes_per_device_per_step: float | None  # sent; 0 on one slice
   dcn_bits_per_chip: float | None     # the DCN bandwidth assumed
@@ -131,6 +133,22 @@ class Plan:
       return None
     return (self.model_flops_per_device_per_step
             / (self.estimated_step_seconds * self.peak_flops_per_device))
+
+  @property
+  def hbm_seconds(self):
+    """The step's HBM traffic at the data sheet's bandwidth: where this is
+    the larger of the two, the estimate is bound by memory, not matmuls."""
+    if self.bytes_accessed_per_device_per_step is None:
+      return None
+    return (self.bytes_accessed_per_device_per_step
+            / self.hbm_bandwidth_per_device)
+
+  @property
+  def flops_seconds(self):
+    """The step's FLOPs (the compiler's count) at the bfloat16 peak."""
+    if self.flops_per_device_per_step is None:
+      return None
+    return self.flops_per_device_per_step / self.peak_flops_per_device
 
   @property
   def train_chip_hours(self):
@@ -161,6 +179,8 @@ class Plan:
 
   def to_json(self):
     out = {**dataclasses.asdict(self), "mfu": self.mfu,
+           "hbm_seconds": self.hbm_seconds,
+           "flops_seconds": self.flops_seconds,
            "train_chip_hours": self.train_chip_hours,
            "predicted_chip_hours": self.predicted_chip_hours}
     if self.generation == "v3":  # Its cores are its devices, and its unit.
@@ -245,8 +265,9 @@ CYCLES = "cycles:"
 
 
 def step_cost(compiled):
-  """{flops, optimal_seconds, dcn_bytes, cycles:KIND...} of a compiled step
-  for one device: XLA's cost model's, the bytes it sends between slices,
+  """{flops, bytes, optimal_seconds, dcn_bytes, cycles:KIND...} of a
+  compiled step for one device: XLA's cost model's (bytes: what its
+  instructions read and write in HBM), the bytes it sends between slices,
   and its instructions' estimated cycles by kind of work (work.py)."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost  # Older JAX: a list.
@@ -258,7 +279,8 @@ def step_cost(compiled):
   seconds = float(cost["optimal_seconds"]) + unknown
   if seconds <= 0:
     raise RuntimeError(f"the compiler's step time estimate is {seconds} s")
-  return {"flops": float(cost["flops"]), "optimal_seconds": seconds,
+  return {"flops": float(cost["flops"]),
+          "bytes": float(cost["bytes accessed"]), "optimal_seconds": seconds,
           "dcn_bytes": float(dcn_bytes(text)),
           **{CYCLES + k: float(v) for k, v in work.cycles(text).items()}}
 
@@ -399,8 +421,10 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
       hbm_temp_bytes=int(temporaries), hbm_bytes_per_device=int(hbm),
       hbm_capacity_bytes=generation.hbm_bytes,
       flops_per_device_per_step=cost and cost["flops"],
+      bytes_accessed_per_device_per_step=cost and cost["bytes"],
       model_flops_per_device_per_step=float(model_flops),
       peak_flops_per_device=generation.peak_flops,
+      hbm_bandwidth_per_device=generation.hbm_bandwidth,
       estimated_step_seconds=step_seconds,
       dcn_bytes_per_device_per_step=cost and cost["dcn_bytes"],
       dcn_bits_per_chip=dcn_bits_per_chip,

@@ -76,6 +76,7 @@ def describe(config_name, result):
         f"estimate{' + DCN' if result.dcn_seconds_per_step else ''}): "
         f"MFU {result.mfu:.1%} of "
         f"{result.peak_flops_per_device / 1e12:.1f} TFLOP/s per device",
+        *_bound_lines(result),
         *_dcn_lines(result),
         *_work_lines(result),
         f"  steps         {result.total_steps:,}",
@@ -95,6 +96,19 @@ def describe(config_name, result):
     lines.append("  to make it fit, try:")
     lines.extend(f"    {s}" for s in result.suggestions)
   return "\n".join(lines)
+
+
+def _bound_lines(result):
+  """Which of HBM traffic and FLOPs the estimate follows: libtpu's step
+  time is about the larger of the two (docs/plan.md)."""
+  memory, compute = result.hbm_seconds, result.flops_seconds
+  bound = "HBM" if memory > compute else "FLOPs"
+  return [
+      f"  bound by      {bound}: "
+      f"{result.bytes_accessed_per_device_per_step / GiB:.3g} GiB read and "
+      f"written per device per step take {memory:.4g} s at "
+      f"{result.hbm_bandwidth_per_device / 1e9:,.0f} GB/s; its FLOPs "
+      f"{compute:.4g} s at peak"]
 
 
 def _dcn_lines(result):
