@@ -140,14 +140,10 @@ def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
   assert "training_curves.png" in figures and "attention_rollout.png" in (
       figures), figures
 
-  # A fine-tune starts from the run in the bucket.
+  # A fine-tune's init_from reads the run in the bucket (what it then
+  # does with the params is init_from's, tested on local runs).
   assert_trees_equal(pretrained.load(workdir).params,
                      pretrained.load(local).params)
-  finetune = small_config(digits_data_dir, init_from=workdir, total_steps=2,
-                          log_every=1, checkpoint_every=2,
-                          **{"evaluators.test.every": 0,
-                             "optimizer.warmup_steps": 1})
-  assert "train_loss" in run_training(finetune, str(tmp_path / "finetune"))
 
 
 def test_a_pod_on_gcs_sets_a_damaged_checkpoint_aside(
