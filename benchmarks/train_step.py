@@ -2,8 +2,11 @@
 
   python benchmarks/train_step.py [--json] [--models=Ti/16:32,B/16:16]
       [--dtypes=float32,bfloat16] [--attention=einsum,fused] [--steps=7]
+  python benchmarks/train_step.py --models=digits:128 --dtypes=float32 \
+      --attention=einsum,fused --steps=50
 
-In one process, for each MODEL:BATCH at 224 px, each compute dtype and each
+In one process, for each MODEL:BATCH at 224 px (or `digits`, the model
+of configs/digits.py at its 8 px), each compute dtype and each
 attention implementation (`config.model.attention`): the project's own
 train step (`step_lib.build`: the jitted step with its shardings, Adam, on
 all the devices JAX sees), timed after two warm-up steps as the median of
@@ -44,10 +47,15 @@ flags.DEFINE_bool("json", False, "One JSON object per configuration.")
 
 
 def config_for(name, batch, dtype, image_size, attention="einsum"):
-  from configs import base  # pylint: disable=g-import-not-at-top
-  config = base.get_config()
-  config.image_size = image_size
-  config.model.name = name
+  """MODEL at image_size, or for "digits" configs/digits.py's model at its
+  8 px."""
+  from configs import base, digits  # pylint: disable=g-import-not-at-top
+  if name == "digits":
+    config = digits.get_config()
+  else:
+    config = base.get_config()
+    config.image_size = image_size
+    config.model.name = name
   config.model.dtype = dtype
   config.model.attention = attention
   config.batch_size = batch
@@ -127,7 +135,7 @@ def main(argv):
     for dtype in f.dtypes:
       for attention in f.attention:
         config = config_for(name, int(batch), dtype, f.image_size, attention)
-        row = {"model": name, "image_size": f.image_size,
+        row = {"model": name, "image_size": config.image_size,
                "batch": config.batch_size, "dtype": dtype,
                "attention": attention, "devices": jax.device_count()}
         try:
@@ -138,7 +146,7 @@ def main(argv):
           row.update(fits=False, error=str(e).strip().splitlines()[0][:200],
                      out_of_memory=out_of_memory(e))
         else:
-          flops = flops_lib.flops_per_image(config.model, f.image_size,
+          flops = flops_lib.flops_per_image(config.model, config.image_size,
                                             train=True)
           achieved = flops * config.batch_size / seconds
           row.update(fits=True, step_seconds=seconds,
