@@ -127,9 +127,10 @@ def test_every_generation_is_planned(later_generations):
         517_823 * got["estimated_step_seconds"] * 4 / 3600 * 1.05)
     # TPUv3-core-days and the other per-core fields are v3's alone.
     assert "predicted_core_days" not in got and "cores" not in got
-    # libtpu's estimate follows the larger of the step's HBM traffic and
-    # its FLOPs; at this size HBM (the data sheets' bandwidth; libtpu's
-    # model derates v4's and v5p's to about 0.85 of it).
+    # libtpu's estimate sums each instruction's larger time, its bytes' or
+    # its FLOPs'; at this size bytes, in every instruction (at the data
+    # sheets' bandwidth; libtpu's model derates v4's and v5p's to about
+    # 0.85 of it).
     assert got["hbm_seconds"] == pytest.approx(
         got["bytes_accessed_per_device_per_step"]
         / got["hbm_bandwidth_per_device"])

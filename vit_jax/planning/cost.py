@@ -136,8 +136,8 @@ class Plan:
 
   @property
   def hbm_seconds(self):
-    """The step's HBM traffic at the data sheet's bandwidth: where this is
-    the larger of the two, the estimate is bound by memory, not matmuls."""
+    """The step's HBM traffic at the data sheet's bandwidth: several times
+    flops_seconds, and the step is bound by memory (docs/plan.md)."""
     if self.bytes_accessed_per_device_per_step is None:
       return None
     return (self.bytes_accessed_per_device_per_step

@@ -99,8 +99,9 @@ def describe(config_name, result):
 
 
 def _bound_lines(result):
-  """Which of HBM traffic and FLOPs the estimate follows: libtpu's step
-  time is about the larger of the two (docs/plan.md)."""
+  """Which of HBM traffic and FLOPs takes longer at the data sheet's
+  rates: libtpu's step time adds up each instruction's larger one
+  (docs/plan.md)."""
   memory, compute = result.hbm_seconds, result.flops_seconds
   bound = "HBM" if memory > compute else "FLOPs"
   return [
