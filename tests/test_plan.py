@@ -174,15 +174,17 @@ class CompiledStub:
     self.seconds, self.text = seconds, text
 
   def cost_analysis(self):
-    return {"flops": 1e9, "optimal_seconds": self.seconds}
+    return {"flops": 1e9, "bytes accessed": 2e8,
+            "optimal_seconds": self.seconds}
 
   def as_text(self):
     return self.text
 
 
 def read(compiled):
-  """step_cost's time, FLOPs and DCN bytes."""
+  """step_cost's time, FLOPs and DCN bytes; its HBM bytes are libtpu's."""
   cost = cost_lib.step_cost(compiled)
+  assert cost["bytes"] == 2e8
   return {k: cost[k] for k in ("flops", "optimal_seconds", "dcn_bytes")}
 
 
@@ -249,6 +251,7 @@ def test_a_run_over_two_slices_is_planned_with_what_crosses_between(
   assert text.startswith("tiny on TPU 2 x v5p-8: 8 chips as 8 devices, 2 "
                          "hosts")
   assert "between slices" in text and "at 50 Gbit/s per chip" in text
+  assert "  bound by      HBM: " in text and "at 2,765 GB/s" in text
   one = later_generations[list(LATER_SLICES).index("v5p-8")].to_json()
   assert (one["slices"], one["dcn_bytes_per_device_per_step"],
           one["dcn_seconds_per_step"]) == (1, 0, None)
