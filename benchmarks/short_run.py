@@ -3,6 +3,7 @@ benchmarks/train_step.py times, trained on scikit-learn's digits.
 
   python benchmarks/short_run.py [--models=B/16:256] [--dtypes=bfloat16]
       [--attention=fused] [--image_size=224] [--train_steps=300]
+      [--set=optimizer.mu_dtype=bfloat16]
 
 For hosts whose image has JAX but not TensorFlow (a GPU image), where
 `vit_jax.main` and its tf.data pipeline cannot run. The first of
@@ -60,7 +61,7 @@ def main(argv):
   f = flags.FLAGS
   name, batch_size = f.models[0].split(":")
   config = bench.config_for(name, int(batch_size), f.dtypes[0],
-                            f.image_size, f.attention[0])
+                            f.image_size, f.attention[0], f.set)
   keys = settings.of(config)
   program = step_lib.build(keys, sharding.make_mesh(config.mesh),
                            step_lib.parts(keys, 1000))
@@ -73,8 +74,8 @@ def main(argv):
     return bench.place(program.batch_sharding, images, labels)
 
   print(f"{name}, batch {config.batch_size}, {f.dtypes[0]}, attention "
-        f"{f.attention[0]}, {f.image_size} px, on {jax.device_count()} "
-        f"{jax.devices()[0].device_kind}", flush=True)
+        f"{f.attention[0]}, {f.image_size} px, {' '.join(f.set)} on "
+        f"{jax.device_count()} {jax.devices()[0].device_kind}", flush=True)
   losses, start, steady_start = [], time.perf_counter(), None
   for step in range(1, f.train_steps + 1):
     chosen = rng.integers(0, len(train_labels), config.batch_size)

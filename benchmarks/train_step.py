@@ -2,6 +2,7 @@
 
   python benchmarks/train_step.py [--json] [--models=Ti/16:32,B/16:16]
       [--dtypes=float32,bfloat16] [--attention=einsum,fused] [--steps=7]
+      [--set=optimizer.mu_dtype=bfloat16,...]
   python benchmarks/train_step.py --models=digits:128 --dtypes=float32 \
       --attention=einsum,fused --steps=50
 
@@ -43,12 +44,16 @@ flags.DEFINE_list("attention", ["einsum"], "config.model.attention values.")
 flags.DEFINE_integer("image_size", 224, "Image side in pixels.")
 flags.DEFINE_integer("steps", 7, "Timed steps; the median is reported.")
 flags.DEFINE_integer("matmul_size", 4096, "Side of the square matmul.")
+flags.DEFINE_list("set", [], "KEY=VALUE config keys set for every "
+                  "configuration, e.g. optimizer.mu_dtype=bfloat16.")
 flags.DEFINE_bool("json", False, "One JSON object per configuration.")
 
 
-def config_for(name, batch, dtype, image_size, attention="einsum"):
+def config_for(name, batch, dtype, image_size, attention="einsum",
+               overrides=()):
   """MODEL at image_size, or for "digits" configs/digits.py's model at its
-  8 px."""
+  8 px; then each "KEY=VALUE" of overrides, the value read as the key's
+  default's type."""
   from configs import base, digits  # pylint: disable=g-import-not-at-top
   if name == "digits":
     config = digits.get_config()
@@ -62,6 +67,15 @@ def config_for(name, batch, dtype, image_size, attention="einsum"):
   config.total_steps = 10_000  # Past the warm-up, whatever --steps is.
   config.optimizer.update(name="adam", learning_rate=1e-4, warmup_steps=10,
                           decay="cosine")
+  for override in overrides:
+    key, value = override.split("=", 1)
+    *parents, leaf = key.split(".")
+    node = config
+    for parent in parents:
+      node = node[parent]
+    kind = type(node[leaf])
+    node[leaf] = (value.lower() == "true" if kind is bool
+                  else value if node[leaf] is None else kind(value))
   return config
 
 
@@ -134,10 +148,12 @@ def main(argv):
     name, batch = entry.split(":")
     for dtype in f.dtypes:
       for attention in f.attention:
-        config = config_for(name, int(batch), dtype, f.image_size, attention)
+        config = config_for(name, int(batch), dtype, f.image_size, attention,
+                            f.set)
         row = {"model": name, "image_size": config.image_size,
                "batch": config.batch_size, "dtype": dtype,
-               "attention": attention, "devices": jax.device_count()}
+               "attention": attention, "set": f.set,
+               "devices": jax.device_count()}
         try:
           seconds, matmul_rate = time_train_step(config, f.steps, matmul)
         except Exception as e:  # pylint: disable=broad-except
