@@ -38,7 +38,7 @@ transfer: $(VENV)/installed
 
 test: $(VENV)/installed
 	$(PYTHON) -m ruff check --quiet .
-	$(TEST_ENV) $(PYTHON) -m pytest -n 2 --dist worksteal -q --durations=15
+	$(TEST_ENV) $(PYTHON) -m pytest -n 2 --dist worksteal -q --durations=40
 
 clean:
 	rm -rf $(VENV) workdir

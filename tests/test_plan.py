@@ -14,6 +14,7 @@ from tests.util import REPO
 from vit_jax import errors, models
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, cost as cost_lib, report, work
+from vit_jax.training import fitting, resolve
 
 GiB = 2**30
 
@@ -117,6 +118,8 @@ def test_every_generation_is_planned(later_generations):
     assert got["chips"] == got["devices"] == 4 and got["hosts"] == 1
     assert got["mesh"] == {"data": 4, "fsdp": 1, "model": 1}
     assert got["fits"] is True and got["suggestions"] == []
+    # remat_policy "auto" (the default): compiled as it is, and it fit.
+    assert (got["remat_policy"], got["remat_tried"]) == ("", [])
     assert got["hbm_capacity_bytes"] == hbm_gib * GiB
     assert 0 < got["hbm_bytes_per_device"] < hbm_gib * GiB
     assert 0 < got["mfu"] <= 1
@@ -216,13 +219,13 @@ def test_the_compilers_estimates_are_read_right():
   with pytest.raises(RuntimeError, match="estimate is -0.5 s"):
     cost_lib.step_cost(CompiledStub(-0.5, ""))
   # XLA's out-of-HBM errors give sizes in G (GiB) or T (TiB).
-  assert cost_lib.hbm_needed(
+  assert fitting.hbm_needed(
       "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory "
       "required for HLO temporaries (1.95T) exceeds available HBM "
       "(15.48G).") == int(1.95 * 2**40)
-  assert cost_lib.hbm_needed("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G "
-                             "hbm") == int(20.5 * GiB)
-  assert cost_lib.hbm_needed("INVALID_ARGUMENT: no") is None
+  assert fitting.hbm_needed("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G "
+                            "hbm") == int(20.5 * GiB)
+  assert fitting.hbm_needed("INVALID_ARGUMENT: no") is None
 
 
 def test_a_run_over_two_slices_is_planned_with_what_crosses_between(
@@ -236,6 +239,9 @@ def test_a_run_over_two_slices_is_planned_with_what_crosses_between(
   # Each slice sums its gradients first, so a device sends a quarter of
   # them to the other slice, in bfloat16 as the step computes them, plus
   # the tiles' padding: more than 2 bytes a parameter, less than 4.
+  # (Its remat policy named: "auto" would compile the step to choose one.)
+  with config.unlocked():
+    config.model.remat_policy = two.remat_policy
   program, _ = cost_lib.build_step(config, catalogue.topology("v5p-8").devices,
                                    10)
   params = sum(x.size for x in jax.tree.leaves(program.state_shapes.params))
@@ -289,9 +295,12 @@ def test_the_steps_work_is_sorted_by_kind():
 
 
 def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():
-  # 16,384 images per core: the activations overflow 16 GiB.
-  too_big = cost_lib.plan(tiny_pretraining(batch_size=131_072), "v3-8",
-                      classes=10)
+  # 16,384 images per core: the activations overflow 16 GiB. With every
+  # activation kept, as configured, remat is among the suggestions.
+  too_big = cost_lib.plan(tiny_pretraining(batch_size=131_072,
+                                           **{"model.remat_policy": ""}),
+                          "v3-8", classes=10)
+  assert too_big.remat_tried == []
   assert not too_big.fits and too_big.hbm_temp_bytes > 16 * GiB
   assert too_big.estimated_step_seconds is None and too_big.mfu is None
   suggested = "\n".join(too_big.suggestions)
@@ -300,6 +309,54 @@ def test_a_config_that_does_not_fit_is_told_what_would_make_it_fit():
               "--topology=v3-32"):
     assert fix in suggested
   assert "DOES NOT FIT" in report.describe("tiny", too_big)
+
+
+def test_auto_remat_keeps_the_first_policy_whose_step_fits(monkeypatch):
+  """What "auto" does with the compiler's verdicts (a real one: docs/plan.md,
+  H/14 on v6e-128): each policy compiled in turn, the first that fits kept,
+  the others reported with the HBM they needed."""
+  verdicts = {"": 40 * GiB, "dots_saveable": 20 * GiB,
+              "dots_with_no_batch_dims_saveable": None}
+  compiled_with = []
+
+  def compile_step(program, batch):
+    policy = program.model.config.remat_policy
+    compiled_with.append(policy)
+    needed = verdicts[policy]
+    return (None, needed, 1.0) if needed else (f"compiled {policy}", None, 1.0)
+
+  monkeypatch.setattr(fitting, "compile_step", compile_step)
+  devices = catalogue.topology("v6e-4").devices
+  fitted = resolve.program(tiny_pretraining(batch_size=64, image_size=16),
+                           devices, 10)
+  assert compiled_with == ["", "dots_saveable",
+                           "dots_with_no_batch_dims_saveable"]
+  assert fitted.settings.model.remat_policy == (
+      "dots_with_no_batch_dims_saveable")
+  assert fitted.parts.model.config.remat_policy == (
+      fitted.settings.model.remat_policy)
+  assert fitted.compiled == "compiled dots_with_no_batch_dims_saveable"
+  assert fitted.tried == (("", 40 * GiB), ("dots_saveable", 20 * GiB))
+  assert fitted.seconds == 3.0
+  # Where nothing fits, every policy was tried, the last the least kept.
+  verdicts["dots_with_no_batch_dims_saveable"] = 12 * GiB
+  verdicts["nothing_saveable"] = 17 * GiB
+  fitted = resolve.program(tiny_pretraining(batch_size=64, image_size=16),
+                           devices, 10)
+  assert fitted.compiled is None and len(fitted.tried) == 4
+  assert fitted.tried_text().startswith("'' needs 40.0 GiB; 'dots_saveable'")
+  # A policy that the config names is kept, and compiling waits for the
+  # plan (or the run's first step).
+  compiled_with.clear()
+  fitted = resolve.program(tiny_pretraining(
+      batch_size=64, image_size=16, **{"model.remat_policy": ""}), devices, 10)
+  assert fitted.program is None and compiled_with == []
+  assert fitted.settings.model.remat_policy == ""
+  # Off TPUs, "auto" keeps every activation, with nothing compiled.
+  fitted = resolve.program(tiny_pretraining(batch_size=64, image_size=16),
+                           jax.devices()[:4], 10)
+  assert fitted.program is None and compiled_with == []
+  assert fitted.settings.model.remat_policy == ""
 
 
 def test_micro_batches_are_all_costed():

@@ -230,7 +230,7 @@ def test_pretrain_is_table3(arg):
   assert config.model.to_dict() == dict(
       name=model_name, classifier=None,
       representation_size=expected["width"], dropout_rate=expected["dropout"],
-      attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="",
+      attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="auto",
       scan_layers=True, attention="einsum", posemb="learn", mpp=False,
       layer_norm_epsilon=None, gelu=None, final_norm=None, head_bias_init=0.0,
       layer_scale=None, num_registers=None, qk_norm=None, patch_size=None,

@@ -89,7 +89,7 @@ def check_config(config):
   returns the mesh."""
   from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
   from vit_jax.training import resolve  # pylint: disable=g-import-not-at-top
-  _, mesh, _ = resolve.program(config)
+  mesh = resolve.program(config).mesh
   resolve.check_data(resolve.check_values(config),
                      sources.Sources(config.dataset, config.data_dir))
   return mesh

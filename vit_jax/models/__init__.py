@@ -117,8 +117,14 @@ def create(name, num_classes, **overrides):
 
 
 def create_from_config(model_config, num_classes):
-  """The model that a config.model (its name and overrides) describes."""
+  """The model that a config.model (its name and overrides) describes.
+
+  A remat_policy of "auto" is a run's to make concrete (it depends on the
+  devices: training/fitting.py); a model built from a config that no run
+  resolved keeps every activation, which computes the same."""
   fields = dict(model_config)
+  if fields.get("remat_policy") == "auto":
+    fields["remat_policy"] = ""
   return create(fields.pop("name"), num_classes, **fields)
 
 

@@ -30,16 +30,14 @@ command line.
 import dataclasses
 import math
 import re
-import time
 
 import jax
-import jax.numpy as jnp
 
 from vit_jax import errors
 from vit_jax.data import sources, vtab_tasks
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, report, work
-from vit_jax.training import resolve, step as step_lib, throughput
+from vit_jax.training import fitting, resolve, step as step_lib, throughput
 
 # Evaluation, checkpoints and restarts after preemption, on top of the
 # training steps. A stated guess, not a measurement: Table 2's pre-training
@@ -101,6 +99,8 @@ class Plan:
   mesh: dict
   batch_size: int
   accum_steps: int
+  remat_policy: str           # as configured, or as "auto" chose it
+  remat_tried: list           # [[policy, HBM bytes needed]] "auto" passed
   fits: bool                  # the compiler's verdict
   hbm_argument_bytes: int     # params, optimizer state, batch (per device)
   hbm_temp_bytes: int         # activations, gradients, workspace
@@ -196,45 +196,11 @@ class Plan:
 def build_step(config, devices, classes, unroll=False):
   """(program, batch shapes) of `config`'s step over `devices`: checked
   (vit_jax/training/resolve.py) and built as a run builds it, nothing
-  compiled yet."""
-  keys, mesh, built = resolve.program(config, devices, classes)
-  program = step_lib.build(keys, mesh, built, unroll)
-  size, batch = config.image_size, config.batch_size
-  # The global batch as the input pipeline feeds it: uint8 images.
-  shapes = {"image": jax.ShapeDtypeStruct((batch, size, size, 3), jnp.uint8,
-                                          sharding=program.batch_sharding),
-            "label": jax.ShapeDtypeStruct((batch,), jnp.int32,
-                                          sharding=program.batch_sharding),
-            "mask": jax.ShapeDtypeStruct((batch,), jnp.float32,
-                                         sharding=program.batch_sharding)}
-  return program, shapes
-
-
-def compile_step(program, batch):
-  """(compiled step, None, seconds), or (None, HBM bytes it needs, seconds)
-  when the compiler finds that it does not fit."""
-  start = time.perf_counter()
-  try:
-    compiled = program.train_step.lower(program.state_shapes, batch).compile()
-  except jax.errors.JaxRuntimeError as e:
-    needed = hbm_needed(str(e))
-    if needed is None:
-      raise
-    return None, needed, time.perf_counter() - start
-  return compiled, None, time.perf_counter() - start
-
-
-def hbm_needed(message):
-  """The bytes per device that XLA's out-of-HBM error reports, or None for
-  another error. Its "G" is GiB, its "T" TiB."""
-  if "RESOURCE_EXHAUSTED" not in message:
-    return None
-  match = (re.search(r"\(([\d.]+)([KMGT])\) exceeds available HBM", message)
-           or re.search(r"Used ([\d.]+)([KMGT]) of", message))
-  if not match:
-    return 0
-  size, unit = match.groups()
-  return int(float(size) * 2**(10 * ("KMGT".index(unit) + 1)))
+  compiled yet where its remat policy is concrete."""
+  fitted = resolve.program(config, devices, classes)
+  program = step_lib.build(fitted.settings, fitted.mesh, fitted.parts, unroll)
+  return program, fitting.batch_shapes(config.batch_size, config.image_size,
+                                       program.batch_sharding)
 
 
 def bytes_per_device(shapes):
@@ -320,8 +286,8 @@ def unrolled_cost(config, devices, classes):
         twin.model.update(scan_layers=False, num_layers=num_layers)
       twin.update(accum_steps=micro_batches,
                   batch_size=micro_batch * micro_batches)
-      compiled, _, took = compile_step(*build_step(twin, devices, classes,
-                                                   unroll=True))
+      compiled, _, took = fitting.compile_step(
+          *build_step(twin, devices, classes, unroll=True))
       seconds += took
       if compiled is None:
         return None, seconds
@@ -385,8 +351,21 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
   """One slice's plan, its layout checked by `compare` first."""
   devices, generation = tpu_slice.devices, tpu_slice.generation
   classes = num_classes(config, classes)
-  program, batch = build_step(config, devices, classes)
-  compiled, needed, seconds = compile_step(program, batch)
+  fitted = resolve.program(config, devices, classes)
+  program = fitted.program or step_lib.build(fitted.settings, fitted.mesh,
+                                             fitted.parts)
+  batch = fitting.batch_shapes(config.batch_size, config.image_size,
+                               program.batch_sharding)
+  if fitted.program is None:  # Its remat policy needed no compile to choose.
+    compiled, needed, seconds = fitting.compile_step(program, batch)
+  else:
+    compiled, seconds = fitted.compiled, fitted.seconds
+    needed = None if compiled else fitted.tried[-1][1]
+  # The twins and the suggestions see the policy chosen.
+  config = config.copy_and_resolve_references()
+  remat_policy = fitted.settings.model.remat_policy
+  with config.unlocked():
+    config.model.remat_policy = remat_policy
   cost, cost_seconds = None, 0.0  # No estimate for a step that cannot run.
   if compiled is None:  # The compiler stops at the temporaries it cannot place.
     arguments = bytes_per_device((program.state_shapes, batch))
@@ -417,6 +396,8 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
       chips=tpu_slice.chips, devices=len(devices), hosts=tpu_slice.hosts,
       mesh=dict(program.batch_sharding.mesh.shape),
       batch_size=config.batch_size, accum_steps=config.accum_steps,
+      remat_policy=remat_policy,
+      remat_tried=[list(pair) for pair in fitted.tried],
       fits=compiled is not None, hbm_argument_bytes=int(arguments),
       hbm_temp_bytes=int(temporaries), hbm_bytes_per_device=int(hbm),
       hbm_capacity_bytes=generation.hbm_bytes,

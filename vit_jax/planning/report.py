@@ -64,6 +64,11 @@ def describe(config_name, result):
       f"+ {result.hbm_temp_bytes / GiB:.2f} GiB temporaries = "
       f"{result.hbm_bytes_per_device / GiB:.2f} GiB per device of "
       f"{capacity:.0f}: {verdict}"]
+  if result.remat_tried:  # "auto" compiled it with more than one policy.
+    tried = "; ".join(f"{policy!r} needs {needed / GiB:.1f} GiB"
+                      for policy, needed in result.remat_tried)
+    lines.append(f"  remat         {result.remat_policy!r}, as 'auto' "
+                 f"chose it ({tried})")
   if result.estimated_step_seconds is None:
     lines.append("  step time     no estimate until it fits")
   else:
@@ -104,12 +109,18 @@ def _bound_lines(result):
   (docs/plan.md)."""
   memory, compute = result.hbm_seconds, result.flops_seconds
   bound = "HBM" if memory > compute else "FLOPs"
-  return [
+  lines = [
       f"  bound by      {bound}: "
       f"{result.bytes_accessed_per_device_per_step / GiB:.3g} GiB read and "
       f"written per device per step take {memory:.4g} s at "
       f"{result.hbm_bandwidth_per_device / 1e9:,.0f} GB/s; its FLOPs "
       f"{compute:.4g} s at peak"]
+  if bound == "HBM":
+    lines.append(
+        "                the weights, gradients and optimizer state are read "
+        "and written once a step, whatever the batch: more images per "
+        "device (a smaller slice) raise the MFU (docs/plan.md)")
+  return lines
 
 
 def _dcn_lines(result):

@@ -88,9 +88,10 @@ class Model:
       0.0, "dropout on the attention weights", at_least=0.0, below=1.0)
   dtype: str = key("float32", "what the model computes in: float32 or "
                    "bfloat16")
-  remat_policy: str = key("", "what each block's backward keeps, the rest "
-                          "recomputed (models.REMAT_POLICIES); '': all",
-                          changeable=True, before=AS_DEFAULT)
+  remat_policy: str = key("auto", "what each block's backward keeps, the "
+                          "rest recomputed (models.REMAT_POLICIES); '': all; "
+                          "auto: all where it fits", changeable=True,
+                          before="")
   scan_layers: bool = key(False, "one block applied by nn.scan, its params "
                           "stacked: one block compiled, not num_layers",
                           before=AS_DEFAULT)

@@ -16,7 +16,9 @@ anything is compiled or written:
      a folder's files compared with the run's record before it is
      prepared;
   6. the model and the optimizer, built once for the dataset's classes
-     (step.parts) and checked against the mesh and the image size;
+     (step.parts) and checked against the mesh and the image size; a
+     remat policy of "auto" made the one that fits (fitting.py: on TPUs
+     the step is compiled to choose it);
   7. the input shares the training split is read in: as recorded, else as
      set, else chosen for the data-parallel size (data/shares.py);
   8. what differs from the workdir's recorded config: a change that a
@@ -28,7 +30,7 @@ checkpoint, no workdir).
 """
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import ml_collections
 from jax.sharding import Mesh
@@ -36,7 +38,7 @@ from jax.sharding import Mesh
 from vit_jax import errors, sharding
 from vit_jax.data import preprocess, shares, sources
 from vit_jax.runs import settings, store, workdir as workdir_lib
-from vit_jax.training import evaluators, profiling, step, targets
+from vit_jax.training import evaluators, fitting, profiling, step, targets
 from vit_jax.weights import pretrained
 
 
@@ -84,26 +86,72 @@ def run(config, workdir, devices=None):
   keys = dataclasses.replace(
       keys, folder_contents=folder_contents(keys, recorded, data, workdir))
   check_data(checked, data)
-  built = check_program(checked, mesh, data().num_classes)
+  fitted = fit(checked, mesh, data().num_classes)
+  if fitted.program is not None and fitted.compiled is None:
+    raise errors.ConfigError(
+        "config.model.remat_policy='auto': the step does not fit the "
+        f"devices' memory with any remat policy ({fitted.tried_text()}); "
+        "`python -m vit_jax.plan` says what else would make it fit")
+  built = fitted.parts
   keys = dataclasses.replace(
-      keys, input_shares=input_shares(keys, recorded, mesh, data))
+      keys, model=fitted.settings.model,
+      input_shares=input_shares(keys, recorded, mesh, data))
   # The run store records and compares the config with what it resolved.
   with config.unlocked():
     config.folder_contents = keys.folder_contents
     config.input_shares = keys.input_shares
+    config.model.remat_policy = keys.model.remat_policy
   changes = store.differences_allowed(config, recorded, workdir)
   return Run(config, keys, checked.augmentation, checked.evaluations,
              workdir, mesh, data, changes, built)
 
 
+class Fitted(NamedTuple):
+  """A config's program with its remat policy made concrete (`fit`)."""
+  settings: settings.Settings  # remat_policy concrete
+  mesh: Mesh
+  parts: step.Parts
+  program: Any  # step.Program, where choosing compiled it; else None
+  compiled: Any  # the compiled train step, where one fit; else None
+  tried: tuple  # ((remat policy, HBM bytes it needed), ...) that did not
+  seconds: float  # compiling to choose
+
+  def tried_text(self):
+    return "; ".join(f"{policy!r} needs {needed / 2**30:.1f} GiB"
+                     for policy, needed in self.tried)
+
+
+def fit(checked, mesh, num_classes):
+  """The Fitted program of `checked` over `mesh`: its model and optimizer
+  built for `num_classes`, and a remat policy of "auto" made the first of
+  fitting.REMAT_BY_MEMORY whose step fits, compiled in turn on TPUs."""
+  device = mesh.devices.flat[0]
+  policy = checked.settings.model.remat_policy
+  tried, seconds = [], 0.0
+  for choice in fitting.policies(policy, device):
+    keys = checked.settings
+    keys = dataclasses.replace(keys, model=dataclasses.replace(
+        keys.model, remat_policy=choice))
+    built = check_program(checked._replace(settings=keys), mesh, num_classes)
+    if not fitting.chooses(policy, device):
+      return Fitted(keys, mesh, built, None, None, (), 0.0)
+    program = step.build(keys, mesh, built)
+    compiled, needed, took = fitting.compile_step(program, fitting.batch_shapes(
+        keys.batch_size, keys.image_size, program.batch_sharding))
+    seconds += took
+    if compiled is not None:
+      break
+    tried.append((choice, needed))
+  return Fitted(keys, mesh, built, program, compiled, tuple(tried), seconds)
+
+
 def program(config, devices=None, num_classes=1):
-  """(Settings, mesh over `devices`, Parts for `num_classes`) of `config`,
-  with every check that compiling the train step needs; no data or
-  checkpoint is read (vit_jax.plan stops here: what a run computes, its
-  function options, costs the same)."""
+  """The Fitted program of `config` over `devices` for `num_classes`, with
+  every check that compiling the train step needs; no data or checkpoint is
+  read (vit_jax.plan stops here: what a run computes, its function options,
+  costs the same)."""
   checked = check_values(config)
-  mesh = sharding.make_mesh(config.mesh, devices)
-  return checked.settings, mesh, check_program(checked, mesh, num_classes)
+  return fit(checked, sharding.make_mesh(config.mesh, devices), num_classes)
 
 
 def check_values(config):

@@ -1,0 +1,76 @@
+"""What `config.model.remat_policy = "auto"` becomes: the step as written
+where it fits its devices' memory, else the least recomputation that fits.
+
+Only XLA's TPU compiler finds, while it compiles, that a step does not fit
+(it stops at the temporaries it cannot place in HBM). So on TPUs "auto"
+compiles the step with each policy of REMAT_BY_MEMORY in turn, keeping the
+first that fits; elsewhere it is "" (everything kept), which a CPU's memory
+or a GPU's allocator reports only when the step runs. A run (resolve.py)
+and a plan (planning/cost.py) choose the same way, from the same compile,
+and the run records its choice; remat changes no result.
+"""
+
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+
+AUTO = "auto"
+
+# models.REMAT_POLICIES from the most kept to the least: "" keeps every
+# activation; dots_saveable every matmul's output, the attention's logits
+# too; dots_with_no_batch_dims_saveable the dense layers' outputs, not the
+# attention's [heads, tokens, tokens] products; nothing_saveable only each
+# block's input (about a third more FLOPs: the forward again).
+REMAT_BY_MEMORY = ("", "dots_saveable", "dots_with_no_batch_dims_saveable",
+                   "nothing_saveable")
+
+
+def policies(remat_policy, device):
+  """The remat policies to try, in order, for `remat_policy` on `device`'s
+  platform."""
+  if remat_policy != AUTO:
+    return (remat_policy,)
+  return REMAT_BY_MEMORY if device.platform == "tpu" else ("",)
+
+
+def chooses(remat_policy, device):
+  """Whether choosing needs a compile: "auto" on a TPU."""
+  return len(policies(remat_policy, device)) > 1
+
+
+def batch_shapes(batch_size, image_size, batch_sharding):
+  """The global batch as the input pipeline feeds it: uint8 images."""
+  def struct(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
+  return {"image": struct((batch_size, image_size, image_size, 3), jnp.uint8),
+          "label": struct((batch_size,), jnp.int32),
+          "mask": struct((batch_size,), jnp.float32)}
+
+
+def compile_step(program, batch):
+  """(compiled step, None, seconds), or (None, HBM bytes it needs, seconds)
+  when the compiler finds that it does not fit."""
+  start = time.perf_counter()
+  try:
+    compiled = program.train_step.lower(program.state_shapes, batch).compile()
+  except jax.errors.JaxRuntimeError as e:
+    needed = hbm_needed(str(e))
+    if needed is None:
+      raise
+    return None, needed, time.perf_counter() - start
+  return compiled, None, time.perf_counter() - start
+
+
+def hbm_needed(message):
+  """The bytes per device that XLA's out-of-HBM error reports, 0 where it
+  names none, or None for another error. Its "G" is GiB, its "T" TiB."""
+  if "RESOURCE_EXHAUSTED" not in message:
+    return None
+  match = (re.search(r"\(([\d.]+)([KMGT])\) exceeds available HBM", message)
+           or re.search(r"Used ([\d.]+)([KMGT]) of", message))
+  if not match:
+    return 0
+  size, unit = match.groups()
+  return int(float(size) * 2**(10 * ("KMGT".index(unit) + 1)))
