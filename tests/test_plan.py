@@ -344,7 +344,8 @@ def test_auto_remat_keeps_the_first_policy_whose_step_fits(monkeypatch):
   fitted = resolve.program(tiny_pretraining(batch_size=64, image_size=16),
                            devices, 10)
   assert fitted.compiled is None and len(fitted.tried) == 4
-  assert fitted.tried_text().startswith("'' needs 40.0 GiB; 'dots_saveable'")
+  assert fitted.tried_text().startswith(
+      "'' needs 40.0 GiB of temporaries; 'dots_saveable'")
   # A policy that the config names is kept, and compiling waits for the
   # plan (or the run's first step).
   compiled_with.clear()

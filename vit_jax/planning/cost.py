@@ -100,7 +100,7 @@ class Plan:
   batch_size: int
   accum_steps: int
   remat_policy: str           # as configured, or as "auto" chose it
-  remat_tried: list           # [[policy, HBM bytes needed]] "auto" passed
+  remat_tried: list   # [[policy, temporaries' HBM bytes]] "auto" passed
   fits: bool                  # the compiler's verdict
   hbm_argument_bytes: int     # params, optimizer state, batch (per device)
   hbm_temp_bytes: int         # activations, gradients, workspace

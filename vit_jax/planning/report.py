@@ -65,8 +65,8 @@ def describe(config_name, result):
       f"{result.hbm_bytes_per_device / GiB:.2f} GiB per device of "
       f"{capacity:.0f}: {verdict}"]
   if result.remat_tried:  # "auto" compiled it with more than one policy.
-    tried = "; ".join(f"{policy!r} needs {needed / GiB:.1f} GiB"
-                      for policy, needed in result.remat_tried)
+    tried = "; ".join(f"{policy!r} needs {needed / GiB:.1f} GiB of "
+                      "temporaries" for policy, needed in result.remat_tried)
     lines.append(f"  remat         {result.remat_policy!r}, as 'auto' "
                  f"chose it ({tried})")
   if result.estimated_step_seconds is None:

@@ -117,8 +117,8 @@ class Fitted(NamedTuple):
   seconds: float  # compiling to choose
 
   def tried_text(self):
-    return "; ".join(f"{policy!r} needs {needed / 2**30:.1f} GiB"
-                     for policy, needed in self.tried)
+    return "; ".join(f"{policy!r} needs {needed / 2**30:.1f} GiB of "
+                     "temporaries" for policy, needed in self.tried)
 
 
 def fit(checked, mesh, num_classes):
