@@ -56,13 +56,12 @@ def main(argv):
 
   from vit_jax import sharding
   from vit_jax.models import flops as flops_lib
-  from vit_jax.runs import settings
   from vit_jax.training import step as step_lib, throughput
   f = flags.FLAGS
   name, batch_size = f.models[0].split(":")
   config = bench.config_for(name, int(batch_size), f.dtypes[0],
                             f.image_size, f.attention[0], f.set)
-  keys = settings.of(config)
+  keys = bench.settings_on_devices(config)
   program = step_lib.build(keys, sharding.make_mesh(config.mesh),
                            step_lib.parts(keys, 1000))
   state = program.init(jax.random.key(0))
@@ -74,7 +73,7 @@ def main(argv):
     return bench.place(program.batch_sharding, images, labels)
 
   print(f"{name}, batch {config.batch_size}, {f.dtypes[0]}, attention "
-        f"{f.attention[0]}, {f.image_size} px, {' '.join(f.set)} on "
+        f"{f.attention[0]} ({keys.model.attention}), {f.image_size} px, {' '.join(f.set)} on "
         f"{jax.device_count()} {jax.devices()[0].device_kind}", flush=True)
   losses, start, steady_start = [], time.perf_counter(), None
   for step in range(1, f.train_steps + 1):

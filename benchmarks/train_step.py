@@ -40,7 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 flags.DEFINE_list("models", ["Ti/16:32", "B/16:16"], "MODEL:BATCH pairs.")
 flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Compute dtypes.")
-flags.DEFINE_list("attention", ["einsum"], "config.model.attention values.")
+flags.DEFINE_list("attention", ["einsum"], "config.model.attention values "
+                  "(auto: as a run on these devices resolves it).")
 flags.DEFINE_integer("image_size", 224, "Image side in pixels.")
 flags.DEFINE_integer("steps", 7, "Timed steps; the median is reported.")
 flags.DEFINE_integer("matmul_size", 4096, "Side of the square matmul.")
@@ -79,15 +80,30 @@ def config_for(name, batch, dtype, image_size, attention="einsum",
   return config
 
 
+def settings_on_devices(config):
+  """The config's Settings with its model's attention as a run on these
+  devices resolves "auto" (training/fitting.py; resolve.py itself needs
+  TensorFlow, which a GPU image may not have). remat "auto" keeps every
+  activation off TPUs, as here."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from vit_jax.runs import settings
+  from vit_jax.training import fitting
+  keys = settings.of(config)
+  return dataclasses.replace(keys, model=dataclasses.replace(
+      keys.model, attention=fitting.attention(keys.model, jax.devices()[0])))
+
+
 def prepared_step(config, num_classes=1000):
   """The run's jitted train step, a fresh state and a fixed random batch."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from vit_jax import sharding
-  from vit_jax.runs import settings
   from vit_jax.training import step as step_lib
-  keys = settings.of(config)
+  keys = settings_on_devices(config)
   program = step_lib.build(keys, sharding.make_mesh(config.mesh),
                            step_lib.parts(keys, num_classes))
   state = program.init(jax.random.key(0))
@@ -152,7 +168,9 @@ def main(argv):
                             f.set)
         row = {"model": name, "image_size": config.image_size,
                "batch": config.batch_size, "dtype": dtype,
-               "attention": attention, "set": f.set,
+               "attention": attention,
+               "resolved": settings_on_devices(config).model.attention,
+               "set": f.set,
                "devices": jax.device_count()}
         try:
           seconds, matmul_rate = time_train_step(config, f.steps, matmul)

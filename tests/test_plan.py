@@ -1,9 +1,11 @@
 """vit_jax.plan: a config's own train step, compiled for a TPU slice of any
 generation by libtpu on this CPU, and what it will cost."""
 
+import dataclasses
 import json
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -14,6 +16,7 @@ from tests.util import REPO
 from vit_jax import errors, models
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, cost as cost_lib, report, work
+from vit_jax.runs import settings
 from vit_jax.training import fitting, resolve
 
 GiB = 2**30
@@ -358,6 +361,26 @@ def test_auto_remat_keeps_the_first_policy_whose_step_fits(monkeypatch):
                            jax.devices()[:4], 10)
   assert fitted.program is None and compiled_with == []
   assert fitted.settings.model.remat_policy == ""
+
+
+def test_auto_attention_is_cudnns_on_gpus_in_half_precision():
+  model = settings.of(tiny_pretraining()).model  # bfloat16, no dropout on
+  assert (model.attention, model.dtype) == ("auto", "bfloat16")  # weights.
+  gpu, tpu = (types.SimpleNamespace(platform=p) for p in ("gpu", "tpu"))
+  assert fitting.attention(model, gpu) == "fused"
+  for other in ({"dtype": "float32"}, {"attention_dropout_rate": 0.1}):
+    assert fitting.attention(dataclasses.replace(model, **other),
+                             gpu) == "einsum"
+  for device in (tpu, jax.devices()[0]):
+    assert fitting.attention(model, device) == "einsum"
+  # A config that names one keeps it.
+  assert fitting.attention(dataclasses.replace(model, attention="fused"),
+                           tpu) == "fused"
+  fitted = resolve.program(tiny_pretraining(
+      batch_size=64, image_size=16, **{"model.remat_policy": ""}),
+      catalogue.topology("v6e-4").devices, 10)
+  assert fitted.settings.model.attention == "einsum"
+  assert fitted.parts.model.config.attention == "einsum"
 
 
 def test_micro_batches_are_all_costed():

@@ -116,6 +116,8 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
   # remat_policy "auto", resolved off TPUs: every activation kept.
   assert config.model.remat_policy == "auto"
   assert resolved.model.remat_policy == ""
+  assert (config.model.attention, resolved.model.attention) == (
+      "auto", "einsum")
   store.record(resolved, Workdir(workdir), {})
 
   other = small_config(digits_data_dir, input_shares=8)
@@ -127,7 +129,8 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
   with open(path) as f:
     older = json.load(f)
   del older["input_shares"]
-  del older["model"]["remat_policy"]  # Recorded before "auto" was a policy.
+  # Recorded before "auto" was a remat policy or an attention.
+  del older["model"]["remat_policy"], older["model"]["attention"]
   with open(path, "w") as f:
     json.dump(older, f)
   resumed = resolve.run(config, workdir)

@@ -119,12 +119,15 @@ def create(name, num_classes, **overrides):
 def create_from_config(model_config, num_classes):
   """The model that a config.model (its name and overrides) describes.
 
-  A remat_policy of "auto" is a run's to make concrete (it depends on the
-  devices: training/fitting.py); a model built from a config that no run
-  resolved keeps every activation, which computes the same."""
+  A remat_policy or attention of "auto" is a run's to make concrete (it
+  depends on the devices: training/fitting.py); a model built from a config
+  that no run resolved keeps every activation and computes attention with
+  the einsum, which compute the same."""
   fields = dict(model_config)
   if fields.get("remat_policy") == "auto":
     fields["remat_policy"] = ""
+  if fields.get("attention") == "auto":
+    fields["attention"] = "einsum"
   return create(fields.pop("name"), num_classes, **fields)
 
 

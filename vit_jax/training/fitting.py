@@ -1,5 +1,13 @@
-"""What `config.model.remat_policy = "auto"` becomes: the step as written
-where it fits its devices' memory, else the least recomputation that fits.
+"""What the model's "auto" settings become on the devices that run (or a
+plan compiles) the step; neither changes what the step computes.
+
+`model.attention = "auto"`: cuDNN's fused kernel ("fused") on NVIDIA GPUs
+in half precision without attention dropout (B/16 trains 1.2 to 1.5 times
+as fast: docs/speed_on_gpu.md), else the einsum (on TPUs XLA's fused
+attention moves more bytes than the einsum: docs/plan.md).
+
+`model.remat_policy = "auto"`: the step as written where it fits its
+devices' memory, else the least recomputation that fits.
 
 Only XLA's TPU compiler finds, while it compiles, that a step does not fit
 (it stops at the temporaries it cannot place in HBM). So on TPUs "auto"
@@ -25,6 +33,17 @@ AUTO = "auto"
 # block's input (about a third more FLOPs: the forward again).
 REMAT_BY_MEMORY = ("", "dots_saveable", "dots_with_no_batch_dims_saveable",
                    "nothing_saveable")
+
+
+def attention(model, device):
+  """What `model` (runs/settings.py's Model) computes attention with on
+  `device`."""
+  if model.attention != AUTO:
+    return model.attention
+  if (device.platform == "gpu" and model.dtype in ("bfloat16", "float16")
+      and not model.attention_dropout_rate):
+    return "fused"
+  return "einsum"
 
 
 def policies(remat_policy, device):

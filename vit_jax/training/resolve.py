@@ -16,9 +16,9 @@ anything is compiled or written:
      a folder's files compared with the run's record before it is
      prepared;
   6. the model and the optimizer, built once for the dataset's classes
-     (step.parts) and checked against the mesh and the image size; a
-     remat policy of "auto" made the one that fits (fitting.py: on TPUs
-     the step is compiled to choose it);
+     (step.parts) and checked against the mesh and the image size; an
+     attention and a remat policy of "auto" made concrete (fitting.py: on
+     TPUs the step is compiled to choose the remat policy that fits);
   7. the input shares the training split is read in: as recorded, else as
      set, else chosen for the data-parallel size (data/shares.py);
   8. what differs from the workdir's recorded config: a change that a
@@ -101,6 +101,7 @@ def run(config, workdir, devices=None):
     config.folder_contents = keys.folder_contents
     config.input_shares = keys.input_shares
     config.model.remat_policy = keys.model.remat_policy
+    config.model.attention = keys.model.attention
   changes = store.differences_allowed(config, recorded, workdir)
   return Run(config, keys, checked.augmentation, checked.evaluations,
              workdir, mesh, data, changes, built)
@@ -123,15 +124,17 @@ class Fitted(NamedTuple):
 
 def fit(checked, mesh, num_classes):
   """The Fitted program of `checked` over `mesh`: its model and optimizer
-  built for `num_classes`, and a remat policy of "auto" made the first of
+  built for `num_classes`, its "auto" settings made concrete for the
+  devices (fitting.py): the attention, and the remat policy, the first of
   fitting.REMAT_BY_MEMORY whose step fits, compiled in turn on TPUs."""
   device = mesh.devices.flat[0]
   policy = checked.settings.model.remat_policy
+  attention = fitting.attention(checked.settings.model, device)
   tried, seconds = [], 0.0
   for choice in fitting.policies(policy, device):
     keys = checked.settings
     keys = dataclasses.replace(keys, model=dataclasses.replace(
-        keys.model, remat_policy=choice))
+        keys.model, remat_policy=choice, attention=attention))
     built = check_program(checked._replace(settings=keys), mesh, num_classes)
     if not fitting.chooses(policy, device):
       return Fitted(keys, mesh, built, None, None, (), 0.0)
