@@ -105,11 +105,7 @@ def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
   assert any(name.startswith("events.out.tfevents") for name in files)
   assert "lock.json" not in files  # Released.
 
-  # Finished: reported from its last checkpoint, not trained again.
-  code, again, stderr = finish(start_main(args, cwd=cwd))
-  assert code == 0, stderr[-3000:]
-  assert "test_accuracy" in again and "Training" not in again
-  assert stored(workdir) == files
+  # (A finished run reported without a write: test_trusted_checkpoints.py.)
 
   # The tools take it: an export into the bucket holds the local run's
   # params.

@@ -3,6 +3,8 @@
 -9 with steps redone."""
 
 import argparse
+import json
+import os
 import signal
 import time
 
@@ -21,6 +23,7 @@ from tests.util import (
   start_main,
   wait_for_step,
 )
+from vit_jax.runs import lock
 from vit_jax.runs.workdir import Workdir
 from vit_jax.training.reporting import goodput
 
@@ -128,9 +131,15 @@ def test_sigterm_twice_buckets_add_up_to_the_wall_time(digits_data_dir,
 
 
 def test_steps_redone_after_kill_9_are_lost(digits_data_dir, tmp_path):
+  """And the workdir's lock, left behind by the killed process, is taken
+  over by the next run, which releases it."""
   workdir = str(tmp_path / "run")
   args = main_flags(workdir, digits_data_dir, **RUN)
   timed_run(args, 15, signal.SIGKILL, workdir)
+  with open(os.path.join(workdir, lock.LOCK_FILE)) as f:
+    killed = json.load(f)["pid"]
+  with pytest.raises(ProcessLookupError):
+    os.kill(killed, 0)  # Its holder is gone.
   config = small_config(digits_data_dir, **RUN)
   saved_at, _, progress = latest_checkpoint(workdir, config)
   last = record(workdir)
@@ -143,7 +152,9 @@ def test_steps_redone_after_kill_9_are_lost(digits_data_dir, tmp_path):
            for b in goodput.BUCKETS}
   assert after["train"] > 0
 
-  timed_run(args)
+  _, stdout = timed_run(args)
+  assert "Resuming at step" in stdout
+  assert not os.path.exists(os.path.join(workdir, lock.LOCK_FILE))
   seconds = record(workdir)["seconds"]
   lost = goodput.total(last["seconds"]) - goodput.total(progress["seconds"])
   assert seconds["lost"] == pytest.approx(lost, abs=1e-6)

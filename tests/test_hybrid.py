@@ -108,7 +108,7 @@ def test_hybrid_flops_agree_with_xla():
 
 def test_a_hybrid_trains_alike_on_one_device_and_on_a_mesh_of_every_axis(
     digits_data_dir):
-  # The encoder trains alike on all five of MESHES (test_train); what is new
+  # The encoder trains alike on all four of MESHES (test_train); what is new
   # here is the stem's sharding, which one mesh of data, fsdp and model
   # exercises. One stage (a root and a unit with its projection) and one
   # encoder block keep the compiles short; 16 px make a 4 x 4 grid.

@@ -34,7 +34,6 @@ def first_losses(config, devices, num_steps=3):
 
 MESHES = {
     "1 device": (dict(data=1, fsdp=1, model=1), 1),
-    "data 8": (dict(data=8, fsdp=1, model=1), 8),
     "data 4 x model 2": (dict(data=4, fsdp=1, model=2), 8),
     "fsdp 8": (dict(data=1, fsdp=8, model=1), 8),
     "data 2 x fsdp 2 x model 2": (dict(data=2, fsdp=2, model=2), 8),

@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -219,20 +218,8 @@ def test_a_signal_as_the_lock_appears_removes_it(tmp_path, monkeypatch):
   assert os.listdir(tmp_path) == []
 
 
-def test_a_lock_left_by_kill_9_is_taken_over(digits_data_dir, tmp_path):
-  workdir = str(tmp_path / "run")
-  args = main_flags(workdir, digits_data_dir, **{**LONGER, "total_steps": 40,
-                                                 "checkpoint_every": 5})
-  killed = start_main(args)
-  wait_for_step(workdir, 12, killed)  # After the save of step 5.
-  killed.send_signal(signal.SIGKILL)
-  finish(killed)
-  with open(os.path.join(workdir, lock.LOCK_FILE)) as f:
-    assert json.load(f)["pid"] == killed.pid  # Left behind.
-  code, stdout, stderr = finish(start_main(args))
-  assert code == 0, stderr[-3000:]
-  assert "Resuming at step" in stdout
-  assert not os.path.exists(os.path.join(workdir, lock.LOCK_FILE))
+# A lock left by kill -9 is taken over: tests/test_goodput.py, whose
+# kill -9 run leaves one.
 
 
 def test_a_second_run_started_later_loses_no_save_and_no_row(
