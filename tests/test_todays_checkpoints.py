@@ -463,6 +463,10 @@ def test_todays_sources_fine_tune_on_digits_with_no_other_flag(
   for key, value in started.items():
     if not key.startswith("head/"):
       np.testing.assert_array_equal(value, loaded[key], err_msg=key)
+  if source == "siglip .npz":
+    # The "siglip" tower in big_vision's file: the same start (above) and
+    # the same run as "siglip"'s, which trains below.
+    return
 
   workdir = str(tmp_path / "run")
   run_training(config, workdir)
