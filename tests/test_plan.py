@@ -158,6 +158,15 @@ def test_plans_are_compared_in_one_table(later_generations):
   assert lines[1].split()[:4] == ["slice", "chips", "hosts", "mesh"]
   assert [line.split()[0] for line in lines[2:]] == list(LATER_SLICES)
   assert "of 95 GiB" in lines[4] and "DOES NOT FIT" not in table
+  assert "remat" not in table  # "auto" kept everything: nothing to say.
+  # Where "auto" had to choose, both reports say what it chose and why.
+  chosen = dataclasses.replace(later_generations[3],
+                               remat_policy="dots_saveable",
+                               remat_tried=[["", 40 * GiB]])
+  assert "of 32 GiB (remat dots_saveable)" in report.describe_comparison(
+      "tiny", [chosen])
+  assert ("\n  remat         'dots_saveable', as 'auto' chose it ('' needs "
+          "40.0 GiB of temporaries)\n") in report.describe("tiny", chosen)
 
 
 def test_a_mesh_that_needs_split_torus_sides_is_refused_before_compiling():

@@ -159,6 +159,7 @@ def describe_comparison(config_name, results):
         f"{r.batch_size / r.devices:g}",
         f"{r.hbm_bytes_per_device / GiB:.1f} of "
         f"{r.hbm_capacity_bytes / GiB:.0f} GiB"
+        + (f" (remat {r.remat_policy})" if r.remat_tried else "")
         + ("" if r.fits else " DOES NOT FIT"),
         f"{r.mfu:.0%}" if estimated else "-",
         f"{r.estimated_step_seconds:.3g} s" if estimated else "-",
