@@ -73,8 +73,9 @@ def main(argv):
     return bench.place(program.batch_sharding, images, labels)
 
   print(f"{name}, batch {config.batch_size}, {f.dtypes[0]}, attention "
-        f"{f.attention[0]} ({keys.model.attention}), {f.image_size} px, {' '.join(f.set)} on "
-        f"{jax.device_count()} {jax.devices()[0].device_kind}", flush=True)
+        f"{f.attention[0]} ({keys.model.attention}), {f.image_size} px, "
+        f"{' '.join(f.set)} on {jax.device_count()} "
+        f"{jax.devices()[0].device_kind}", flush=True)
   losses, start, steady_start = [], time.perf_counter(), None
   for step in range(1, f.train_steps + 1):
     chosen = rng.integers(0, len(train_labels), config.batch_size)

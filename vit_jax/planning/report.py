@@ -1,10 +1,9 @@
 """The plan in words: one slice's report, a comparison table, and what
 would make a step that does not fit fit."""
 
-
-
 from vit_jax import sharding
 from vit_jax.planning.catalogue import GENERATIONS, GiB
+from vit_jax.training import fitting
 
 
 def suggestions(config, result):
@@ -65,10 +64,8 @@ def describe(config_name, result):
       f"{result.hbm_bytes_per_device / GiB:.2f} GiB per device of "
       f"{capacity:.0f}: {verdict}"]
   if result.remat_tried:  # "auto" compiled it with more than one policy.
-    tried = "; ".join(f"{policy!r} needs {needed / GiB:.1f} GiB of "
-                      "temporaries" for policy, needed in result.remat_tried)
     lines.append(f"  remat         {result.remat_policy!r}, as 'auto' "
-                 f"chose it ({tried})")
+                 f"chose it ({fitting.describe_tried(result.remat_tried)})")
   if result.estimated_step_seconds is None:
     lines.append("  step time     no estimate until it fits")
   else:

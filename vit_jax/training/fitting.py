@@ -54,9 +54,11 @@ def policies(remat_policy, device):
   return REMAT_BY_MEMORY if device.platform == "tpu" else ("",)
 
 
-def chooses(remat_policy, device):
-  """Whether choosing needs a compile: "auto" on a TPU."""
-  return len(policies(remat_policy, device)) > 1
+def describe_tried(tried):
+  """"'' needs 40.5 GiB of temporaries; ..." of [(policy, bytes)] that did
+  not fit."""
+  return "; ".join(f"{policy!r} needs {needed / 2**30:.1f} GiB of "
+                   "temporaries" for policy, needed in tried)
 
 
 def batch_shapes(batch_size, image_size, batch_sharding):

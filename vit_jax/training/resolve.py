@@ -108,8 +108,8 @@ def run(config, workdir, devices=None):
 
 
 class Fitted(NamedTuple):
-  """A config's program with its remat policy made concrete (`fit`)."""
-  settings: settings.Settings  # remat_policy concrete
+  """A config's program with its "auto" settings made concrete (`fit`)."""
+  settings: settings.Settings  # remat_policy and attention concrete
   mesh: Mesh
   parts: step.Parts
   program: Any  # step.Program, where choosing compiled it; else None
@@ -118,8 +118,7 @@ class Fitted(NamedTuple):
   seconds: float  # compiling to choose
 
   def tried_text(self):
-    return "; ".join(f"{policy!r} needs {needed / 2**30:.1f} GiB of "
-                     "temporaries" for policy, needed in self.tried)
+    return fitting.describe_tried(self.tried)
 
 
 def fit(checked, mesh, num_classes):
@@ -130,13 +129,14 @@ def fit(checked, mesh, num_classes):
   device = mesh.devices.flat[0]
   policy = checked.settings.model.remat_policy
   attention = fitting.attention(checked.settings.model, device)
+  choices = fitting.policies(policy, device)
   tried, seconds = [], 0.0
-  for choice in fitting.policies(policy, device):
+  for choice in choices:
     keys = checked.settings
     keys = dataclasses.replace(keys, model=dataclasses.replace(
         keys.model, remat_policy=choice, attention=attention))
     built = check_program(checked._replace(settings=keys), mesh, num_classes)
-    if not fitting.chooses(policy, device):
+    if len(choices) == 1:  # Nothing to choose: nothing compiled here.
       return Fitted(keys, mesh, built, None, None, (), 0.0)
     program = step.build(keys, mesh, built)
     compiled, needed, took = fitting.compile_step(program, fitting.batch_shapes(
