@@ -54,7 +54,9 @@ def define_model_source(verb, verb_from="use"):
                        "newest).")
   flags.DEFINE_string("from", None, f"A checkpoint file to {verb_from} "
                       "instead of a run: an .npz, an HF transformers ViT "
-                      "directory or a timm .safetensors.")
+                      "directory, a timm .safetensors, or a hub model by "
+                      "its name, hf://ORG/NAME[@REV] (read from the Hugging "
+                      "Face cache, fetched where it is not there).")
   flags.DEFINE_integer("num_heads", None, "A timm file's attention heads, "
                        "where its width is none of the paper's variants'.")
   flags.register_multi_flags_validator(

@@ -228,8 +228,9 @@ class Settings:
                          changeable=True)
   total_steps: int = key(0, "training steps", at_least=1, changeable=True)
   optimizer: Optimizer = section(Optimizer, "the optimizer and its schedule")
-  init_from: str = key("", "a checkpoint to start from: .npz, HF "
-                       "directory, timm .safetensors or workdir DIR[:STEP]")
+  init_from: str = key("", "a checkpoint: .npz, HF directory, timm "
+                       ".safetensors, workdir DIR[:STEP], hf://ORG/NAME[@REV] "
+                       "(recorded at its commit)")
   polyak_decay: float = key(0.0, "the decay of a Polyak average of the "
                             "params (0: none)", at_least=0.0, below=1.0)
   mesh: Mesh = section(Mesh, "the device mesh", changeable=True)

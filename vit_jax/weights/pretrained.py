@@ -6,7 +6,10 @@ A source is any of
     model.safetensors) or a timm `.safetensors` state dict
     (vit_jax/weights/torch_files.py); PyTorch pickles are refused;
   - a workdir of ours, `DIR` (its newest checkpoint) or `DIR:STEP`: its
-    Polyak average when it kept one, else its params.
+    Polyak average when it kept one, else its params;
+  - a model on the Hugging Face hub by its name, `hf://ORG/NAME[@REVISION]`
+    (a transformers or a timm repository), read from huggingface_hub's
+    cache (vit_jax/weights/hub.py); a run records the commit it was.
 `load` reads any of them to host memory as numpy in the release layout,
 with the function it computes (models.FUNCTION_OPTIONS) and, where the
 source names them, its classes; `with_source` gives a fine-tune its
@@ -29,7 +32,7 @@ from absl import logging
 from vit_jax import errors, models
 from vit_jax.runs import checkpoints
 from vit_jax.runs.workdir import Workdir
-from vit_jax.weights import adaptation, npz, torch_files
+from vit_jax.weights import adaptation, hub, npz, torch_files
 
 
 def parse_source(source):
@@ -53,10 +56,22 @@ class Checkpoint:
   config: ml_collections.ConfigDict | None = None  # a run's
 
 
+def local(source):
+  """Where `source` lies (a hub.Found): a hub name resolved to its
+  directory or file in Hugging Face's cache, any other as it is. `load`
+  and `source_options` read every source through here."""
+  if hub.is_name(source):
+    return hub.find(source)
+  return hub.Found(source, source)
+
+
 def load(source, num_heads=None):
   """The Checkpoint of `source`. `num_heads`: a timm file's head count,
-  where its width is none of the paper's variants'."""
-  path, step = parse_source(source)
+  where its width is none of the paper's variants' (a hub name's timm
+  config may say it)."""
+  found = local(source)
+  path, step = parse_source(found.path)
+  num_heads = num_heads or found.num_heads
   if path.endswith(torch_files.PICKLE_SUFFIXES):
     torch_files.refuse_pickle(path)
   if step is not None and (path.endswith(FILE_SUFFIXES) or
@@ -64,12 +79,13 @@ def load(source, num_heads=None):
     raise errors.InputError(f"{source!r}: only a workdir has steps")
   if path.endswith(".npz"):
     params = npz.load_npz(path)
-    return Checkpoint(params, path, _function(flat_keys(params)))
+    return Checkpoint(params, found.what or path,
+                      _function(flat_keys(params)))
   if path.endswith(".safetensors") or torch_files.is_hf_dir(path):
     read = (torch_files.read_timm(path, num_heads)
             if path.endswith(".safetensors") else torch_files.read_hf(path))
     return Checkpoint(flax.traverse_util.unflatten_dict(read.flat, sep="/"),
-                      path, read.function, read.class_names)
+                      found.what or path, read.function, read.class_names)
   config = Workdir(path).read_config()
   params, what = load_run(path, step)
   # A scanned run's stacked blocks, one per layer.
@@ -107,7 +123,7 @@ def source_options(source):
   config; a file's from its names and shapes (headers, and an HF
   directory's config.json): no array is read, which `initial_params` then
   does once."""
-  path, _ = parse_source(source)
+  path, _ = parse_source(local(source).path)
   if path.endswith(torch_files.PICKLE_SUFFIXES):
     torch_files.refuse_pickle(path)
   if path.endswith(".npz"):
@@ -132,18 +148,26 @@ def with_source(config, recorded=None):
   init_from (a classifier, registers, layer scale or query/key norms the
   source does not have) is refused, naming the keys; a function option it
   sets wins, with a warning where the source differs.
+
+  A hub name is made the commit it resolves to, `hf://ORG/NAME@COMMIT`, as
+  the run records it and `initial_params` reads it; a resumed run's name
+  of the same repository is the one it recorded (hub.as_recorded).
   """
+  init_from = config.init_from
   if recorded is not None:
     source = _options_of_run(recorded, models.SOURCE_OPTIONS)
-  elif config.init_from:
+    init_from = hub.as_recorded(init_from, recorded.get("init_from", ""))
+  elif init_from:
     try:
-      source = source_options(config.init_from)
+      found = local(init_from)
+      source = source_options(found.path)
     except (errors.InputError, OSError) as e:
-      raise errors.ConfigError(
-          f"config.init_from={config.init_from!r}: {e}") from e
+      raise errors.ConfigError(f"config.init_from={init_from!r}: {e}") from e
+    init_from = found.name
   else:
     source = {}
   config = config.copy_and_resolve_references()
+  config.init_from = init_from
   against = []
   for key, default in models.SOURCE_OPTIONS.items():
     value = config.model.get(key)
@@ -183,7 +207,7 @@ def load_run(workdir, step=None):
       raise errors.InputError(
           f"{workdir} holds no checkpoint (looked in {workdir.checkpoints}); "
           "a source is a workdir of ours, an .npz, an HF transformers "
-          "directory or a timm .safetensors file")
+          "directory, a timm .safetensors file or hf://ORG/NAME")
     if step is not None and step not in steps:
       raise errors.InputError(
           f"{workdir} has no checkpoint of step {step}; it has "
