@@ -111,6 +111,42 @@ def digits_tfrecord_data_dir(tmp_path_factory):
   return data_dir
 
 
+DIGITS_RUN = {"total_steps": 100, "batch_size": 64, "log_every": 20,
+              "checkpoint_every": 100, "evaluators.test.every": 50,
+              "optimizer.warmup_steps": 10, "model.dropout_rate": 0.0,
+              "model.scan_layers": True, "model.hidden_size": 64,
+              "model.mlp_dim": 128}
+
+
+@pytest.fixture(scope="session")
+def digits_run(digits_data_dir, tmp_path_factory):
+  """(workdir, test images as PNGs, the run's test accuracy, its config):
+  a digits run trained well past chance, once for all pytest workers.
+
+  Its layers are scanned, as the Table 2 configs' are: the tools read
+  runs of either kind."""
+  # Imported here so that runs needing no data don't load TensorFlow.
+  from tests.util import made_once, run_training, small_config, stored_examples
+  from vit_jax.data import sources
+  from vit_jax.runs import writers
+  config = small_config(digits_data_dir, **DIGITS_RUN)
+
+  def make(workdir):
+    run_training(config, workdir)
+    pngs = os.path.join(workdir, "test_pngs")
+    os.makedirs(pngs)
+    builder = sources.get_builder("digits", digits_data_dir)
+    for i, example in enumerate(stored_examples(builder, "test")):
+      with open(os.path.join(pngs, f"{i:03d}_{example['label']}.png"),
+                "wb") as f:
+        f.write(example["image"])
+
+  workdir = made_once(tmp_path_factory, "digits_run", make)
+  accuracy = [row["test_accuracy"] for row in writers.read_rows(workdir)
+              if "test_accuracy" in row][-1]
+  return workdir, os.path.join(workdir, "test_pngs"), accuracy, config
+
+
 @pytest.fixture(params=["array_record", "tfrecord"])
 def digits_any_format(request):
   """digits prepared in each format the input pipeline reads."""

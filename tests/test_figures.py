@@ -5,8 +5,6 @@ import functools
 import json
 import os
 import re
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -15,17 +13,12 @@ import numpy as np
 import pytest
 
 from tests.util import (
-  REPO,
-  made_once,
   randomize,
-  run_training,
-  small_config,
-  stored_examples,
+  run_tool,
 )
 from vit_jax import errors, models
 from vit_jax.analysis import attention as attention_lib, classify
-from vit_jax.data import image_files, sources
-from vit_jax.runs import writers
+from vit_jax.data import image_files
 from vit_jax.weights import npz, pretrained
 
 FIGURES = ("embedding_filters.png", "position_embedding_similarity.png",
@@ -158,52 +151,12 @@ def test_a_file_that_is_no_image_is_named(tmp_path):
     image_files.from_files([str(path)], 8)
 
 
-def run_tool(tool, *args):
-  result = subprocess.run([sys.executable, "-m", f"vit_jax.{tool}", *args],
-                          cwd=REPO, capture_output=True, text=True,
-                          timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result.stdout
-
-
 def assert_pngs(out, names):
   import matplotlib.image  # pylint: disable=g-import-not-at-top
   for name in names:
     path = os.path.join(out, name)
     assert os.path.getsize(path) > 1000, name
     assert matplotlib.image.imread(path).shape[0] > 100, name
-
-
-DIGITS_RUN = {"total_steps": 100, "batch_size": 64, "log_every": 20,
-              "checkpoint_every": 100, "evaluators.test.every": 50,
-              "optimizer.warmup_steps": 10, "model.dropout_rate": 0.0,
-              "model.scan_layers": True, "model.hidden_size": 64,
-              "model.mlp_dim": 128}
-
-
-@pytest.fixture(scope="module")
-def digits_run(digits_data_dir, tmp_path_factory):
-  """(workdir, test images as PNGs, the run's test accuracy, its config):
-  a digits run trained well past chance, once for all pytest workers.
-
-  Its layers are scanned, as the Table 2 configs' are: the tools read
-  runs of either kind."""
-  config = small_config(digits_data_dir, **DIGITS_RUN)
-
-  def make(workdir):
-    run_training(config, workdir)
-    pngs = os.path.join(workdir, "test_pngs")
-    os.makedirs(pngs)
-    builder = sources.get_builder("digits", digits_data_dir)
-    for i, example in enumerate(stored_examples(builder, "test")):
-      with open(os.path.join(pngs, f"{i:03d}_{example['label']}.png"),
-                "wb") as f:
-        f.write(example["image"])
-
-  workdir = made_once(tmp_path_factory, "digits_run", make)
-  accuracy = [row["test_accuracy"] for row in writers.read_rows(workdir)
-              if "test_accuracy" in row][-1]
-  return workdir, os.path.join(workdir, "test_pngs"), accuracy, config
 
 
 def test_figures_of_a_digits_run(digits_run):

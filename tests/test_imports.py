@@ -21,7 +21,7 @@ COMMANDS = {"main", "plan", "export", "predict", "figures", "vtab",
 # floor or below. A module of a wing package (vit_jax/<wing>/...) is on that
 # wing's floor.
 FLOORS = [
-    {"errors", "paths", "runtime", "sharding"},
+    {"errors", "paths", "runtime", "serving", "sharding"},
     {"models"},
     {"data"},
     {"runs"},

@@ -157,6 +157,15 @@ FROM_A_SHELL = (
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
 
 
+def run_tool(tool, *args):
+  """The stdout of `python -m vit_jax.<tool> ARGS`, which must succeed."""
+  result = subprocess.run([sys.executable, "-m", f"vit_jax.{tool}", *args],
+                          cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout
+
+
 def from_a_shell(python_args):
   """The command `python PYTHON_ARGS`, started with SIGINT and SIGTERM at
   their defaults whatever this process has left them at."""

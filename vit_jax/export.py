@@ -1,8 +1,8 @@
-"""python -m vit_jax.export --workdir=DIR [--step=N] --out=PATH [--format=npz|hf|timm]
+"""python -m vit_jax.export --workdir=DIR [--step=N] --out=PATH [--format=npz|hf|timm|stablehlo|onnx]
 python -m vit_jax.export --from=SOURCE --out=PATH [--format=...]
 
-Writes a model's params for other code to load: from a run's checkpoint
-(its Polyak average when it kept one), or from any other source that
+Writes a model for other code to load: from a run's checkpoint (its Polyak
+average when it kept one), or from any other source that
 `config.init_from` takes (an .npz of any layout, an HF transformers
 directory, a timm .safetensors).
 
@@ -13,6 +13,12 @@ directory, a timm .safetensors).
         function, id2label from the class names) and model.safetensors.
   timm  a .safetensors state dict for timm's VisionTransformer; the command
         prints the lines that build the model and load it.
+  stablehlo  the model's function (uint8 pixels in; logits, pre-logits and
+        probabilities out; any batch size) as a jax.export module, lowered
+        for --platforms, which vit_jax/serving.py runs with JAX and numpy
+        only, and `predict --from=FILE.stablehlo` too.
+  onnx  the same function as an ONNX model (through jax2onnx: pip install
+        'vit_jax[onnx]'), for ONNX Runtime and the like.
 
 --input_mean and --input_std fold a model's own input normalisation into
 its patch embedding, so that it takes vit_jax's images ([-1, 1]): for a
@@ -25,6 +31,7 @@ if __name__ == "__main__":
   from vit_jax import cli
   cli.prepare()
 
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags, logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from vit_jax import cli, paths
@@ -34,8 +41,8 @@ from vit_jax.weights import exports, pretrained
 
 shared_flags.define_model_source("export", verb_from="convert")
 flags.DEFINE_enum("format", "npz", list(exports.FORMATS), "What to write.")
-flags.DEFINE_string("out", None, "The file (npz, timm) or directory (hf) to "
-                    "write.")
+flags.DEFINE_string("out", None, "The file (npz, timm, stablehlo, onnx) or "
+                    "directory (hf) to write.")
 flags.DEFINE_string("labels", "", "A text file of class names, one per line, "
                     "for hf's id2label (default: the source's, else the "
                     "run's dataset's).")
@@ -44,6 +51,9 @@ flags.DEFINE_list("input_mean", [], "The model's input mean per RGB "
                   "the patch embedding, with --input_std.")
 flags.DEFINE_list("input_std", [], "The model's input std per RGB channel "
                   "(e.g. 0.229,0.224,0.225).")
+flags.DEFINE_list("platforms", [], "What a stablehlo export runs on: cpu, "
+                  "tpu, cuda, rocm (default: cpu, and this machine's "
+                  "platform if another).")
 flags.mark_flag_as_required("out")
 flags.register_multi_flags_validator(
     ["input_mean", "input_std"],
@@ -62,10 +72,16 @@ def main(argv):
         shared_flags.floats(f.input_std, "--input_std"))
   for warning in exports.function_warnings(loaded, f.format):
     logging.warning(warning)
-  how = exports.write(loaded, f.format, f.out, f.labels)
+  how = exports.write(loaded, f.format, f.out, f.labels,
+                      f.platforms or default_platforms())
   print(f"wrote {paths.shown(f.out)} ({f.format}) from {loaded.what}")
   if how:
     print(how)
+
+
+def default_platforms():
+  here = jax.default_backend()
+  return ["cpu"] + ([here] if here != "cpu" else [])
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""A model's params written in the layouts other code reads (vit_jax.export).
+"""A model written for other code (vit_jax.export): its params in the
+layouts other code reads, or its whole function.
 
 npz is the release's layout (npz_lib.save_npz); hf and timm are PyTorch's
 (torch_files.py). Only npz holds every vit_jax model; the PyTorch layouts
-refuse what their models cannot compute, naming it.
+refuse what their models cannot compute, naming it. stablehlo and onnx
+hold the function itself, which runs without vit_jax
+(function_exports.py).
 """
 
 import dataclasses
@@ -12,9 +15,16 @@ import numpy as np
 
 from vit_jax import errors, models, paths
 from vit_jax.data import image_files
-from vit_jax.weights import npz as npz_lib, torch_files
+from vit_jax.weights import (
+  function_exports,
+  npz as npz_lib,
+  pretrained,
+  torch_files,
+)
 
-FORMATS = ("npz", "hf", "timm")
+FORMATS = ("npz", "hf", "timm", "stablehlo", "onnx")
+# The formats that hold the model's function rather than its params.
+FUNCTIONS = ("stablehlo", "onnx")
 
 
 def function_warnings(loaded, format_):
@@ -34,19 +44,28 @@ def function_warnings(loaded, format_):
           "--format=hf or timm, which record them"]
 
 
-def write(loaded, format_, out, labels_file=""):
-  """Writes a pretrained.Checkpoint's params to `out`; returns how to load
-  them, or ""."""
+def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
+  """Writes a pretrained.Checkpoint to `out` in `format_`; returns how to
+  load it, or "". `platforms`: those a StableHLO module is lowered for."""
   if format_ == "npz":
     npz_lib.save_npz(loaded.params, out)
     return ""
+  if format_ in FUNCTIONS:
+    inference = pretrained.inference_of(loaded)
+    names = class_names(loaded, labels_file)
+    if format_ == "stablehlo":
+      function_exports.write_stablehlo(inference, out, names, platforms)
+      return ("run it with vit_jax/serving.py (JAX and numpy only): "
+              f"serving.load({paths.shown(out)!r}), or python -m "
+              f"vit_jax.predict --from={paths.shown(out)} IMAGES")
+    function_exports.write_onnx(inference, out, names)
+    return ("run it with ONNX Runtime: input 'pixels', uint8 [batch, "
+            f"{inference.image_size}, {inference.image_size}, 3]; outputs "
+            f"{', '.join(function_exports.OUTPUTS)}")
   flat = flax.traverse_util.flatten_dict(loaded.params, sep="/")
   if format_ == "hf":
-    config = loaded.config
-    names = (image_files.name_classes(labels_file) or loaded.class_names or
-             (image_files.name_classes("", config.dataset, config.data_dir or
-                                       None) if config else None))
-    torch_files.write_hf(out, flat, loaded.function, names, loaded.what)
+    torch_files.write_hf(out, flat, loaded.function,
+                         class_names(loaded, labels_file), loaded.what)
     where = paths.shown(out)
     copy = ""
     if paths.is_url(out):  # transformers reads local folders.
@@ -56,6 +75,15 @@ def write(loaded, format_, out, labels_file=""):
             f".from_pretrained({where!r})")
   return "load it in PyTorch with:\n" + torch_files.write_timm(
       out, flat, loaded.function, loaded.what)
+
+
+def class_names(loaded, labels_file=""):
+  """The class names an export records: the labels file's, else the
+  source's (an HF config's id2label), else the run's dataset's; or None."""
+  config = loaded.config
+  return (image_files.name_classes(labels_file) or loaded.class_names or
+          (image_files.name_classes("", config.dataset, config.data_dir or
+                                    None) if config else None))
 
 
 def fold_input_normalization(loaded, mean, std):

@@ -44,6 +44,20 @@ def parse_source(source):
 
 
 FILE_SUFFIXES = (".npz", ".safetensors")
+# What vit_jax.export --format=stablehlo|onnx writes: a function, no params.
+FUNCTION_SUFFIXES = (".stablehlo", ".onnx")
+
+
+def refuse_unreadable(path):
+  """An InputError for files that hold no params vit_jax reads: PyTorch
+  pickles (torch_files.refuse_pickle) and exported functions."""
+  if path.endswith(torch_files.PICKLE_SUFFIXES):
+    torch_files.refuse_pickle(path)
+  if path.endswith(FUNCTION_SUFFIXES):
+    raise errors.InputError(
+        f"{path} is a model exported as a function (StableHLO or ONNX), "
+        "which holds no params to read: give the run or the file it was "
+        "exported from")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +86,7 @@ def load(source, num_heads=None):
   found = local(source)
   path, step = parse_source(found.path)
   num_heads = num_heads or found.num_heads
-  if path.endswith(torch_files.PICKLE_SUFFIXES):
-    torch_files.refuse_pickle(path)
+  refuse_unreadable(path)
   if step is not None and (path.endswith(FILE_SUFFIXES) or
                            torch_files.is_hf_dir(path)):
     raise errors.InputError(f"{source!r}: only a workdir has steps")
@@ -124,8 +137,7 @@ def source_options(source):
   directory's config.json): no array is read, which `initial_params` then
   does once."""
   path, _ = parse_source(local(source).path)
-  if path.endswith(torch_files.PICKLE_SUFFIXES):
-    torch_files.refuse_pickle(path)
+  refuse_unreadable(path)
   if path.endswith(".npz"):
     shapes = flax.traverse_util.flatten_dict(npz.read_shapes(path), sep="/")
     return {**_function(shapes), **models.architecture_of(shapes)}

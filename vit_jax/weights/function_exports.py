@@ -1,0 +1,155 @@
+"""A model exported as a function that runs without vit_jax
+(vit_jax.export --format=stablehlo|onnx).
+
+Both formats hold the same function with the params baked in: uint8 RGB
+pixels [batch, S, S, 3] at the model's resolution S in (any batch size),
+scaled to [-1, 1] inside, and three float32 outputs: the logits, the
+pre-logits (what the head reads: few-shot and retrieval use them) and the
+softmax probabilities. Each carries the same signature (a JSON object:
+inputs, outputs, the resize the run's evaluation made, the class names).
+
+  stablehlo  jax.export's serialized module, lowered for the platforms
+             asked, in a zip beside the signature; vit_jax/serving.py (JAX
+             and numpy only) loads and runs it.
+  onnx       an ONNX model made by jax2onnx (an optional dependency: the
+             `onnx` extra), the signature in its metadata under
+             "vit_jax.signature"; ONNX Runtime and others run it.
+"""
+
+import contextlib
+import io
+import json
+import zipfile
+
+import jax
+import jax.numpy as jnp
+from jax import export as jax_export
+
+from vit_jax import errors, paths, serving
+
+OUTPUTS = {
+    "logits": "float32 [batch, classes]: the head's output",
+    "pre_logits": "float32 [batch, width]: what the head reads",
+    "probabilities": "float32 [batch, classes]: the softmax of the logits",
+}
+ONNX_METADATA_KEY = "vit_jax.signature"
+# ONNX's opset for jax2onnx to target: ONNX Runtime 1.20 and later run it.
+ONNX_OPSET = 21
+
+
+def inference_function(inference):
+  """pixels (uint8 [batch, S, S, 3]) -> (logits, pre_logits,
+  probabilities), the params of `inference` (a pretrained.Inference)
+  closed over as constants."""
+  model, params = inference
+  params = jax.tree.map(jnp.asarray, params)
+
+  def infer(pixels):
+    logits, state = model.apply({"params": params}, pixels, train=False,
+                                mutable=["intermediates"])
+    (pre_logits,) = state["intermediates"]["features"]
+    return logits, pre_logits.astype(jnp.float32), jax.nn.softmax(logits)
+
+  return infer
+
+
+def signature(inference, class_names, platforms=None):
+  """What the exported function takes and gives, for its reader."""
+  size = inference.image_size
+  widths = jax.eval_shape(inference_function(inference),
+                          jax.ShapeDtypeStruct((1, size, size, 3),
+                                               jnp.uint8))
+  return {
+      "format": serving.FORMAT,
+      "format_version": serving.FORMAT_VERSION,
+      "source": inference.what,
+      "image_size": size,
+      "crop_fraction": inference.crop_fraction,
+      "inputs": {"pixels": {
+          "dtype": "uint8", "shape": ["batch", size, size, 3],
+          "meaning": "RGB in [0, 255], resized as `resize` says"}},
+      "resize": (
+          "bilinear with half-pixel centres, rounded to uint8 (TensorFlow's "
+          "tf.image.resize), to image_size; with crop_fraction f < 1, to "
+          "round(image_size / f), then the central image_size square"),
+      "outputs": {name: {"dtype": "float32",
+                         "shape": ["batch", shape.shape[-1]],
+                         "meaning": OUTPUTS[name]}
+                  for name, shape in zip(OUTPUTS, widths)},
+      "platforms": list(platforms or []),
+      "jax_version": jax.__version__,
+      "class_names": list(class_names) if class_names else None,
+  }
+
+
+def _pixels_of_any_batch(inference):
+  size = inference.image_size
+  return jax.ShapeDtypeStruct(
+      jax_export.symbolic_shape(f"batch, {size}, {size}, 3"), jnp.uint8)
+
+
+def write_stablehlo(inference, out, class_names=None, platforms=("cpu",)):
+  """Writes `out`: serving.py's zip of the module and its signature."""
+  platforms = tuple(platforms)
+  unknown = set(platforms) - {"cpu", "tpu", "cuda", "rocm"}
+  if unknown or not platforms:
+    raise errors.InputError(
+        f"--platforms takes cpu, tpu, cuda or rocm, got "
+        f"{','.join(platforms) or 'none'}")
+  exported = jax_export.export(jax.jit(inference_function(inference)),
+                               platforms=platforms)(
+                                   _pixels_of_any_batch(inference))
+  described = signature(inference, class_names, platforms)
+  with paths.writing(out) as local:
+    with zipfile.ZipFile(local, "w", zipfile.ZIP_STORED) as archive:
+      archive.writestr(serving.MODULE, bytes(exported.serialize()))
+      archive.writestr(serving.SIGNATURE, json.dumps(described, indent=1))
+
+
+def write_onnx(inference, out, class_names=None):
+  """Writes `out`: the ONNX model, its signature in its metadata."""
+  try:
+    import jax2onnx  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise errors.InputError(
+        "--format=onnx needs jax2onnx, which vit_jax does not install by "
+        "default: pip install 'vit_jax[onnx]'") from e
+  # jax2onnx prints its own debugging lines: shown only if it fails.
+  chatter = io.StringIO()
+  try:
+    with contextlib.redirect_stdout(chatter):
+      proto = jax2onnx.to_onnx(
+          inference_function(inference), [_pixels_of_any_batch(inference)],
+          model_name="vit_jax", opset=ONNX_OPSET, input_names=["pixels"],
+          output_names=list(OUTPUTS))
+  except Exception:
+    print(chatter.getvalue()[-3000:])
+    raise
+  entry = proto.metadata_props.add()
+  entry.key = ONNX_METADATA_KEY
+  entry.value = json.dumps(signature(inference, class_names))
+  paths.write_atomically(out, proto.SerializeToString())
+
+
+STABLEHLO_SUFFIX = ".stablehlo"
+
+
+def load_stablehlo(path):
+  """serving.load of the file at `path` (local or a URL); an InputError
+  naming it where it is missing or not one of ours."""
+  file = paths.path(path)
+  if not file.is_file():
+    raise errors.InputError(f"{path} does not exist (a file written by "
+                            "vit_jax.export --format=stablehlo)")
+  try:
+    return serving.load(file.read_bytes())
+  except (ValueError, zipfile.BadZipFile) as e:
+    raise errors.InputError(f"{path}: {e}") from e
+
+
+def onnx_signature(proto):
+  """The signature an ONNX export of ours carries, or None."""
+  for entry in proto.metadata_props:
+    if entry.key == ONNX_METADATA_KEY:
+      return json.loads(entry.value)
+  return None
