@@ -31,8 +31,8 @@ if __name__ == "__main__":
   from vit_jax import cli
   cli.prepare()
 
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags, logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jax import export as jax_export  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from vit_jax import cli, paths
 from vit_jax.cli import shared_flags
@@ -80,7 +80,7 @@ def main(argv):
 
 
 def default_platforms():
-  here = jax.default_backend()
+  here = jax_export.default_export_platform()  # "cuda", where JAX says "gpu"
   return ["cpu"] + ([here] if here != "cpu" else [])
 
 

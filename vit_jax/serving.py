@@ -22,7 +22,6 @@ import io
 import json
 import zipfile
 
-import jax
 import numpy as np
 from jax import export
 
@@ -100,7 +99,7 @@ def load(file):
                        f"{signature.get('format_version')!r}; this loader "
                        f"reads {FORMAT!r} up to version {FORMAT_VERSION}")
     exported = export.deserialize(bytearray(archive.read(MODULE)))
-  platform = jax.default_backend()
+  platform = export.default_export_platform()  # "cuda", where JAX says "gpu"
   if platform not in exported.platforms:
     raise ValueError(f"exported for {', '.join(exported.platforms)}, not "
                      f"this machine's {platform}: export again with "
