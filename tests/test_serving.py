@@ -225,3 +225,21 @@ def test_an_exported_function_is_no_source_of_params(digits_export):
   for read in (pretrained.load, pretrained.source_options):
     with pytest.raises(errors.InputError, match="exported as a function"):
       read(out)
+
+
+def test_one_module_serves_each_platform_it_was_lowered_for(digits_export,
+                                                            tmp_path):
+  inference, pixels, expected, _, _ = digits_export
+  both = str(tmp_path / "both.stablehlo")
+  function_exports.write_stablehlo(inference, both,
+                                   platforms=("cpu", "tpu", "cuda"))
+  served = serving.load(both)
+  assert served.signature["platforms"] == ["cpu", "tpu", "cuda"]
+  np.testing.assert_allclose(served.probabilities(pixels[:3]), expected[:3],
+                             atol=1e-5)
+  tpu = str(tmp_path / "tpu.stablehlo")
+  function_exports.write_stablehlo(inference, tpu, platforms=("tpu",))
+  with pytest.raises(ValueError, match="--platforms=cpu"):
+    serving.load(tpu)
+  with pytest.raises(errors.InputError, match="cpu, tpu, cuda or rocm"):
+    function_exports.write_stablehlo(inference, tpu, platforms=("gpu",))
