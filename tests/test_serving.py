@@ -14,7 +14,7 @@ import pytest
 
 from tests import test_todays_checkpoints as todays
 from tests.test_torch_interchange import random_tensors, write_hf_dir
-from tests.util import REPO, run_tool
+from tests.util import REPO, made_once, run_tool
 from vit_jax import errors, serving
 from vit_jax.analysis import classify
 from vit_jax.data import image_files, preprocess
@@ -54,10 +54,14 @@ def digits_export(digits_run, tmp_path_factory):
   """(inference, 64 test images as pixels, predict's probabilities, the
   StableHLO file, the run's PNGs) of the digits run."""
   workdir, pngs, _, _ = digits_run
-  out = str(tmp_path_factory.mktemp("export") / "digits.stablehlo")
-  stdout = run_tool("export", f"--workdir={workdir}", "--format=stablehlo",
-                    f"--out={out}")
-  assert "serving.load" in stdout
+
+  def make(directory):
+    stdout = run_tool("export", f"--workdir={workdir}", "--format=stablehlo",
+                      f"--out={directory}/digits.stablehlo")
+    assert "serving.load" in stdout
+
+  out = os.path.join(made_once(tmp_path_factory, "digits_stablehlo", make),
+                     "digits.stablehlo")
   inference = pretrained.for_inference(workdir)
   files = image_files.expand([pngs])[:max(BATCHES)]
   pixels = image_files.from_files(files, inference.image_size,
