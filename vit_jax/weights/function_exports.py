@@ -23,6 +23,7 @@ import zipfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import export as jax_export
 
 from vit_jax import errors, paths, serving
@@ -33,6 +34,9 @@ OUTPUTS = {
     "probabilities": "float32 [batch, classes]: the softmax of the logits",
 }
 ONNX_METADATA_KEY = "vit_jax.signature"
+# What one file of either format holds: jax.export writes a flatbuffer, ONNX
+# a protobuf, each at most 2 GiB, and the weights are inside.
+MAX_BYTES = 2**31
 # ONNX's opset for jax2onnx to target: ONNX Runtime 1.20 and later run it.
 ONNX_OPSET = 21
 
@@ -82,6 +86,17 @@ def signature(inference, class_names, platforms=None):
   }
 
 
+def check_size(inference):
+  """An InputError where the float32 weights cannot fit in one file."""
+  size = sum(np.asarray(x).size * 4 for x in jax.tree.leaves(inference.params))
+  if size >= MAX_BYTES:
+    raise errors.InputError(
+        f"{inference.what}: its float32 weights take "
+        f"{paths.describe_bytes(size)}, more than the 2 GiB that one "
+        "StableHLO or ONNX file holds (jax.export writes a flatbuffer, ONNX "
+        "a protobuf); export --format=npz, hf or timm instead")
+
+
 def _pixels_of_any_batch(inference):
   size = inference.image_size
   return jax.ShapeDtypeStruct(
@@ -90,6 +105,7 @@ def _pixels_of_any_batch(inference):
 
 def write_stablehlo(inference, out, class_names=None, platforms=("cpu",)):
   """Writes `out`: serving.py's zip of the module and its signature."""
+  check_size(inference)
   platforms = tuple(platforms)
   unknown = set(platforms) - {"cpu", "tpu", "cuda", "rocm"}
   if unknown or not platforms:
@@ -108,6 +124,7 @@ def write_stablehlo(inference, out, class_names=None, platforms=("cpu",)):
 
 def write_onnx(inference, out, class_names=None):
   """Writes `out`: the ONNX model, its signature in its metadata."""
+  check_size(inference)
   try:
     import jax2onnx  # pylint: disable=g-import-not-at-top
   except ImportError as e:
