@@ -1,5 +1,6 @@
 """python -m vit_jax.predict --workdir=DIR | --from=SOURCE --images=PATH,... [--labels=FILE]
 python -m vit_jax.predict --from=FILE.stablehlo --images=PATH,...
+python -m vit_jax.predict --from=SOURCE --features [--json] IMAGES
 
 The top classes of a trained model on your images, with probabilities.
 Images (PNG, JPEG, GIF, BMP files, folders of them, or glob patterns; also
@@ -9,6 +10,9 @@ from the TFDS label names of --dataset (default: the run's dataset), else
 from the checkpoint (an HF model's id2label), else they are class numbers.
 The model runs in float32 on one device. A .stablehlo source is a model
 that vit_jax.export wrote: its own module runs, with its class names.
+With --features, the pooled features that the head reads instead (its
+pre_logits output; vit_jax/analysis/features.py), for any model, headless
+ones included (a SigLIP tower, a DINOv2, a timm model saved without head).
 """
 
 if __name__ == "__main__":
@@ -19,7 +23,7 @@ if __name__ == "__main__":
 from absl import app, flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from vit_jax import cli
-from vit_jax.analysis import classify
+from vit_jax.analysis import classify, features
 from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
 from vit_jax.weights import function_exports
@@ -31,6 +35,9 @@ flags.DEFINE_integer("top", 5, "How many classes to show per image.",
 flags.DEFINE_integer("batch_size", 64, "Images per forward pass.")
 flags.DEFINE_bool("json", False, "One JSON object per image instead of "
                   "text.")
+flags.DEFINE_bool("features", False, "The features the head reads (the "
+                  "pooled output, as a headless tower gives it) instead of "
+                  "classes; --top and --labels are then unused.")
 
 
 def main(argv):
@@ -40,6 +47,11 @@ def main(argv):
     raise app.UsageError("no images: give --images=PATH,... or paths")
   files = image_files.expand(paths)
   source = shared_flags.source_from_flags()
+  if f.features:
+    show = features.as_json if f.json else features.as_text
+    for path, row in zip(files, features_of(source, files)):
+      print(show(path, row))
+    return
   if source.endswith(function_exports.STABLEHLO_SUFFIX):
     probabilities, names = exported(source, files)
   else:
@@ -60,6 +72,20 @@ def inferred(files):
       f.labels, *inference.data(f.dataset, f.data_dir),
       num_classes=inference.model.num_classes) or inference.class_names)
   return classify.probabilities(inference, pixels, f.batch_size), names
+
+
+def features_of(source, files):
+  """float32 features [N, width] of `source`'s model on the images."""
+  f = flags.FLAGS
+  if source.endswith(function_exports.STABLEHLO_SUFFIX):
+    served = function_exports.load_stablehlo(source)
+    pixels = image_files.from_files(files, served.image_size,
+                                    served.crop_fraction)
+    return features.of_export(served, pixels, f.batch_size)
+  inference = shared_flags.model_from_flags(features=True)
+  pixels = image_files.from_files(files, inference.image_size,
+                                  inference.crop_fraction)
+  return features.features(inference, pixels, f.batch_size)
 
 
 def exported(source, files):

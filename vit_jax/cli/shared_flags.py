@@ -72,10 +72,11 @@ def source_from_flags():
   return f["from"].value
 
 
-def model_from_flags():
+def model_from_flags(features=False):
   """pretrained.for_inference of the model define_model_source's flags
-  name."""
-  return pretrained.for_inference(source_from_flags(), flags.FLAGS.num_heads)
+  name (`features`: a headless one too, for its features only)."""
+  return pretrained.for_inference(source_from_flags(), flags.FLAGS.num_heads,
+                                  features)
 
 
 def floats(values, flag):

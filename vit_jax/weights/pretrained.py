@@ -287,27 +287,33 @@ class Inference:
             data_dir or (config.data_dir if config else "") or None)
 
 
-def for_inference(source, num_heads=None):
-  """inference_of(load(source, num_heads))."""
-  return inference_of(load(source, num_heads))
+def for_inference(source, num_heads=None, features=False):
+  """inference_of(load(source, num_heads), features)."""
+  return inference_of(load(source, num_heads), features)
 
 
-def inference_of(loaded):
+def inference_of(loaded, features=False):
   """The model of a Checkpoint, with its params.
 
   The architecture is read from the params' shapes (`models.from_params`),
   so a file needs no config, and the function from the source. (An .npz
   whose position embedding has no params, "sincos2d" or "none", needs its
   run's workdir instead.) A source with no classification head (an HF
-  ViTModel, a timm model saved without one) is refused: fine-tune it with
-  init_from.
+  ViTModel, a SigLIP tower, a DINOv2, a timm model saved without one) is
+  refused, unless only its `features` are wanted (what the head would
+  read, vit_jax.analysis.features): then it gets a head of no classes
+  (`placeholder_head`).
   """
   config = loaded.config
-  if "head" not in loaded.params:
+  if "head" not in loaded.params and not features:
     raise errors.InputError(
-        f"{loaded.what} has no classification head (an HF ViTModel or a "
-        "headless timm model): give it to config.init_from to fine-tune one")
+        f"{loaded.what} has no classification head (an HF ViTModel, a "
+        "SigLIP tower, a DINOv2 or a headless timm model): compute its "
+        "features (python -m vit_jax.predict --features), or give it to "
+        "config.init_from to fine-tune one")
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), loaded.params)
+  if "head" not in params:
+    params = {**params, "head": placeholder_head(params)}
   model, image_size = models.from_params(
       params, config.model.get("posemb") if config else None,
       layer_norm_epsilon=loaded.function["layer_norm_epsilon"],
@@ -315,3 +321,15 @@ def inference_of(loaded):
   image_size = image_size or config.image_size
   return Inference(model, params, image_size, loaded.what, config,
                    loaded.class_names)
+
+
+def placeholder_head(params):
+  """A linear head of no classes for headless release-layout `params`:
+  `models.from_params` reads the model from them as it is (num_classes 0),
+  and the features the head reads are computed as for any model, while
+  its logits are empty."""
+  pre_logits = params.get("pre_logits")
+  width = (pre_logits["kernel"] if pre_logits else
+           params["embedding"]["kernel"]).shape[-1]
+  return {"kernel": np.zeros((width, 0), np.float32),
+          "bias": np.zeros((0,), np.float32)}
