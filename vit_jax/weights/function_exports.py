@@ -37,7 +37,7 @@ ONNX_METADATA_KEY = "vit_jax.signature"
 # What one file of either format holds: jax.export writes a flatbuffer, ONNX
 # a protobuf, each at most 2 GiB, and the weights are inside.
 MAX_BYTES = 2**31
-# ONNX's opset for jax2onnx to target: ONNX Runtime 1.20 and later run it.
+# The ONNX opset jax2onnx targets (the tests run it in ONNX Runtime 1.32).
 ONNX_OPSET = 21
 
 
