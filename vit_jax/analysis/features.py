@@ -17,6 +17,8 @@ import json
 import jax
 import numpy as np
 
+from vit_jax import models
+
 
 def features(inference, images, batch_size=64):
   """float32 features [N, width] of the model on `images` (uint8 pixels,
@@ -38,12 +40,8 @@ def of_export(served, pixels, batch_size=64):
 
 @functools.lru_cache(maxsize=4)
 def _apply(model):
-  def pre_logits(params, images):
-    _, state = model.apply({"params": params}, images, train=False,
-                           mutable=["intermediates"])
-    (sown,) = state["intermediates"]["features"]
-    return sown
-  return jax.jit(pre_logits)
+  return jax.jit(lambda params, images: models.logits_and_pre_logits(
+      model, params, images)[1])
 
 
 def as_json(path, row):

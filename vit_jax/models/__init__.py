@@ -12,6 +12,7 @@ from vit_jax.models.vit import (
   MaskedPatchViT,
   VisionTransformer,
   ViTConfig,
+  logits_and_pre_logits as logits_and_pre_logits,  # For the model's users.
 )
 
 # Where the release layout keeps the position embedding ("learn"), and where

@@ -494,6 +494,15 @@ class ClassifierHead(nn.Module):
     return logits.astype(jnp.float32)
 
 
+def logits_and_pre_logits(model, params, images):
+  """(logits, pre-logits) of a VisionTransformer on `images`, evaluated:
+  what its head gives, and what its head reads (ClassifierHead sows it)."""
+  logits, state = model.apply({"params": params}, images, train=False,
+                              mutable=["intermediates"])
+  (pre_logits,) = state["intermediates"]["features"]
+  return logits, pre_logits
+
+
 class MAPHead(nn.Module):
   """Multi-head attention pooling: a learned probe attends to the tokens,
   then a residual MLP on what it gathered (big_vision's MAPHead, the

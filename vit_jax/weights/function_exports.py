@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 
-from vit_jax import errors, paths, serving
+from vit_jax import errors, models, paths, serving
 
 OUTPUTS = {
     "logits": "float32 [batch, classes]: the head's output",
@@ -49,9 +49,7 @@ def inference_function(inference):
   params = jax.tree.map(jnp.asarray, params)
 
   def infer(pixels):
-    logits, state = model.apply({"params": params}, pixels, train=False,
-                                mutable=["intermediates"])
-    (pre_logits,) = state["intermediates"]["features"]
+    logits, pre_logits = models.logits_and_pre_logits(model, params, pixels)
     return logits, pre_logits.astype(jnp.float32), jax.nn.softmax(logits)
 
   return infer

@@ -16,7 +16,7 @@ repository whose weights are PyTorch pickles only is refused: vit_jax
 never unpickles.
 
 A run records the commit its name resolved to (`Found.name`): its
-config.json holds `hf://ORG/NAME@COMMIT`, and a resume that names the same
+config holds `hf://ORG/NAME@COMMIT`, and a resume that names the same
 repository keeps it (`as_recorded`).
 """
 

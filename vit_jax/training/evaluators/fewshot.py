@@ -14,7 +14,7 @@ l2_regs; heldout_per_class. Logs NAME/<dataset>_<k>shot.
 import numpy as np
 from absl import logging
 
-from vit_jax import errors
+from vit_jax import errors, models
 from vit_jax.training.evaluators import batches
 
 DEFAULTS = dict(
@@ -58,9 +58,9 @@ class FewShot:
     self.program = program
 
     def features(params, batch):
-      _, state = program.model.apply({"params": params}, batch["image"],
-                                     train=False, mutable=["intermediates"])
-      return {"features": state["intermediates"]["features"][0],
+      _, pre_logits = models.logits_and_pre_logits(program.model, params,
+                                                   batch["image"])
+      return {"features": pre_logits,
               "label": batch["label"], "mask": batch["mask"]}
 
     self.features = batches.jit(program, features)
