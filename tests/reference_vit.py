@@ -138,7 +138,6 @@ def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
   embedding (`Transformer/registers`), layer-normalised queries and keys
   per head, and with classifier "map" a probe's attention pooling and MLP
   (`MAPHead_0/`)."""
-  ln = lambda x, p: _layer_norm(x, p, eps)
   flat = {k: np.asarray(v, np.float64) for k, v in flat.items()}
   images = np.asarray(images, np.float64)
   if "conv_root/kernel" in flat:
@@ -162,6 +161,16 @@ def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
                         x[:, num_prefix:]], axis=1)
     num_prefix += registers.shape[1]
 
+  return _blocks_and_head(flat, x, num_prefix, classifier, eps, gelu)
+
+
+def _blocks_and_head(flat, x, num_prefix, classifier, eps, gelu,
+                     features=False):
+  """The encoder blocks over embedded tokens x [n, tokens, D] (the first
+  `num_prefix` the class token and registers), the final norm, the pooling
+  and the head: logits, or what the head reads (`features`)."""
+  ln = lambda x, p: _layer_norm(x, p, eps)
+  n = x.shape[0]
   num_layers = len({k.split("/")[1] for k in flat
                     if k.startswith("Transformer/encoderblock_")})
   for i in range(num_layers):
@@ -192,7 +201,70 @@ def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
     x = ln(x, _sub(flat, "fc_norm/"))
   if "pre_logits/kernel" in flat:
     x = np.tanh(x @ flat["pre_logits/kernel"] + flat["pre_logits/bias"])
+  if features:
+    return x
   return x @ flat["head/kernel"] + flat["head/bias"]
+
+
+def _resize_matrix(out_size, in_size):
+  """[out_size, in_size]: torch's bilinear interpolate with antialias=True
+  and align_corners=False along one axis, written from its algorithm: each
+  output's centre in input pixels, a triangle filter stretched by the
+  shrink factor when shrinking, its taps in a window around the centre,
+  normalised to sum to 1."""
+  scale = in_size / out_size
+  support = max(scale, 1.0)
+  matrix = np.zeros((out_size, in_size))
+  for i in range(out_size):
+    centre = scale * (i + 0.5)
+    first = max(int(centre - support + 0.5), 0)
+    last = min(int(centre + support + 0.5), in_size)
+    for j in range(first, last):
+      matrix[i, j] = max(0.0, 1.0 - abs((j - centre + 0.5) / support))
+    matrix[i] /= matrix[i].sum()
+  return matrix
+
+
+def forward_naflex(flat, patches, grid, classifier="token", eps=1e-6,
+                   gelu="tanh", features=False):
+  """Logits (or `features`) of one image seen NaFlex-style, float64: its
+  patches [rows * cols, p * p * 3] (row-major; each patch flattened as
+  row, column, channel) in the model's input range, at grid (rows, cols),
+  with no padding at all. The learned position table (square, or the
+  "learn2d" row and column tables) is resized to the grid with
+  `_resize_matrix`; the rest is `forward`'s."""
+  flat = {k: np.asarray(v, np.float64) for k, v in flat.items()}
+  rows, cols = grid
+  kernel = flat["embedding/kernel"]
+  x = np.asarray(patches, np.float64)[:rows * cols] @ kernel.reshape(
+      -1, kernel.shape[-1]) + flat["embedding/bias"]
+  width = x.shape[-1]
+  num_prefix = int(classifier == "token")
+  if "Transformer/posembed_input/pos_embedding" in flat:
+    table = flat["Transformer/posembed_input/pos_embedding"][0]
+    prefix_posemb, table = table[:num_prefix], table[num_prefix:]
+    side = int(round(np.sqrt(len(table))))
+    table = table.reshape(side, side, width)
+    posemb = np.einsum("ia,abd,jb->ijd", _resize_matrix(rows, side), table,
+                       _resize_matrix(cols, side)).reshape(-1, width)
+  else:  # "learn2d"
+    row = flat["Transformer/posembed_input/row_embedding"]
+    col = flat["Transformer/posembed_input/col_embedding"]
+    row = _resize_matrix(rows, len(row)) @ row
+    col = _resize_matrix(cols, len(col)) @ col
+    posemb = np.concatenate([np.repeat(row, cols, axis=0),
+                             np.tile(col, (rows, 1))], axis=1)
+    prefix_posemb = flat.get("Transformer/posembed_input/token_embedding",
+                             np.zeros((0, width)))
+  x = x + posemb
+  if classifier == "token":
+    x = np.concatenate([flat["cls"][0] + prefix_posemb, x])
+  registers = flat.get("Transformer/registers")
+  if registers is not None:
+    x = np.concatenate([x[:num_prefix], registers[0], x[num_prefix:]])
+    num_prefix += registers.shape[1]
+  return _blocks_and_head(flat, x[None], num_prefix, classifier, eps, gelu,
+                          features)[0]
 
 
 def _linear(t, name, x):

@@ -12,6 +12,7 @@ from vit_jax.models.vit import (
   MaskedPatchViT,
   VisionTransformer,
   ViTConfig,
+  grid_side as grid_side,  # Also read by weights/.
   logits_and_pre_logits as logits_and_pre_logits,  # For the model's users.
 )
 
@@ -149,17 +150,6 @@ def architecture_of(flat):
       layer_scale=1.0 if _BLOCK_0 + "ls1" in flat else None,
       qk_norm=(_BLOCK_0 + "MultiHeadDotProductAttention_1/query_norm/scale"
                in flat))
-
-
-def grid_side(num_patches, what="the patches"):
-  """g for a square g x g grid of `num_patches`; an InputError naming `what`
-  holds them otherwise."""
-  side = int(round(np.sqrt(num_patches)))
-  if side * side != num_patches:
-    raise errors.InputError(
-        f"{what}: {num_patches} patch positions do not form a "
-        "square grid")
-  return side
 
 
 def from_params(params, posemb=None, **function):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import errors, sharding
-from vit_jax.models import masked_patches as mpp_lib, resnet
+from vit_jax.models import masked_patches as mpp_lib, naflex, resnet
 
 Dtype = Any
 
@@ -152,12 +152,14 @@ def _layer_norm(name, config):
 class Attention(nn.Module):
   """Multi-head attention of `x`'s tokens to `kv`'s (default: `x`'s own);
   q/k/v kernels are (D, heads, D/heads). `record`: keep the weights for the
-  Section 4.5 figures (the blocks' attention, not a pooling head's)."""
+  Section 4.5 figures (the blocks' attention, not a pooling head's).
+  `mask` [N, keys] bool: the keys that may be attended to (NaFlex's real
+  tokens, which come first), or None for all."""
   config: ViTConfig
   record: bool = True
 
   @nn.compact
-  def __call__(self, x, *, train, kv=None):
+  def __call__(self, x, *, train, kv=None, mask=None):
     config = self.config
     width = x.shape[-1]
     head_dim = width // config.num_heads
@@ -181,7 +183,7 @@ class Attention(nn.Module):
 
     if config.attention == "fused":
       out = _fused_attention(project("query"), project("key"),
-                             project("value"))
+                             project("value"), mask)
       return _attention_out(out, width, config)
 
     # Heads before tokens, [..., heads, tokens, head_dim], for both
@@ -193,6 +195,11 @@ class Attention(nn.Module):
     # Softmax in float32 whatever the compute dtype: bf16 logits lose the
     # small differences that attention depends on.
     logits = jnp.einsum("...hqd,...hkd->...hqk", q, k).astype(jnp.float32)
+    if mask is not None:
+      # The lowest finite logit, not -inf: a row with no key to attend to
+      # (a batch's empty rows) averages rather than gives NaN.
+      logits = jnp.where(mask[:, None, None, :], logits,
+                         jnp.finfo(jnp.float32).min)
     weights = nn.softmax(logits / jnp.sqrt(head_dim).astype(jnp.float32))
     if self.record:  # The Section 4.5 figures: distance, rollout.
       self.sow("intermediates", "attention_weights", weights)
@@ -213,13 +220,15 @@ def _attention_out(out, width, config):
       name="out")(out)
 
 
-def _fused_attention(query, keys, values):
+def _fused_attention(query, keys, values, mask=None):
   """jax.nn.dot_product_attention of [N, tokens, heads, head_dim] inputs:
-  cuDNN's kernel where it runs (NVIDIA GPUs, half precision), else XLA's."""
+  cuDNN's kernel where it runs (NVIDIA GPUs, half precision), else XLA's.
+  `mask` [N, keys]: the real keys, which come first."""
   if jax.default_backend() != "gpu" or query.dtype not in (jnp.bfloat16,
                                                             jnp.float16):
-    return jax.nn.dot_product_attention(query, keys, values,
-                                        implementation="xla")
+    return jax.nn.dot_product_attention(
+        query, keys, values, implementation="xla",
+        mask=None if mask is None else mask[:, None, None, :])
   # cuDNN trains on even token counts only (a ViT has 197 tokens): pad the
   # queries and keys with one token each, masked out, and drop its output.
   tokens, key_tokens = query.shape[1], keys.shape[1]
@@ -228,11 +237,12 @@ def _fused_attention(query, keys, values):
     return jnp.pad(x, [(0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)])
 
   batch = query.shape[0]
+  key_lengths = (jnp.full((batch,), key_tokens, jnp.int32) if mask is None
+                 else mask.sum(-1).astype(jnp.int32))
   out = jax.nn.dot_product_attention(
       even(query), even(keys), even(values),
       query_seq_lengths=jnp.full((batch,), tokens, jnp.int32),
-      key_value_seq_lengths=jnp.full((batch,), key_tokens, jnp.int32),
-      implementation="cudnn")
+      key_value_seq_lengths=key_lengths, implementation="cudnn")
   return out[:, :tokens]
 
 
@@ -261,12 +271,13 @@ class EncoderBlock(nn.Module):
   """Pre-LN block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'.
 
   Returns (z, None), the form nn.scan takes; `train` is positional so that
-  nn.remat can hold it static.
+  nn.remat can hold it static. `mask` [N, tokens]: the real tokens
+  (NaFlex), or None.
   """
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x, train):
+  def __call__(self, x, train, mask=None):
     # Each block's input split over the batch like the batch itself: left
     # to itself, XLA may replicate the batch inside a layer scan rather than
     # gather a weight, and need tens of GiB per device.
@@ -274,7 +285,7 @@ class EncoderBlock(nn.Module):
     # One counter across module types, as in the release files.
     y = _layer_norm("LayerNorm_0", self.config)(x)
     y = Attention(config=self.config, name="MultiHeadDotProductAttention_1")(
-        y, train=train)
+        y, train=train, mask=mask)
     y = nn.Dropout(self.config.dropout_rate)(y, deterministic=not train)
     x = x + self._scaled("ls1", y)
     y = _layer_norm("LayerNorm_2", self.config)(x)
@@ -292,18 +303,25 @@ class EncoderBlock(nn.Module):
 
 
 def sincos2d_table(rows, cols, width, temperature=10_000.0):
-  """[rows * cols, width] fixed embeddings, row-major over the patch grid:
-  sines and cosines of the row index, then of the column index, at width/4
-  geometrically spaced frequencies each."""
+  """[rows * cols, width] fixed embeddings, row-major over the patch grid
+  (`sincos2d`'s)."""
+  row, col = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+  return sincos2d(row.reshape(-1), col.reshape(-1), width, temperature,
+                  xp=np).astype(np.float32)
+
+
+def sincos2d(row, col, width, temperature=10_000.0, xp=jnp):
+  """[..., width] fixed embeddings of patches at (row, col): sines and
+  cosines of the row index, then of the column index, at width/4
+  geometrically spaced frequencies each. `xp`: numpy or jax.numpy."""
   if width % 4:
     raise errors.InputError(
         f"posemb 'sincos2d' needs a hidden_size divisible by 4, "
         f"got {width}")
   omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4))
-  row, col = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
-  angles = [index.reshape(-1, 1) * omega for index in (row, col)]
-  return np.concatenate([f(a) for a in angles for f in (np.sin, np.cos)],
-                        axis=1).astype(np.float32)
+  angles = [xp.asarray(index)[..., None] * omega for index in (row, col)]
+  return xp.concatenate([f(a) for a in angles for f in (xp.sin, xp.cos)],
+                        axis=-1)
 
 
 class AddPositionEmbedding(nn.Module):
@@ -318,17 +336,25 @@ class AddPositionEmbedding(nn.Module):
     "sincos2d": fixed, `sincos2d_table`; zero for the class token.
     "none": nothing is added.
   grid: (rows, cols) of the patch grid; only the 2-D kinds read it.
+
+  A NaFlex batch (`naflex_grid`, [N, 2], each image's rows and cols, and
+  `class_tokens` before the patches) has no grid of its own: the learned
+  tables, made at a square image size, are resized to each image's grid
+  (naflex.position_weights), and "sincos2d" is computed at each patch's
+  place.
   """
   kind: str = "learn"
   grid: Optional[tuple] = None
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, naflex_grid=None, class_tokens=0):
     _, tokens, width = x.shape
     init = nn.initializers.normal(stddev=0.02)
     if self.kind == "none":
       return x
+    if naflex_grid is not None:
+      return x + self._resized(x, naflex_grid, class_tokens).astype(x.dtype)
     if self.kind == "learn":
       posemb = self.param("pos_embedding", _init(init, (None, None, "embed")),
                           (1, tokens, width), self.param_dtype)
@@ -354,6 +380,61 @@ class AddPositionEmbedding(nn.Module):
     posemb = jnp.concatenate([token.astype(table.dtype), table])
     return x + posemb[None].astype(x.dtype)
 
+  def _resized(self, x, grid, class_tokens):
+    """[N, tokens, D] float32 embeddings of a NaFlex batch's tokens."""
+    n, tokens, width = x.shape
+    rows, cols = naflex.patch_positions(grid, tokens - class_tokens)
+    grid = grid.astype(jnp.float32)
+    if self.kind == "sincos2d":
+      patches = sincos2d(rows, cols, width)
+      token = jnp.zeros((class_tokens, width))
+    elif self.kind == "learn":
+      table = self._trained("pos_embedding", (None, None, "embed"))[0]
+      side = grid_side(table.shape[0] - class_tokens,
+                       "the position table a NaFlex batch resizes")
+      token, square = table[:class_tokens], table[class_tokens:].reshape(
+          side, side, width)
+      patches = jnp.einsum(
+          "nla,abd,nlb->nld",
+          naflex.position_weights(rows, grid[:, :1], side), square,
+          naflex.position_weights(cols, grid[:, 1:], side))
+    else:  # "learn2d"
+      row, col = (self._trained(f"{name}_embedding", (None, None))
+                  for name in ("row", "col"))
+      patches = jnp.concatenate([
+          naflex.position_weights(rows, grid[:, :1], row.shape[0]) @ row,
+          naflex.position_weights(cols, grid[:, 1:], col.shape[0]) @ col],
+                                axis=-1)
+      token = (self._trained("token_embedding", (None, None))
+               if class_tokens else jnp.zeros((0, width)))
+    token = jnp.broadcast_to(token.astype(jnp.float32),
+                             (n, class_tokens, width))
+    return jnp.concatenate([token, patches.astype(jnp.float32)], axis=1)
+
+  def _trained(self, name, axes):
+    """A learned table as float32, at the shape its params already have: a
+    NaFlex batch cannot say what size it was made at."""
+    existing = self.get_variable("params", name)
+    if existing is None:
+      raise errors.InputError(
+          f"a NaFlex batch resizes the position table {name!r}, which the "
+          "params lack: initialise the model with square images (the run's "
+          "image_size), then apply it to patches")
+    shape = np.shape(nn.meta.unbox(existing))
+    return self.param(name, _init(nn.initializers.zeros, axes), shape,
+                      self.param_dtype).astype(jnp.float32)
+
+
+def grid_side(num_patches, what="the patches"):
+  """g for a square g x g grid of `num_patches`; an InputError naming `what`
+  holds them otherwise."""
+  side = int(round(np.sqrt(num_patches)))
+  if side * side != num_patches:
+    raise errors.InputError(
+        f"{what}: {num_patches} patch positions do not form a "
+        "square grid")
+  return side
+
 
 class Encoder(nn.Module):
   """Position embedding, then `num_layers` blocks (scanned and
@@ -362,12 +443,21 @@ class Encoder(nn.Module):
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x, *, train, grid=None):
-    """x: [N, tokens, D]; grid: the (rows, cols) of its patches."""
+  def __call__(self, x, *, train, grid=None, naflex_grid=None):
+    """x: [N, tokens, D]; grid: the (rows, cols) of its patches; for a
+    NaFlex batch, naflex_grid [N, 2] instead, each image's."""
     config = self.config
     x = AddPositionEmbedding(kind=config.posemb, grid=grid,
                              param_dtype=config.param_dtype,
-                             name="posembed_input")(x)
+                             name="posembed_input")(
+                                 x, naflex_grid, int(config.class_token))
+    mask = None
+    if naflex_grid is not None:  # The real tokens: the prefix and patches.
+      n, tokens, _ = x.shape
+      mask = jnp.concatenate([
+          jnp.ones((n, config.num_prefix_tokens), bool),
+          naflex.patch_mask(naflex_grid, tokens - int(config.class_token))],
+                             axis=1)
     if config.num_registers:
       registers = self.param(
           "registers", _init(nn.initializers.normal(stddev=0.02),
@@ -390,10 +480,10 @@ class Encoder(nn.Module):
           split_rngs={"params": True, "dropout": True},
           in_axes=nn.broadcast, length=config.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = block(config=config, name="encoderblock")(x, train)
+      x, _ = block(config=config, name="encoderblock")(x, train, mask)
     else:
       for i in range(config.num_layers):
-        x, _ = block(config=config, name=f"encoderblock_{i}")(x, train)
+        x, _ = block(config=config, name=f"encoderblock_{i}")(x, train, mask)
     if config.final_norm == "pooled":
       return x
     return _layer_norm("encoder_norm", config)(x)
@@ -415,6 +505,10 @@ class ImageEncoder(nn.Module):
   ResNet stem; the patch embedding; for masked patch prediction, a learned
   [mask] embedding that a `corruption` puts in when `mask_token`; the
   class token first for classifier "token"; then the Encoder.
+
+  A NaFlex batch (naflex.Patches) in place of images: each patch is
+  embedded by the same convolution, and the Encoder is told each image's
+  grid.
   """
   config: ViTConfig
   mask_token: bool
@@ -422,21 +516,30 @@ class ImageEncoder(nn.Module):
   @nn.compact
   def __call__(self, images, *, train, corruption=None):
     config = self.config
-    x = unit_range(images).astype(config.dtype)
-    if config.resnet_stages is not None:
-      x = resnet.stem(x, stages=config.resnet_stages,
-                      width=config.resnet_width, dtype=config.dtype,
-                      param_dtype=config.param_dtype)
     p = config.patch_size
-    x = nn.Conv(
+    embed = nn.Conv(
         config.hidden_size, (p, p), strides=(p, p), padding="VALID",
         dtype=config.dtype, param_dtype=config.param_dtype,
         kernel_init=_init(nn.initializers.lecun_normal(),
                           (None, None, None, "embed")),
         bias_init=_init(nn.initializers.zeros, ("embed",)),
-        name="embedding")(x)
-    n, h, w, d = x.shape
-    x = x.reshape(n, h * w, d)
+        name="embedding")
+    if isinstance(images, naflex.Patches):
+      n, length, _ = images.pixels.shape
+      x = unit_range(images.pixels).astype(config.dtype)
+      x = embed(x.reshape(n * length, p, p, -1)).reshape(n, length, -1)
+      grid = dict(naflex_grid=images.grid)
+    else:
+      x = unit_range(images).astype(config.dtype)
+      if config.resnet_stages is not None:
+        x = resnet.stem(x, stages=config.resnet_stages,
+                        width=config.resnet_width, dtype=config.dtype,
+                        param_dtype=config.param_dtype)
+      x = embed(x)
+      n, h, w, _ = x.shape
+      x = x.reshape(n, h * w, -1)
+      grid = dict(grid=(h, w))
+    d = x.shape[-1]
     if self.mask_token:
       mask = self.param(
           "mask_embedding", _init(nn.initializers.normal(stddev=0.02),
@@ -449,28 +552,33 @@ class ImageEncoder(nn.Module):
           "cls", _init(nn.initializers.zeros, (None, None, "embed")),
           (1, 1, d), config.param_dtype)
       x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
-    return Encoder(config=config, name="Transformer")(x, train=train,
-                                                      grid=(h, w))
+    return Encoder(config=config, name="Transformer")(x, train=train, **grid)
 
 
 class ClassifierHead(nn.Module):
   """Encoded tokens -> float32 logits [N, num_classes]: the class token
   ("token") or the mean of the tokens ("gap"), normalised when `final_norm`
   is "pooled" (timm's fc_norm), an optional tanh pre-logits layer of
-  `representation_size`, and a zero-initialised linear head."""
+  `representation_size`, and a zero-initialised linear head.
+  `patch_mask` [N, patches]: a NaFlex batch's real patches, the only ones
+  pooled."""
   num_classes: int
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, patch_mask=None):
     config = self.config
+    patches = x[:, config.num_prefix_tokens:]
     if config.classifier == "token":
       x = x[:, 0]
     elif config.classifier == "map":
-      x = MAPHead(config=config, name="MAPHead_0")(
-          x[:, config.num_prefix_tokens:])
+      x = MAPHead(config=config, name="MAPHead_0")(patches, patch_mask)
+    elif patch_mask is None:
+      x = patches.mean(axis=1)
     else:
-      x = x[:, config.num_prefix_tokens:].mean(axis=1)
+      count = jnp.maximum(patch_mask.sum(1, keepdims=True), 1)
+      x = jnp.where(patch_mask[..., None], patches, 0).sum(1) / count.astype(
+          patches.dtype)
     if config.final_norm == "pooled":
       x = _layer_norm("fc_norm", config)(x)
     if config.representation_size is not None:
@@ -510,7 +618,7 @@ class MAPHead(nn.Module):
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, mask=None):
     config = self.config
     probe = self.param("probe", _init(nn.initializers.xavier_uniform(),
                                       (None, None, "embed")),
@@ -521,7 +629,7 @@ class MAPHead(nn.Module):
     y = Attention(config=dataclasses.replace(config, qk_norm=False,
                                              attention="einsum"),
                   record=False, name="MultiHeadDotProductAttention_0")(
-                      probe, train=False, kv=x)
+                      probe, train=False, kv=x, mask=mask)
     z = _layer_norm("LayerNorm_0", config)(y)
     y = y + MlpBlock(config=config, name="MlpBlock_0")(z, train=False)
     return y[:, 0]
@@ -583,8 +691,12 @@ class VisionTransformer(nn.Module):
     nn.share_scope(self, self.classify)
 
   def __call__(self, images, *, train):
+    """images: NHWC, or a NaFlex batch (naflex.Patches)."""
     self.check_image_size(images)
-    return self.classify(self.encoder(images, train=train))
+    mask = None
+    if isinstance(images, naflex.Patches):
+      mask = naflex.patch_mask(images.grid, images.pixels.shape[1])
+    return self.classify(self.encoder(images, train=train), mask)
 
   @nn.nowrap
   def check_options(self):
@@ -650,11 +762,27 @@ class VisionTransformer(nn.Module):
 
   @nn.nowrap
   def check_image_size(self, images):
+    if isinstance(images, naflex.Patches):
+      return self.check_patches(images)
     height, width = images.shape[1:3]
     if height % self.token_stride or width % self.token_stride:
       raise errors.InputError(
           f"{self.describe_patch()} does not divide the image "
           f"size {height}x{width}")
+
+
+  @nn.nowrap
+  def check_patches(self, patches):
+    config = self.config
+    if config.resnet_stages is not None:
+      raise errors.InputError(
+          "a hybrid's ResNet stem reads whole images: it takes no NaFlex "
+          "patches")
+    size = config.patch_size ** 2 * 3
+    if patches.pixels.ndim != 3 or patches.pixels.shape[-1] != size:
+      raise errors.InputError(
+          f"NaFlex patches of shape {patches.pixels.shape}: "
+          f"{self.describe_patch()} takes [batch, patches, {size}]")
 
 
 class MaskedPatchViT(VisionTransformer):
@@ -681,6 +809,9 @@ class MaskedPatchViT(VisionTransformer):
     nn.share_scope(self, self.predict)
 
   def __call__(self, images, *, train, corruption=None):
+    if isinstance(images, naflex.Patches):
+      raise errors.InputError("masked patch prediction takes square images, "
+                              "not NaFlex patches")
     self.check_image_size(images)
     return self.predict(self.encoder(images, train=train,
                                      corruption=corruption))

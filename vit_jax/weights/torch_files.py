@@ -197,11 +197,9 @@ def _hf_model(directory):
         "DINOv2-g); vit_jax's blocks have a GELU MLP")
   if family == "siglip2" and not _is_square(config.get("num_patches", 256)):
     raise errors.InputError(
-        f"{directory}: a SigLIP 2 NaFlex tower of {config['num_patches']} "
-        "position embeddings, no square grid. vit_jax reads SigLIP 2 at a "
-        "fixed square resolution; NaFlex's native aspect ratios need a "
-        "patch mask and the position embedding resized per image, which "
-        "vit_jax's ViT does not compute")
+        f"{directory}: a SigLIP 2 tower of {config['num_patches']} "
+        "position embeddings, no square grid: SigLIP 2 keeps its position "
+        "table as a square that it resizes to each image's grid")
   function = {"layer_norm_epsilon": float(config.get("layer_norm_eps", eps)),
               "gelu": HF_GELU[act], "final_norm": "tokens"}
   return _HFModel(family, config, function)

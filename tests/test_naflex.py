@@ -1,0 +1,189 @@
+"""NaFlex: images at their own aspect ratio as padded patch sequences
+(vit_jax/models/naflex.py), checked against the float64 reference
+(tests/reference_vit.py's forward_naflex, which never sees padding)."""
+
+import json
+import pathlib
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import reference_vit
+from vit_jax import errors, models
+from vit_jax.models import naflex
+
+PATCH = 4
+TABLE = 4  # The position table's side: made at 16 x 16 images.
+SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64)
+
+
+def _model_and_params(seed=0, **overrides):
+  """A small model, its params randomised throughout (a fresh head, class
+  token or probe would hide what pooling reads)."""
+  model = models.create(f"S/{PATCH}", 5, **SMALL, **overrides)
+  params = flax.linen.meta.unbox(model.init(
+      jax.random.key(seed), jnp.zeros((1, TABLE * PATCH, TABLE * PATCH, 3)),
+      train=False)["params"])
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  leaves = [leaf + 0.3 * jax.random.normal(key, leaf.shape)
+            for leaf, key in zip(leaves, keys)]
+  return model, jax.tree.unflatten(tree, leaves)
+
+
+def _image(rows, cols, seed=0):
+  """Floats in [-1, 1] at a grid of rows x cols patches."""
+  return np.random.default_rng(seed).uniform(
+      -1, 1, (rows * PATCH, cols * PATCH, 3)).astype(np.float32)
+
+
+def _batch(images, budget):
+  pixels, grids = zip(*(naflex.patchify(image, PATCH, budget)
+                        for image in images))
+  return naflex.Patches(jnp.asarray(np.stack(pixels)),
+                        jnp.asarray(np.array(grids, np.int32)))
+
+
+def _features(model, params, batch):
+  return np.asarray(models.logits_and_pre_logits(model, params, batch)[1])
+
+
+def _flat(params):
+  return flax.traverse_util.flatten_dict(params, sep="/")
+
+
+# Three aspect ratios (1:1, 1:3, 16:9), each at two budgets: the grids the
+# processor's rule gives.
+SHAPES = [(64, 64), (30, 90), (90, 160)]
+BUDGETS = [12, 24]
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(classifier="map"),
+    dict(classifier="token", num_registers=2),
+    dict(classifier="gap", posemb="learn2d", layer_scale=0.5),
+], ids=["map", "token-registers", "gap-learn2d"])
+def test_features_match_the_float64_reference(overrides):
+  model, params = _model_and_params(**overrides)
+  flat = _flat(params)
+  for budget in BUDGETS:
+    grids = [naflex.grid_for(h, w, PATCH, budget) for h, w in SHAPES]
+    images = [_image(*grid, seed=i) for i, grid in enumerate(grids)]
+    ours = _features(model, params, _batch(images, budget))
+    for image, grid, row in zip(images, grids, ours):
+      patches, _ = naflex.patchify(image, PATCH, budget)
+      expected = reference_vit.forward_naflex(
+          flat, patches, grid, model.config.classifier, features=True)
+      error = np.abs(row - expected).max() / np.abs(expected).max()
+      assert error < 1e-5, (grid, budget, error)
+
+
+def test_the_grids_are_three_aspect_ratios():
+  """What the test above covers: grids shaped as their images, not all
+  squares, and bigger at the bigger budget."""
+  assert [naflex.grid_for(h, w, PATCH, 12) for h, w in SHAPES] == [
+      (3, 3), (2, 6), (3, 4)]
+  assert [naflex.grid_for(h, w, PATCH, 24) for h, w in SHAPES] == [
+      (4, 4), (3, 8), (4, 6)]
+
+
+def test_padding_changes_nothing():
+  """The same images padded to two lengths, beside different neighbours:
+  the same features, as if each were alone."""
+  model, params = _model_and_params(classifier="map")
+  images = [_image(2, 5, seed=3), _image(3, 3, seed=4)]
+  short = _features(model, params, _batch(images, 16))
+  long = _features(model, params, _batch(
+      [images[0], _image(4, 6, seed=5), images[1]], 40))
+  np.testing.assert_allclose(long[[0, 2]], short, rtol=1e-5, atol=1e-6)
+  # Garbage in the padding changes nothing either.
+  batch = _batch(images, 16)
+  noisy = batch.pixels + jnp.where(
+      naflex.patch_mask(batch.grid, 16)[..., None], 0, 7.0)
+  np.testing.assert_allclose(
+      _features(model, params, naflex.Patches(noisy, batch.grid)), short,
+      rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(classifier="token"), dict(classifier="gap", posemb="sincos2d"),
+    dict(classifier="map", posemb="learn2d", attention="fused")])
+def test_a_square_image_at_its_tables_grid_is_the_square_model(overrides):
+  """At the grid the position table was made at, the resize is the
+  identity: a NaFlex batch gives the square model's logits."""
+  model, params = _model_and_params(**overrides)
+  image = _image(TABLE, TABLE, seed=6)
+  square = model.apply({"params": params}, image[None], train=False)
+  flexible = model.apply({"params": params},
+                         _batch([image], TABLE * TABLE + 5), train=False)
+  np.testing.assert_allclose(flexible, square, rtol=1e-5, atol=1e-5)
+
+
+def test_an_empty_row_of_the_batch_is_finite():
+  model, params = _model_and_params(classifier="gap")
+  batch = _batch([_image(2, 2)], 8)
+  empty = naflex.Patches(jnp.concatenate([batch.pixels, 0 * batch.pixels]),
+                         jnp.concatenate([batch.grid, 0 * batch.grid]))
+  logits = model.apply({"params": params}, empty, train=False)
+  assert np.isfinite(logits).all()
+
+
+def test_position_weights_resize_as_jax_image_does():
+  """The per-position weights of the antialiased bilinear resize are those
+  of jax.image.resize's (growing and shrinking), rows summing to 1."""
+  table = np.random.default_rng(0).normal(size=(7,))
+  for size in (1, 3, 7, 12, 30):
+    weights = naflex.position_weights(np.arange(size), size, 7)
+    np.testing.assert_allclose(
+        np.asarray(weights) @ table,
+        jax.image.resize(table, (size,), "bilinear", antialias=True),
+        rtol=1e-5, atol=1e-6)
+
+
+# From transformers' Siglip2ImageProcessor (its get_image_size_for_max_
+# num_patches, transformers 5.x) at patch size 16: [height, width, budget,
+# target height, target width].
+PROCESSOR_GRIDS = pathlib.Path(__file__).with_name(
+    "siglip2_processor_grids.json")
+
+
+def test_the_grid_is_the_processors():
+  table = json.loads(PROCESSOR_GRIDS.read_text())
+  assert len(table) >= 40
+  for height, width, budget, target_height, target_width in table:
+    assert naflex.grid_for(height, width, 16, budget) == (
+        target_height // 16, target_width // 16), (height, width, budget)
+
+
+def test_patchify_orders_patches_as_the_processor():
+  image = np.arange(2 * 2 * 3 * 2 * 3).reshape(2 * 2, 3 * 2, 3)
+  pixels, grid = naflex.patchify(image, 2, 8)
+  assert grid == (2, 3) and pixels.shape == (8, 12)
+  # Patch (1, 2): rows 2-3, columns 4-5, row by row, channels last.
+  np.testing.assert_array_equal(pixels[5], image[2:4, 4:6].reshape(-1))
+  assert not pixels[6:].any()
+  with pytest.raises(errors.InputError, match="at most 5 patches"):
+    naflex.patchify(image, 2, 5)
+
+
+def test_what_naflex_refuses():
+  model, params = _model_and_params()
+  batch = _batch([_image(2, 2)], 4)
+  with pytest.raises(errors.InputError, match="initialise the model"):
+    model.init(jax.random.key(0), batch, train=False)
+  wrong = naflex.Patches(batch.pixels[..., :-3], batch.grid)
+  with pytest.raises(errors.InputError, match=r"takes \[batch, patches, 48\]"):
+    model.apply({"params": params}, wrong, train=False)
+  hybrid = models.create("R26+S/32", 3, **SMALL)
+  with pytest.raises(errors.InputError, match="ResNet stem"):
+    hybrid.apply({}, batch, train=False)
+  with pytest.raises(errors.InputError, match="do not form a square grid"):
+    model.apply({"params": {**params, "Transformer": {
+        **params["Transformer"], "posembed_input": {
+            "pos_embedding": jnp.zeros((1, 1 + 12, 32))}}}}, batch,
+                train=False)
+  with pytest.raises(errors.InputError, match="at least 1"):
+    naflex.grid_for(0, 10, 16, 256)

@@ -1,0 +1,121 @@
+"""NaFlex: each image seen at its own aspect ratio, as a sequence of
+patches within a budget (SigLIP 2's NaFlex variants; docs/naflex.md).
+
+An image of height H and width W is resized, keeping its aspect ratio, to
+the largest grid of rows x cols patches whose count is within the budget
+`max_num_patches` (`grid_for`), cut into patches row-major, and padded
+with empty patches to the budget (`patchify`). A batch of them is a
+`Patches`: the model embeds each patch as its convolution would, resizes its
+learned position table to each image's grid (`position_weights`), and keeps
+the padding out of attention and out of what its head pools.
+
+Host-side (numpy: the grid rule, patchify) and device-side (the weights of
+the position table's resize) halves live here together: both are the
+model's reading of an image, and the data wing is above this floor.
+"""
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import errors
+
+
+class Patches(NamedTuple):
+  """A NaFlex batch, what VisionTransformer takes in place of images.
+
+  pixels: [N, L, p * p * 3], each image's rows * cols patches first (row
+    by row; each patch flattened as row in patch, column in patch, channel,
+    as SigLIP 2's image processor flattens it), then padding up to L; uint8,
+    or floats in [-1, 1].
+  grid: [N, 2] int32, each image's (rows, cols) of patches; (0, 0) for a
+    row of the batch that holds no image.
+  """
+  pixels: jax.Array
+  grid: jax.Array
+
+
+def patch_mask(grid, length):
+  """[N, length] bool: which of each image's tokens are its real patches
+  (the first rows * cols)."""
+  count = grid[:, 0] * grid[:, 1]
+  return jnp.arange(length)[None] < count[:, None]
+
+
+def patch_positions(grid, length):
+  """(rows [N, length], cols [N, length]) int32: each patch's place in its
+  image's grid; 0 for padding, so that no padding token's embedding is
+  undefined."""
+  cols = jnp.maximum(grid[:, 1:2], 1)
+  index = jnp.arange(length)[None]
+  real = patch_mask(grid, length)
+  return (jnp.where(real, index // cols, 0), jnp.where(real, index % cols, 0))
+
+
+def position_weights(index, size, table_size):
+  """[..., table_size] float32: how much each entry of a learned position
+  table of `table_size` along one axis gives position `index` of `size`,
+  when the table is resized to `size` bilinearly with antialiasing (a
+  triangle filter widened by the shrink factor when shrinking; torch's
+  `interpolate(mode="bilinear", antialias=True, align_corners=False)`,
+  which SigLIP 2 resizes with). `index` and `size` may differ per image
+  (arrays of the same shape)."""
+  size = jnp.maximum(jnp.asarray(size, jnp.float32), 1.0)
+  centre = (jnp.asarray(index, jnp.float32) + 0.5) * table_size / size
+  # The filter's reach in table entries: 1 when growing, the shrink factor
+  # when shrinking (the antialiasing).
+  reach = jnp.maximum(table_size / size, 1.0)
+  distance = jnp.abs(jnp.arange(table_size) + 0.5 - centre[..., None])
+  weights = jnp.maximum(1.0 - distance / reach[..., None], 0.0)
+  return weights / weights.sum(-1, keepdims=True)
+
+
+# The processor's search for the largest scale: transformers'
+# Siglip2ImageProcessor bisects over [EPS / 10, 100] until the interval is
+# narrower than EPS; the same search gives the same grids.
+EPS = 1e-5
+
+
+def grid_for(height, width, patch_size, max_num_patches):
+  """(rows, cols): the grid of patches that an image of height x width is
+  resized to, the largest that keeps its aspect ratio within
+  `max_num_patches` patches (SigLIP 2's image processor's rule: each side
+  scaled by one factor and rounded up to whole patches, at least one)."""
+  if min(height, width, patch_size, max_num_patches) < 1:
+    raise errors.InputError(
+        f"an image of {height}x{width} at patch size {patch_size} and "
+        f"max_num_patches {max_num_patches}: each must be at least 1")
+
+  def sides(scale):
+    return tuple(max(1, math.ceil(side * scale / patch_size))
+                 for side in (height, width))
+
+  low, high = EPS / 10, 100.0
+  while high - low >= EPS:
+    middle = (low + high) / 2
+    rows, cols = sides(middle)
+    if rows * cols <= max_num_patches:
+      low = middle
+    else:
+      high = middle
+  return sides(low)
+
+
+def patchify(image, patch_size, max_num_patches):
+  """(pixels [max_num_patches, p * p * C], grid (rows, cols)) of one image
+  [rows * p, cols * p, C] already at its grid's size, padded with zeros."""
+  height, width, channels = image.shape
+  rows, cols = height // patch_size, width // patch_size
+  if (rows * patch_size, cols * patch_size) != (height, width) or (
+      rows * cols > max_num_patches):
+    raise errors.InputError(
+        f"an image of {height}x{width} is not a grid of at most "
+        f"{max_num_patches} patches of {patch_size}x{patch_size}")
+  patches = image.reshape(rows, patch_size, cols, patch_size, channels)
+  patches = patches.transpose(0, 2, 1, 3, 4).reshape(rows * cols, -1)
+  pixels = np.zeros((max_num_patches, patches.shape[1]), image.dtype)
+  pixels[:rows * cols] = patches
+  return pixels, (rows, cols)
