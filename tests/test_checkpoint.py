@@ -441,3 +441,44 @@ def test_a_siglip_image_tower_loads_and_computes_the_float64_forward(
   expected = reference_vit.forward(params, x, "map")
   got = loaded.model.apply({"params": loaded.params}, x, train=False)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def as_naflex_tower(params):
+  """`as_siglip_tower`, as big_vision's NaFlex ViT (SigLIP 2 NaFlex) holds
+  it: the patch embedding a Dense [p*p*3, D], the position table [G, G, D]."""
+  tower = as_siglip_tower(params)
+  kernel = tower["params/img/embedding/kernel"]
+  tower["params/img/embedding/kernel"] = kernel.reshape(-1, kernel.shape[-1])
+  posemb = tower["params/img/pos_embedding"]
+  side = int(np.sqrt(posemb.shape[1]))
+  tower["params/img/pos_embedding"] = posemb.reshape(side, side, -1)
+  return tower
+
+
+def test_a_siglip2_naflex_image_tower_loads(tmp_path):
+  model = models.create("S/4", 5, hidden_size=32, num_layers=2, num_heads=4,
+                        mlp_dim=64, classifier="map")
+  shapes = flat(jax.eval_shape(lambda: init_params(model, 16)))
+  rng = np.random.default_rng(6)
+  params = {k: rng.standard_normal(s.shape).astype(np.float32)
+            for k, s in shapes.items()}
+  tower = as_naflex_tower(params)
+  assert tower["params/img/embedding/kernel"].shape == (48, 32)
+  assert tower["params/img/pos_embedding"].shape == (4, 4, 32)
+  assert "params/img/Transformer/encoderblock_1/MlpBlock_0/Dense_0/kernel" in (
+      tower)
+  path = tmp_path / "naflex.npz"
+  np.savez(path, **tower)
+  assert_trees_equal(npz_lib.load_npz(path),
+                     flax.traverse_util.unflatten_dict(params, sep="/"))
+  read = flat(npz_lib.read_shapes(path))
+  assert {k: v.shape for k, v in read.items()} == {
+      k: v.shape for k, v in params.items()}
+
+  # Patch LayerNorms that our model does not compute are refused.
+  np.savez(path, **tower, **{"params/img/patchln_pre/scale": np.ones(48),
+                             "params/img/patchln_pre/bias": np.zeros(48)})
+  with pytest.raises(errors.InputError, match=r"\['patchln_pre'\]"):
+    npz_lib.load_npz(path)
+  with pytest.raises(errors.InputError, match=r"\['patchln_pre'\]"):
+    npz_lib.read_shapes(path)

@@ -7,11 +7,13 @@ big_vision's scanned one (one `encoderblock` whose arrays carry a leading
 layer axis), each also under the `opt/target/` or `params/` prefix that
 published files use, or `params/img/` (`img/`), the image tower of a SigLIP
 or SigLIP 2 file (its attention-pooling `MAPHead_0` keeps big_vision's
-names, which are ours); bfloat16 arrays load as float32. Files are read
-without pickle.
+names, which are ours), SigLIP 2 NaFlex's too (big_vision's naflex_vit: a
+Dense patch embedding and a [G, G, D] position table, reshaped to ours);
+bfloat16 arrays load as float32. Files are read without pickle.
 """
 
 import contextlib
+import math
 import re
 import zipfile
 
@@ -175,9 +177,11 @@ def to_release_layout(flat):
   A tree stored under `opt/target/` or `params/` is taken from there and every
   entry outside that prefix (optimizer state such as `opt/state/...`, a
   `step` counter, ...) is dropped. Then a scanned `Transformer/encoderblock/`
-  is split into one block per layer, and big_vision's per-type module names
-  are renamed to the release's. A dict with no key that a known layout would
-  have raises an InputError listing the keys it saw.
+  is split into one block per layer, big_vision's per-type module names are
+  renamed to the release's, and a NaFlex tower's patch embedding and
+  position table are reshaped to ours (`_from_naflex`). A dict with no key
+  that a known layout would have raises an InputError listing the keys it
+  saw.
   """
   params = _strip_prefix(flat)
   if not any(_is_param_key(k) for k in params):
@@ -189,7 +193,55 @@ def to_release_layout(flat):
   flat = unscan_blocks(params)
   if any("/MlpBlock_0/" in k for k in flat):
     flat = {_rename_big_vision_key(k): v for k, v in flat.items()}
-  return flat
+  return _from_naflex(flat)
+
+
+def _reshaped(value, shape):
+  # read_shapes' leaves are ShapeDtypeStructs, which have no reshape.
+  if isinstance(value, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(shape, value.dtype)
+  return value.reshape(shape)
+
+
+def _from_naflex(flat):
+  """big_vision's NaFlex ViT (SigLIP 2 NaFlex's image tower) as our params.
+
+  Its patch embedding is an nn.Dense on patches flattened as (row in patch,
+  column in patch, channel), [p*p*3, D]: the same function as our nn.Conv of
+  kernel [p, p, 3, D], whose kernel flattens in that order. Its position
+  table is [G, G, D], row-major over (row, col): the same table as our
+  "learn" [1, G*G, D] without a class token (SigLIP towers pool with the
+  MAP head), which NaFlex batches resize per image as big_vision does. Its
+  optional patch LayerNorms (patchln_pre on pixels, patchln_post on
+  embeddings) have no counterpart in our model, so a file holding them is
+  refused rather than run without them. Other layouts pass unchanged: only
+  NaFlex's embedding kernel is 2-D.
+  """
+  patch_norms = sorted({k.split("/")[0] for k in flat
+                        if k.startswith(("patchln_pre/", "patchln_post/"))})
+  if patch_norms:
+    raise errors.InputError(
+        f"checkpoint has NaFlex patch LayerNorms {patch_norms}, which vit_jax "
+        "does not compute; cannot load it")
+  kernel = flat.get("embedding/kernel")
+  if kernel is None or len(kernel.shape) != 2:
+    return flat
+  rows, width = kernel.shape
+  patch = math.isqrt(rows // 3)
+  if patch * patch * 3 != rows:
+    raise errors.InputError(
+        f"NaFlex 'embedding/kernel' has {rows} rows, not p*p*3 for a square "
+        "patch of RGB pixels")
+  out = dict(flat, **{"embedding/kernel": _reshaped(
+      kernel, (patch, patch, 3, width))})
+  if POSEMB_KEY in flat:
+    shape = tuple(flat[POSEMB_KEY].shape)
+    if len(shape) != 3 or shape[0] != shape[1]:
+      raise errors.InputError(
+          f"NaFlex 'pos_embedding' has shape {shape}, not a square table "
+          "[G, G, D]")
+    out[POSEMB_KEY] = _reshaped(flat[POSEMB_KEY], (1, shape[0] ** 2, shape[2]))
+  return out
 
 
 SCANNED_BLOCK = "Transformer/encoderblock/"
