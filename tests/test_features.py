@@ -9,6 +9,7 @@ computes it (SigLIP's pooler output, DINOv2's normalised class token).
 
 import json
 
+import flax
 import jax
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from tests.test_todays_checkpoints import (
 )
 from tests.test_torch_interchange import (
   HEADS,
+  PATCH,
   SIDE,
   WIDTH,
   images,
@@ -33,6 +35,7 @@ from tests.util import run_tool
 from vit_jax import errors, models
 from vit_jax.analysis import features
 from vit_jax.data import image_files
+from vit_jax.models import naflex
 from vit_jax.weights import function_exports, pretrained
 
 
@@ -118,3 +121,29 @@ def test_predict_prints_a_towers_features_as_json(tmp_path):
                              atol=1e-6)
   text = features.as_text(png, expected)
   assert text.startswith(f"{png}\n  width {WIDTH}, L2 norm ")
+
+
+def test_predict_reads_each_image_at_its_own_aspect_ratio(tmp_path):
+  """--max_num_patches: a SigLIP 2 tower's features NaFlex-style, with each
+  image's grid; an image already at its grid's size is not resampled, so
+  its features are the float64 reference's on its very pixels."""
+  source, _ = siglip2_dir(tmp_path)
+  rng = np.random.default_rng(2)
+  sized = rng.integers(0, 256, (3 * PATCH, 8 * PATCH, 3), np.uint8)
+  tall = rng.integers(0, 256, (30, 10, 3), np.uint8)
+  files = [str(tmp_path / name) for name in ("sized.png", "tall.png")]
+  for file, pixels in zip(files, (sized, tall)):
+    tf.io.write_file(file, tf.io.encode_png(pixels))
+  lines = run_tool("predict", f"--from={source}", "--features", "--json",
+                   "--max_num_patches=24", *files).splitlines()
+  shown = [json.loads(line) for line in lines]
+  assert [line["grid"] for line in shown] == [
+      [3, 8], list(naflex.grid_for(30, 10, PATCH, 24))]
+  assert shown[1]["grid"] == [8, 3]  # Tall, 24 patches of the budget.
+  patches, _ = naflex.patchify(sized / 127.5 - 1, PATCH, 24)
+  flat = flax.traverse_util.flatten_dict(pretrained.load(source).params,
+                                        sep="/")
+  expected = reference_vit.forward_naflex(flat, patches, (3, 8), "map",
+                                          features=True)
+  np.testing.assert_allclose(shown[0]["features"], expected, rtol=1e-5,
+                             atol=1e-5)

@@ -1,6 +1,7 @@
 """python -m vit_jax.predict --workdir=DIR | --from=SOURCE --images=PATH,... [--labels=FILE]
 python -m vit_jax.predict --from=FILE.stablehlo --images=PATH,...
 python -m vit_jax.predict --from=SOURCE --features [--json] IMAGES
+python -m vit_jax.predict ... --max_num_patches=N IMAGES
 
 The top classes of a trained model on your images, with probabilities.
 Images (PNG, JPEG, GIF, BMP files, folders of them, or glob patterns; also
@@ -13,6 +14,9 @@ that vit_jax.export wrote: its own module runs, with its class names.
 With --features, the pooled features that the head reads instead (its
 pre_logits output; vit_jax/analysis/features.py), for any model, headless
 ones included (a SigLIP tower, a DINOv2, a timm model saved without head).
+With --max_num_patches=N, each image keeps its aspect ratio: it is resized
+to the largest grid of at most N patches and read NaFlex-style, the
+position embedding resized to its grid (vit_jax/models/naflex.py).
 """
 
 if __name__ == "__main__":
@@ -22,7 +26,7 @@ if __name__ == "__main__":
 
 from absl import app, flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli
+from vit_jax import cli, errors
 from vit_jax.analysis import classify, features
 from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
@@ -35,6 +39,10 @@ flags.DEFINE_integer("top", 5, "How many classes to show per image.",
 flags.DEFINE_integer("batch_size", 64, "Images per forward pass.")
 flags.DEFINE_bool("json", False, "One JSON object per image instead of "
                   "text.")
+flags.DEFINE_integer(
+    "max_num_patches", 0, "NaFlex: each image at its own aspect ratio, "
+    "resized to the largest grid of at most this many patches (0: square "
+    "images at the model's resolution).", lower_bound=0)
 flags.DEFINE_bool("features", False, "The features the head reads (the "
                   "pooled output, as a headless tower gives it) instead of "
                   "classes; --top and --labels are then unused.")
@@ -47,12 +55,18 @@ def main(argv):
     raise app.UsageError("no images: give --images=PATH,... or paths")
   files = image_files.expand(paths)
   source = shared_flags.source_from_flags()
+  exported_model = source.endswith(function_exports.STABLEHLO_SUFFIX)
+  if exported_model and f.max_num_patches:
+    raise errors.InputError(
+        "--max_num_patches: an export takes square images at its "
+        "resolution; give the model's checkpoint with --from instead")
   if f.features:
     show = features.as_json if f.json else features.as_text
-    for path, row in zip(files, features_of(source, files)):
-      print(show(path, row))
+    rows, grids = features_of(source, files)
+    for path, row, grid in zip(files, rows, grids):
+      print(show(path, row, grid))
     return
-  if source.endswith(function_exports.STABLEHLO_SUFFIX):
+  if exported_model:
     probabilities, names = exported(source, files)
   else:
     probabilities, names = inferred(files)
@@ -66,26 +80,39 @@ def inferred(files):
   """(probabilities, class names) of the model of the source flags."""
   f = flags.FLAGS
   inference = shared_flags.model_from_flags()
-  pixels = image_files.from_files(files, inference.image_size,
-                                  inference.crop_fraction)
+  inputs = model_inputs(files, inference)
   names = (image_files.name_classes(
       f.labels, *inference.data(f.dataset, f.data_dir),
       num_classes=inference.model.num_classes) or inference.class_names)
-  return classify.probabilities(inference, pixels, f.batch_size), names
+  return classify.probabilities(inference, inputs, f.batch_size), names
+
+
+def model_inputs(files, inference):
+  """The images as the model sees them: square at its resolution, as
+  evaluation resized them, or with --max_num_patches each at its own
+  aspect ratio (a NaFlex batch)."""
+  budget = flags.FLAGS.max_num_patches
+  if budget:
+    return image_files.naflex_from_files(
+        files, inference.model.config.patch_size, budget)
+  return image_files.from_files(files, inference.image_size,
+                                inference.crop_fraction)
 
 
 def features_of(source, files):
-  """float32 features [N, width] of `source`'s model on the images."""
+  """(float32 features [N, width] of `source`'s model on the images, each
+  image's NaFlex grid or None)."""
   f = flags.FLAGS
   if source.endswith(function_exports.STABLEHLO_SUFFIX):
     served = function_exports.load_stablehlo(source)
     pixels = image_files.from_files(files, served.image_size,
                                     served.crop_fraction)
-    return features.of_export(served, pixels, f.batch_size)
+    return features.of_export(served, pixels, f.batch_size), [None] * len(
+        files)
   inference = shared_flags.model_from_flags(features=True)
-  pixels = image_files.from_files(files, inference.image_size,
-                                  inference.crop_fraction)
-  return features.features(inference, pixels, f.batch_size)
+  inputs = model_inputs(files, inference)
+  grids = inputs.grid if f.max_num_patches else [None] * len(files)
+  return features.features(inference, inputs, f.batch_size), grids
 
 
 def exported(source, files):

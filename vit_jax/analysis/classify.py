@@ -9,13 +9,22 @@ import numpy as np
 
 
 def probabilities(inference, images, batch_size=64):
-  """Softmax of the model's logits on uint8 `images`, [N, classes]."""
-  apply = _apply(inference.model)
+  """Softmax of the model's logits on uint8 `images` (or a NaFlex batch),
+  [N, classes]."""
+  return in_batches(_apply(inference.model), inference.params, images,
+                    batch_size)
+
+
+def in_batches(apply, params, inputs, batch_size):
+  """apply(params, batch) on `inputs` (images, or a NaFlex batch:
+  models/naflex.py) `batch_size` rows at a time, as one numpy array."""
   # On the device once, not once per batch (docs/exports.md, "Speed").
-  params = jax.device_put(inference.params)
+  params = jax.device_put(params)
+  count = len(jax.tree.leaves(inputs)[0])
   return np.concatenate([
-      np.asarray(apply(params, images[start:start + batch_size]))
-      for start in range(0, len(images), batch_size)])
+      np.asarray(apply(params, jax.tree.map(
+          lambda x, start=start: x[start:start + batch_size], inputs)))
+      for start in range(0, count, batch_size)])
 
 
 @functools.lru_cache(maxsize=4)

@@ -18,17 +18,14 @@ import jax
 import numpy as np
 
 from vit_jax import models
+from vit_jax.analysis import classify
 
 
 def features(inference, images, batch_size=64):
   """float32 features [N, width] of the model on `images` (uint8 pixels,
-  or floats in [-1, 1])."""
-  apply = _apply(inference.model)
-  # On the device once, not once per batch (docs/exports.md, "Speed").
-  params = jax.device_put(inference.params)
-  return np.concatenate([
-      np.asarray(apply(params, images[start:start + batch_size]), np.float32)
-      for start in range(0, len(images), batch_size)])
+  floats in [-1, 1], or a NaFlex batch)."""
+  return classify.in_batches(_apply(inference.model), inference.params,
+                             images, batch_size).astype(np.float32)
 
 
 def of_export(served, pixels, batch_size=64):
@@ -44,12 +41,19 @@ def _apply(model):
       model, params, images)[1])
 
 
-def as_json(path, row):
-  return json.dumps({"image": path, "features": [float(x) for x in row]})
+def as_json(path, row, grid=None):
+  """One JSON line: the image, its features and, for NaFlex, the grid
+  ([rows, cols] of patches) it was seen at."""
+  line = {"image": path, "features": [float(x) for x in row]}
+  if grid is not None:
+    line["grid"] = [int(x) for x in grid]
+  return json.dumps(line)
 
 
-def as_text(path, row, first=4):
-  """The image's path, then its width, L2 norm and `first` values."""
+def as_text(path, row, grid=None, first=4):
+  """The image's path, then its width, L2 norm and `first` values (and
+  its NaFlex grid)."""
   values = " ".join(f"{x:.4f}" for x in row[:first])
+  seen = "" if grid is None else f", grid {grid[0]}x{grid[1]}"
   return (f"{path}\n  width {len(row)}, L2 norm "
-          f"{float(np.linalg.norm(row)):.4f}: {values} ...")
+          f"{float(np.linalg.norm(row)):.4f}{seen}: {values} ...")

@@ -1,7 +1,9 @@
 """Images for a trained model to look at: files, or a split of a dataset,
 resized exactly as evaluation resizes them (`preprocess.eval_resize`).
 
-Both give uint8 [N, size, size, 3], what the model takes. Files, folders
+Both give uint8 [N, size, size, 3], what the model takes; or, at a NaFlex
+budget, each image at its own aspect ratio as patches
+(`naflex_from_files`). Files, folders
 and labels files may be local or URLs (`gs://...`), read through epath.
 """
 
@@ -12,6 +14,7 @@ import numpy as np
 from vit_jax import errors, paths as paths_lib
 from vit_jax.data import pipeline, preprocess, sources, vtab_tasks
 from vit_jax.data.lazy_tensorflow import tf
+from vit_jax.models import naflex
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".bmp")
 
@@ -42,17 +45,29 @@ def expand(paths):
 
 def from_files(files, image_size, crop_fraction=1.0):
   """The images in `files` (PNG, JPEG, GIF or BMP), as evaluation sees them."""
-  images = []
-  for path in files:
-    encoded = paths_lib.path(path).read_bytes()
-    try:
-      image = preprocess.decode(encoded)
-    except tf.errors.InvalidArgumentError:
-      raise errors.InputError(f"{path} is not an image that TensorFlow decodes "
-                              "(PNG, JPEG, GIF, BMP)") from None
-    images.append(preprocess.eval_resize(image, image_size,
-                                         crop_fraction).numpy())
-  return np.stack(images)
+  return np.stack([
+      preprocess.eval_resize(_decoded(path), image_size, crop_fraction).numpy()
+      for path in files])
+
+
+def naflex_from_files(files, patch_size, max_num_patches):
+  """The images in `files` at their own aspect ratio, as a NaFlex batch
+  (models/naflex.py) of numpy arrays: each resized to the largest grid of
+  patches within `max_num_patches` (preprocess.naflex_patches)."""
+  pixels, grids = zip(*(
+      (x.numpy() for x in preprocess.naflex_patches(
+          _decoded(path), patch_size, max_num_patches))
+      for path in files))
+  return naflex.Patches(np.stack(pixels), np.stack(grids))
+
+
+def _decoded(path):
+  encoded = paths_lib.path(path).read_bytes()
+  try:
+    return preprocess.decode(encoded)
+  except tf.errors.InvalidArgumentError:
+    raise errors.InputError(f"{path} is not an image that TensorFlow decodes "
+                            "(PNG, JPEG, GIF, BMP)") from None
 
 
 def from_dataset(dataset, split, count, image_size, crop_fraction=1.0,

@@ -34,13 +34,20 @@ they were.
 Evaluation resizes to the image size, or with a crop fraction f < 1 resizes
 to round(image_size / f) and takes the central image_size square (the
 ImageNet-style f = 0.875: 256 -> 224); see `eval_resize`.
+
+NaFlex (vit_jax/models/naflex.py) keeps each image's aspect ratio instead:
+`naflex_patches` resizes it to the largest grid of patches within a budget
+(antialiased, as SigLIP 2's processor resizes) and cuts it into patches.
 """
 
 import dataclasses
 
+import numpy as np
+
 from vit_jax import errors
 from vit_jax.data import randaugment as randaugment_lib
 from vit_jax.data.lazy_tensorflow import tf
+from vit_jax.models import naflex
 
 SHIFT_DIVISOR = 8  # "shift" moves by at most ceil(side / SHIFT_DIVISOR).
 INCEPTION_AREA_RANGE = (0.05, 1.0)
@@ -71,6 +78,30 @@ def _resized(image, image_size):
   resized = tf.image.resize(tf.cast(image, tf.float32),
                             (image_size, image_size))
   return tf.saturate_cast(tf.round(resized), tf.uint8)
+
+
+def naflex_patches(image, patch_size, max_num_patches):
+  """(pixels [max_num_patches, p * p * 3] uint8, grid [2] int32) of a uint8
+  image at its NaFlex grid (naflex.grid_for): resized bilinearly with
+  antialiasing unless it is that size already, cut into patches row by
+  row, each flattened as (row, column, channel), and padded with zeros."""
+  shape = tf.shape(image)
+  grid = tf.numpy_function(
+      lambda height, width: np.array(naflex.grid_for(
+          int(height), int(width), patch_size, max_num_patches), np.int32),
+      [shape[0], shape[1]], tf.int32, stateful=False)
+  grid = tf.ensure_shape(grid, (2,))
+  size = grid * patch_size
+  image = tf.cond(
+      tf.reduce_all(shape[:2] == size), lambda: image,
+      lambda: tf.saturate_cast(tf.round(tf.image.resize(
+          tf.cast(image, tf.float32), size, antialias=True)), tf.uint8))
+  patches = tf.reshape(image, (grid[0], patch_size, grid[1], patch_size, 3))
+  patches = tf.reshape(tf.transpose(patches, (0, 2, 1, 3, 4)),
+                       (-1, patch_size * patch_size * 3))
+  pixels = tf.pad(patches, [[0, max_num_patches - tf.shape(patches)[0]],
+                            [0, 0]])
+  return tf.ensure_shape(pixels, (max_num_patches, patch_size ** 2 * 3)), grid
 
 
 def central_crop(image, image_size):
