@@ -250,11 +250,11 @@ def program_of(config, num_classes=10, mesh=None):
   return step_lib.build(keys, mesh, step_lib.parts(keys, num_classes))
 
 
-def latest_checkpoint(workdir, config):
+def latest_checkpoint(workdir, config, num_classes=10):
   """(step, params, progress) of the newest checkpoint in `workdir`."""
   from vit_jax.runs import checkpoints as checkpoints_lib
   from vit_jax.runs.workdir import Workdir
-  program = program_of(config)
+  program = program_of(config, num_classes)
   manager = Workdir(workdir).checkpoint_manager(3)
   state, progress = checkpoints_lib.restore_newest_whole(manager,
                                                    program.state_shapes)

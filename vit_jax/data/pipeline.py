@@ -57,7 +57,8 @@ WHOLE_SPLIT = -1
 def train_dataset(source, split, *, batch_size, image_size,
                   augmentation=preprocess.Augmentation(), seed=0,
                   start_step=0, shares=(0,), num_shares=1,
-                  shuffle_records=SHUFFLE_RECORDS) -> "tf.data.Dataset":
+                  shuffle_records=SHUFFLE_RECORDS,
+                  naflex=None) -> "tf.data.Dataset":
   """Infinite, reproducible stream of this process's rows of every batch.
 
   The global batch of `batch_size` examples is `num_shares` equal blocks,
@@ -69,6 +70,11 @@ def train_dataset(source, split, *, batch_size, image_size,
   rows = batch_size / num_shares * len(shares). "mask" is 0.0 for an
   example whose image does not decode, a row of zeros, and "index" is each
   record's position in the split (broken_records.py).
+
+  With `naflex` (a models.naflex.Budget), each augmented image keeps its
+  aspect ratio instead: "image" is its patches, uint8 [rows,
+  max_num_patches, p * p * 3], and "grid" int32 [rows, 2] its grid
+  (preprocess.naflex_patches); every batch has the same shapes, the budget.
 
   An ArrayRecord split is read at random (module docstring): the blocks
   only say which rows of each batch are the process's, and the batches do
@@ -106,6 +112,10 @@ def train_dataset(source, split, *, batch_size, image_size,
     image = preprocess.decode_and_augment(record[1][source.image_key],
                                           augmentation.names, example_seed,
                                           image_size)
+    if naflex:
+      pixels, grid = preprocess.naflex_patches(image, *naflex)
+      return {"image": pixels, "grid": grid,
+              "label": source.label(record[1])}
     image = preprocess.resize(image, image_size)
     return {"image": preprocess.randaugment(image, augmentation,
                                             example_seed),
@@ -177,8 +187,8 @@ def shuffle_hint(source, split, window, share_size):
 
 
 def eval_dataset(source, split, *, batch_size, image_size, shares=(0,),
-                 num_shares=1, eval_crop_fraction=1.0,
-                 extras=None) -> "tf.data.Dataset":
+                 num_shares=1, eval_crop_fraction=1.0, extras=None,
+                 naflex=None) -> "tf.data.Dataset":
   """This process's rows of every evaluation batch over `split`, once.
 
   As in training, block s of every global batch comes from share s of the
@@ -195,7 +205,9 @@ def eval_dataset(source, split, *, batch_size, image_size, shares=(0,),
 
   Images are resized to image_size (eval_crop_fraction 1.0), or with
   eval_crop_fraction f in (0, 1) to round(image_size / f) and centrally
-  cropped to image_size, as `preprocess.eval_resize`.
+  cropped to image_size, as `preprocess.eval_resize`; with `naflex`, each
+  image at its own aspect ratio, as train_dataset's ("grid" beside
+  "image"; (0, 0) in padding).
   """
   block = _block_size(batch_size, image_size, shares, num_shares)
   preprocess.check_crop_fraction(eval_crop_fraction)
@@ -213,6 +225,9 @@ def eval_dataset(source, split, *, batch_size, image_size, shares=(0,),
   def eval_example(index, record):
     del index
     image = preprocess.decode(record["image"])
+    if naflex:
+      pixels, grid = preprocess.naflex_patches(image, *naflex)
+      return {**record, "image": pixels, "grid": grid}
     return {**record, "image": preprocess.eval_resize(image, image_size,
                                                       eval_crop_fraction)}
 

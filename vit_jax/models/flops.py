@@ -26,8 +26,11 @@ def model_sizes(model, num_classes=1000):
   return models.create_from_config(model, num_classes)
 
 
-def flops_per_image(model, image_size, train=False, num_classes=1000):
-  """FLOPs of one image through the model (x3 for a training step)."""
+def flops_per_image(model, image_size, train=False, num_classes=1000,
+                    num_patches=None):
+  """FLOPs of one image through the model (x3 for a training step);
+  `num_patches`: a NaFlex image's, its budget's (padding costs as much),
+  in place of image_size's."""
   vit = model_sizes(model, num_classes)
   config = vit.config
   d, mlp, p = config.hidden_size, config.mlp_dim, config.patch_size
@@ -35,7 +38,7 @@ def flops_per_image(model, image_size, train=False, num_classes=1000):
   if config.resnet_stages is not None:
     stem, side, channels = resnet.conv_flops(config.resnet_stages,
                                              config.resnet_width, image_size)
-  patches = (side // p) ** 2
+  patches = (side // p) ** 2 if num_patches is None else num_patches
   tokens = patches + config.num_prefix_tokens
   embedding = stem + 2 * patches * (p * p * channels) * d
   per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections

@@ -119,3 +119,31 @@ def patchify(image, patch_size, max_num_patches):
   pixels = np.zeros((max_num_patches, patches.shape[1]), image.dtype)
   pixels[:rows * cols] = patches
   return pixels, (rows, cols)
+
+
+class Budget(NamedTuple):
+  """How a NaFlex run cuts its images: patches of patch_size pixels, at
+  most max_num_patches of them an image (config.naflex.max_num_patches)."""
+  patch_size: int
+  max_num_patches: int
+
+  @property
+  def patch_values(self):
+    """The numbers in one patch: p * p * 3."""
+    return self.patch_size ** 2 * 3
+
+
+def budget_of(max_num_patches, model):
+  """The Budget of a run whose config.naflex.max_num_patches is
+  `max_num_patches` (0: not NaFlex, None) and whose model is `model`."""
+  if not max_num_patches:
+    return None
+  return Budget(model.config.patch_size, max_num_patches)
+
+
+def inputs_of(batch):
+  """What the model takes of an input pipeline's batch: its "image", or,
+  where the batch has each image's "grid", a NaFlex batch of them."""
+  if "grid" in batch:
+    return Patches(batch["image"], batch["grid"])
+  return batch["image"]

@@ -392,12 +392,15 @@ class AddPositionEmbedding(nn.Module):
       table = self._trained("pos_embedding", (None, None, "embed"))[0]
       side = grid_side(table.shape[0] - class_tokens,
                        "the position table a NaFlex batch resizes")
-      token, square = table[:class_tokens], table[class_tokens:].reshape(
-          side, side, width)
-      patches = jnp.einsum(
-          "nla,abd,nlb->nld",
-          naflex.position_weights(rows, grid[:, :1], side), square,
-          naflex.position_weights(cols, grid[:, 1:], side))
+      token, square = table[:class_tokens], table[class_tokens:]
+      # Each patch's weight on every entry of the table, [N, L, side^2],
+      # then one matmul: XLA:CPU ran the three-way einsum through a
+      # [N, L, side, D] intermediate, a tenth of an S/16 step
+      # (benchmarks/naflex.py).
+      weights = (naflex.position_weights(rows, grid[:, :1], side)[..., None]
+                 * naflex.position_weights(cols, grid[:, 1:], side)[
+                     ..., None, :])
+      patches = weights.reshape(n, -1, side * side) @ square
     else:  # "learn2d"
       row, col = (self._trained(f"{name}_embedding", (None, None))
                   for name in ("row", "col"))
@@ -516,18 +519,9 @@ class ImageEncoder(nn.Module):
   @nn.compact
   def __call__(self, images, *, train, corruption=None):
     config = self.config
-    p = config.patch_size
-    embed = nn.Conv(
-        config.hidden_size, (p, p), strides=(p, p), padding="VALID",
-        dtype=config.dtype, param_dtype=config.param_dtype,
-        kernel_init=_init(nn.initializers.lecun_normal(),
-                          (None, None, None, "embed")),
-        bias_init=_init(nn.initializers.zeros, ("embed",)),
-        name="embedding")
     if isinstance(images, naflex.Patches):
-      n, length, _ = images.pixels.shape
-      x = unit_range(images.pixels).astype(config.dtype)
-      x = embed(x.reshape(n * length, p, p, -1)).reshape(n, length, -1)
+      x = _patch_embedding(self, unit_range(images.pixels).astype(
+          config.dtype))
       grid = dict(naflex_grid=images.grid)
     else:
       x = unit_range(images).astype(config.dtype)
@@ -535,11 +529,18 @@ class ImageEncoder(nn.Module):
         x = resnet.stem(x, stages=config.resnet_stages,
                         width=config.resnet_width, dtype=config.dtype,
                         param_dtype=config.param_dtype)
-      x = embed(x)
-      n, h, w, _ = x.shape
-      x = x.reshape(n, h * w, -1)
+      p = config.patch_size
+      x = nn.Conv(
+          config.hidden_size, (p, p), strides=(p, p), padding="VALID",
+          dtype=config.dtype, param_dtype=config.param_dtype,
+          kernel_init=_init(nn.initializers.lecun_normal(),
+                            (None, None, None, "embed")),
+          bias_init=_init(nn.initializers.zeros, ("embed",)),
+          name="embedding")(x)
+      _, h, w, _ = x.shape
+      x = x.reshape(x.shape[0], h * w, -1)
       grid = dict(grid=(h, w))
-    d = x.shape[-1]
+    n, _, d = x.shape
     if self.mask_token:
       mask = self.param(
           "mask_embedding", _init(nn.initializers.normal(stddev=0.02),
@@ -553,6 +554,24 @@ class ImageEncoder(nn.Module):
           (1, 1, d), config.param_dtype)
       x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
     return Encoder(config=config, name="Transformer")(x, train=train, **grid)
+
+
+def _patch_embedding(encoder, patches):
+  """The embedding convolution's function on flattened patches [N, L,
+  p * p * 3], as one matmul with its kernel [p, p, 3, D] flattened in the
+  same order: XLA:CPU's convolution over N * L patches of p x p, and its
+  gradient, ran the train step slower. The params are made by square
+  images, as every position table is."""
+  params = encoder.variables.get("params", {}).get("embedding")
+  if params is None:
+    raise errors.InputError(
+        "a NaFlex batch needs the patch embedding's params: initialise the "
+        "model with square images (the run's image_size), then apply it to "
+        "patches")
+  kernel, bias = (nn.meta.unbox(params[name]) for name in ("kernel", "bias"))
+  dtype = encoder.config.dtype
+  return (patches @ kernel.reshape(-1, kernel.shape[-1]).astype(dtype)
+          + bias.astype(dtype))
 
 
 class ClassifierHead(nn.Module):

@@ -199,7 +199,7 @@ def build_step(config, devices, classes, unroll=False):
   compiled yet where its remat policy is concrete."""
   fitted = resolve.program(config, devices, classes)
   program = step_lib.build(fitted.settings, fitted.mesh, fitted.parts, unroll)
-  return program, fitting.batch_shapes(config.batch_size, config.image_size,
+  return program, fitting.batch_shapes(fitted.settings, program.model,
                                        program.batch_sharding)
 
 
@@ -354,7 +354,7 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
   fitted = resolve.program(config, devices, classes)
   program = fitted.program or step_lib.build(fitted.settings, fitted.mesh,
                                              fitted.parts)
-  batch = fitting.batch_shapes(config.batch_size, config.image_size,
+  batch = fitting.batch_shapes(fitted.settings, program.model,
                                program.batch_sharding)
   if fitted.program is None:  # Its remat policy needed no compile to choose.
     compiled, needed, seconds = fitting.compile_step(program, batch)
@@ -381,8 +381,9 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
     else:
       cost = step_cost(compiled)
   model_flops = flops_lib.flops_per_image(
-      program.model, config.image_size,
-      train=True) * config.batch_size / len(devices)
+      program.model, config.image_size, train=True,
+      num_patches=config.naflex.max_num_patches or None,
+  ) * config.batch_size / len(devices)
   step_seconds, dcn_seconds = cost and cost["optimal_seconds"], None
   if cost and dcn_bits_per_chip:
     # A host's devices send at once through its chips' share of DCN.

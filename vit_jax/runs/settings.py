@@ -173,6 +173,15 @@ class Mix:
 
 
 @dataclasses.dataclass(frozen=True)
+class NaFlex:
+  """config.naflex: images at their own aspect ratio (models/naflex.py)."""
+  max_num_patches: int = key(
+      0, "each image resized, keeping its aspect ratio, to at most this "
+      "many patches (0: square images at image_size)", at_least=0,
+      before=AS_DEFAULT)
+
+
+@dataclasses.dataclass(frozen=True)
 class Mesh:
   """config.mesh: the device mesh's axes (sharding.py); one may be -1,
   the devices the others leave."""
@@ -211,6 +220,8 @@ class Settings:
   eval_crop_fraction: float = key(
       1.0, "1: evaluation resizes to image_size; f < 1: to image_size / f, "
       "then the central crop")
+  naflex: NaFlex = section(NaFlex, "NaFlex: every image at its own aspect "
+                           "ratio, as a sequence of patches")
   broken_images: str = key(
       "skip", "images that do not decode: skip (left out, counted, named) "
       "or refuse (the run stops at the first)", changeable=True,

@@ -24,6 +24,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from vit_jax.models import naflex as naflex_lib
+
 AUTO = "auto"
 
 # models.REMAT_POLICIES from the most kept to the least: "" keeps every
@@ -61,12 +63,21 @@ def describe_tried(tried):
                    "temporaries" for policy, needed in tried)
 
 
-def batch_shapes(batch_size, image_size, batch_sharding):
-  """The global batch as the input pipeline feeds it: uint8 images."""
+def batch_shapes(keys, model, batch_sharding):
+  """The global batch of a run's settings `keys` as the input pipeline
+  feeds it: uint8 images, or where config.naflex sets a budget, uint8
+  patches and their grids."""
   def struct(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
-  return {"image": struct((batch_size, image_size, image_size, 3), jnp.uint8),
-          "label": struct((batch_size,), jnp.int32),
+  batch_size, image_size = keys.batch_size, keys.image_size
+  images = {"image": struct((batch_size, image_size, image_size, 3),
+                            jnp.uint8)}
+  naflex = naflex_lib.budget_of(keys.naflex.max_num_patches, model)
+  if naflex:
+    images = {"image": struct((batch_size, naflex.max_num_patches,
+                               naflex.patch_values), jnp.uint8),
+              "grid": struct((batch_size, 2), jnp.int32)}
+  return {**images, "label": struct((batch_size,), jnp.int32),
           "mask": struct((batch_size,), jnp.float32)}
 
 

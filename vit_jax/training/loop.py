@@ -153,7 +153,7 @@ def train_batches(run, start_step):
       image_size=keys.image_size, augmentation=run.augmentation,
       seed=keys.seed, start_step=start_step,
       shares=shares.process_shares(run.mesh, keys.input_shares),
-      num_shares=keys.input_shares).as_numpy_iterator()
+      num_shares=keys.input_shares, naflex=run.naflex).as_numpy_iterator()
   return broken_records.named(batches, f"{keys.dataset} {keys.train_split}",
                               keys.broken_images)
 

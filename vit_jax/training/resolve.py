@@ -37,6 +37,7 @@ from jax.sharding import Mesh
 
 from vit_jax import errors, sharding
 from vit_jax.data import preprocess, shares, sources
+from vit_jax.models import naflex as naflex_lib
 from vit_jax.runs import settings, store, workdir as workdir_lib
 from vit_jax.training import evaluators, fitting, profiling, step, targets
 from vit_jax.weights import pretrained
@@ -71,6 +72,13 @@ class Run:
   @property
   def num_classes(self):
     return self.source.num_classes
+
+  @property
+  def naflex(self):
+    """How its images are cut into patches where config.naflex sets a
+    budget (models.naflex.Budget), else None."""
+    return naflex_lib.budget_of(self.settings.naflex.max_num_patches,
+                            self.parts.model)
 
 
 def run(config, workdir, devices=None):
@@ -140,7 +148,7 @@ def fit(checked, mesh, num_classes):
       return Fitted(keys, mesh, built, None, None, (), 0.0)
     program = step.build(keys, mesh, built)
     compiled, needed, took = fitting.compile_step(program, fitting.batch_shapes(
-        keys.batch_size, keys.image_size, program.batch_sharding))
+        keys, built.model, program.batch_sharding))
     seconds += took
     if compiled is not None:
       break
@@ -203,7 +211,28 @@ def check_program(checked, mesh, num_classes):
   if keys.image_size % model.token_stride:
     raise errors.ConfigError(f"config.model {model.describe_patch()} does not "
                              f"divide config.image_size={keys.image_size}")
+  if keys.naflex.max_num_patches:
+    check_naflex(keys, model)
   return built
+
+
+def check_naflex(keys, model):
+  """What a NaFlex run cannot do, each a ConfigError naming its key."""
+  name = "config.naflex.max_num_patches"
+  if model.config.resnet_stages is not None:
+    raise errors.ConfigError(f"{name}: a hybrid's ResNet stem reads whole "
+                             "square images, not patches")
+  if keys.model.mpp:
+    raise errors.ConfigError(f"{name}: masked patch prediction trains on "
+                             "square images; set config.model.mpp=False")
+  if keys.mixup.prob or keys.cutmix.prob:
+    raise errors.ConfigError(f"{name}: Mixup and CutMix blend whole square "
+                             "images, and NaFlex images differ in shape; "
+                             "set config.mixup.prob and config.cutmix.prob "
+                             "to 0")
+  if keys.randaugment:
+    raise errors.ConfigError(f"{name}: RandAugment runs at the square "
+                             "image_size; set config.randaugment=''")
 
 
 def check_data(checked, data):

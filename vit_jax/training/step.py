@@ -19,6 +19,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from vit_jax import errors, models, sharding
+from vit_jax.models import naflex
 from vit_jax.training import losses, optimizer, polyak, targets
 from vit_jax.weights import pretrained
 
@@ -69,8 +70,8 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
 
   def loss_and_grads(params, batch, weights, key):
     def loss(params):
-      return losses.of_batch(model, params, batch["image"], batch["target"],
-                             weights, key, recipe.loss)
+      return losses.of_batch(model, params, naflex.inputs_of(batch),
+                             batch["target"], weights, key, recipe.loss)
     return jax.value_and_grad(loss)(params)
 
   def train_step(state, batch):
@@ -79,7 +80,9 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
         jax.random.fold_in(jax.random.key(seed), targets.MIX_STREAM),
         state.step)
     images, target = recipe(batch["image"], batch["label"], mix_key)
-    batch = {"image": images, "target": target, "mask": batch["mask"]}
+    # A NaFlex batch's grids go with its images (naflex.inputs_of).
+    batch = {"image": images, "target": target, "mask": batch["mask"],
+             **{key: batch[key] for key in ("grid",) if key in batch}}
     # The mean over the batch's examples, without the rows whose image did
     # not decode (mask 0, broken_records.py): each example weighs 1 / count.
     mask = batch["mask"]

@@ -104,10 +104,11 @@ def measured_matmul_flops(size=1024, repeats=3):
 class Throughput:
   """Turns img/s per device into TFLOP/s per device and MFU for the log."""
 
-  def __init__(self, model, image_size, batch_size):
-    """`model`: the run's VisionTransformer, as its program built it."""
-    self.flops_per_image = flops_lib.flops_per_image(model, image_size,
-                                                     train=True)
+  def __init__(self, model, image_size, batch_size, num_patches=None):
+    """`model`: the run's VisionTransformer, as its program built it;
+    `num_patches`: a NaFlex run's budget."""
+    self.flops_per_image = flops_lib.flops_per_image(
+        model, image_size, train=True, num_patches=num_patches)
     self.flops_per_step = self.flops_per_image * batch_size
     self.peak = None
 

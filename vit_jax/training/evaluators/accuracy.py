@@ -7,6 +7,7 @@ config.dataset). Logs NAME_accuracy and NAME_examples, the examples scored
 
 import jax.numpy as jnp
 
+from vit_jax.models import naflex
 from vit_jax.training.evaluators import batches
 
 DEFAULTS = dict(dataset="", split="test")
@@ -37,8 +38,9 @@ class Accuracy:
     # Examples scored (mask 1) beside what `counts` counts: ReaL counts
     # only those with a label set.
     self.step = batches.jit(program, lambda params, batch: {
-        **self.counts(program.model.apply({"params": params}, batch["image"],
-                                          train=False), batch),
+        **self.counts(program.model.apply(
+            {"params": params}, naflex.inputs_of(batch), train=False),
+                      batch),
         "examples": batch["mask"].sum()})
     self.total = run.sources(settings.dataset).num_examples(settings.split)
     self.batches = batches.Batches(program, run, settings.dataset,

@@ -29,7 +29,8 @@ class Batches:
       self._rows = pipeline.eval_dataset(
           source, self._split, batch_size=keys.batch_size,
           image_size=keys.image_size, shares=shares, num_shares=num_shares,
-          eval_crop_fraction=keys.eval_crop_fraction, extras=self._extras)
+          eval_crop_fraction=keys.eval_crop_fraction, extras=self._extras,
+          naflex=self._run.naflex)
     for batch in broken_records.named(self._rows.as_numpy_iterator(),
                                       f"{source.name} {self._split}",
                                       keys.broken_images):

@@ -15,6 +15,7 @@ import numpy as np
 from absl import logging
 
 from vit_jax import errors, models
+from vit_jax.models import naflex
 from vit_jax.training.evaluators import batches
 
 DEFAULTS = dict(
@@ -58,8 +59,8 @@ class FewShot:
     self.program = program
 
     def features(params, batch):
-      _, pre_logits = models.logits_and_pre_logits(program.model, params,
-                                                   batch["image"])
+      _, pre_logits = models.logits_and_pre_logits(
+          program.model, params, naflex.inputs_of(batch))
       return {"features": pre_logits,
               "label": batch["label"], "mask": batch["mask"]}
 

@@ -44,7 +44,8 @@ class Report:
     self._window = timing.Window(keys.batch_size, jax.device_count(),
                                  throughput.Throughput(
                                      program.model, keys.image_size,
-                                     keys.batch_size))
+                                     keys.batch_size,
+                                     keys.naflex.max_num_patches or None))
     self._row = {}
     self.last = {}
     parameter_overview.log_parameter_overview(
