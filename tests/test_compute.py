@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from vit_jax import models
-from vit_jax.models import flops as flops_lib
+from vit_jax.models import flops as flops_lib, naflex
 from vit_jax.training import throughput
 
 
@@ -110,3 +110,20 @@ def test_an_unknown_gpu_has_no_peak():
       FakeDevice("NVIDIA GeForce RTX 4090", "gpu"))
   assert peak is None
   assert source == "unknown device kind 'NVIDIA GeForce RTX 4090'"
+
+
+def test_a_naflex_image_costs_its_budget():
+  """A NaFlex image is counted at its budget's patches, padding included:
+  XLA's count agrees within 5% (the position table's resize adds 1%)."""
+  model = models.create("Ti/16", num_classes=1000)
+  params = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False))["params"]
+  batch = naflex.Patches(jax.ShapeDtypeStruct((1, 256, 768), jnp.uint8),
+                         jax.ShapeDtypeStruct((1, 2), jnp.int32))
+  forward = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))
+  cost = forward.lower(params, batch).compile().cost_analysis()
+  if isinstance(cost, list):
+    cost = cost[0]
+  analytic = flops_lib.flops_per_image(model, 224, num_patches=256)
+  assert analytic == pytest.approx(cost["flops"], rel=0.05)
+  assert analytic == flops_lib.flops_per_image(model, 256)  # 16 x 16.

@@ -148,3 +148,16 @@ def test_what_a_naflex_run_refuses(overrides, says):
   with pytest.raises(errors.ConfigError,
                      match=f"naflex.max_num_patches: .*{says}"):
     resolve.program(config)
+
+
+def test_the_plan_compiles_the_step_at_the_budget():
+  """vit_jax.plan's program of a NaFlex config takes patches and grids at
+  the budget, and compiles (here for the CPU devices)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from vit_jax.planning import cost  # pylint: disable=g-import-not-at-top
+  config = small_config("/nonexistent", **{"naflex.max_num_patches": 24})
+  program, batch = cost.build_step(config, jax.devices(), 10)
+  assert batch["image"].shape == (32, 24, 2 * 2 * 3)
+  assert batch["grid"].shape == (32, 2)
+  program.train_step.lower(program.state_shapes, batch).compile()
