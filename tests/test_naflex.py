@@ -69,7 +69,8 @@ BUDGETS = [12, 24]
 def test_features_match_the_float64_reference(overrides):
   model, params = _model_and_params(**overrides)
   flat = _flat(params)
-  for budget in BUDGETS:
+  # Both budgets for SigLIP's pooling; the other poolings at one.
+  for budget in BUDGETS if overrides["classifier"] == "map" else BUDGETS[1:]:
     grids = [naflex.grid_for(h, w, PATCH, budget) for h, w in SHAPES]
     images = [_image(*grid, seed=i) for i, grid in enumerate(grids)]
     ours = _features(model, params, _batch(images, budget))
