@@ -12,6 +12,7 @@ same to its pooled features.
 """
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -484,3 +485,32 @@ def test_a_config_that_sets_the_classifier_against_its_source_is_refused(
                         **{"model.classifier": "token"})
   with pytest.raises(errors.ConfigError, match="classifier"):
     pretrained.with_source(config)
+
+
+def test_a_siglip2_tower_is_written_back_as_transformers_lays_it_out(
+    tmp_path):
+  """export --format=hf of a SigLIP-style tower writes a Siglip2VisionModel
+  (which transformers computes at any NaFlex grid): the hub's tensors, in
+  its names, read back to the same params."""
+  tensors, config = siglip_tensors(siglip2=True, names="hub")
+  source = write_hf_dir(tmp_path / "hub", tensors, config)
+  loaded = pretrained.load(source)
+  out = str(tmp_path / "exported")
+  assert "Siglip2VisionModel" in exports.write(loaded, "hf", out)
+  written = load_file(f"{out}/model.safetensors")
+  assert sorted(written) == sorted(
+      k for k in tensors if k.startswith("vision_model."))
+  for key, value in written.items():
+    np.testing.assert_array_equal(value, np.float32(tensors[key]))
+  with open(f"{out}/config.json") as f:
+    assert json.load(f)["model_type"] == "siglip2_vision_model"
+  again = pretrained.load(out)
+  assert flat(again.params).keys() == flat(loaded.params).keys()
+  for key, value in flat(again.params).items():
+    np.testing.assert_array_equal(value, flat(loaded.params)[key])
+  with pytest.raises(errors.InputError, match="register tokens"):
+    exports.write(dataclasses.replace(loaded, params={
+        **loaded.params, "Transformer": {
+            **loaded.params["Transformer"],
+            "registers": np.zeros((1, 2, WIDTH), np.float32)}}), "hf",
+                  str(tmp_path / "refused"))

@@ -64,14 +64,19 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
             f"{', '.join(function_exports.OUTPUTS)}")
   flat = flax.traverse_util.flatten_dict(loaded.params, sep="/")
   if format_ == "hf":
-    torch_files.write_hf(out, flat, loaded.function,
-                         class_names(loaded, labels_file), loaded.what)
+    kind = "ViTForImageClassification"
+    if torch_files.is_siglip_tower(flat):
+      kind = "Siglip2VisionModel"
+      torch_files.write_siglip2(out, flat, loaded.function, loaded.what)
+    else:
+      torch_files.write_hf(out, flat, loaded.function,
+                           class_names(loaded, labels_file), loaded.what)
     where = paths.shown(out)
     copy = ""
     if paths.is_url(out):  # transformers reads local folders.
       copy = f"copy it here (gsutil -m cp -r {where} .) and "
       where = paths.path(out).name
-    return (f"{copy}load it with transformers.ViTForImageClassification"
+    return (f"{copy}load it with transformers.{kind}"
             f".from_pretrained({where!r})")
   return "load it in PyTorch with:\n" + torch_files.write_timm(
       out, flat, loaded.function, loaded.what)

@@ -435,7 +435,8 @@ def _sizes(flat):
                       if k.startswith("Transformer/encoderblock_")}),
       mlp_dim=int(flat[torch_layouts.BLOCK.format(0) +
                        "MlpBlock_3/Dense_0/kernel"].shape[1]),
-      num_classes=int(flat["head/kernel"].shape[1]),
+      num_classes=(int(flat["head/kernel"].shape[1]) if "head/kernel" in flat
+                   else 0),
       image_size=models.grid_side(tokens, models.POSEMB_KEY) * int(patch))
 
 
@@ -462,6 +463,57 @@ def write_hf(directory, flat, function, class_names, what):
   # Each file replaces its old one whole (the folder is made for them).
   write_safetensors(torch_layouts.from_release(flat, "hf", prefix="vit."),
                     paths.join(directory, HF_WEIGHTS))
+  paths.write_atomically(paths.join(directory, HF_CONFIG),
+                         json.dumps(config, indent=2))
+
+
+def is_siglip_tower(flat):
+  """Whether release-layout params are a SigLIP-style image tower: no
+  classification head, no class token, attention pooling."""
+  return ("head/kernel" not in flat and "cls" not in flat
+          and torch_layouts.MAP_PROBE in flat)
+
+
+def write_siglip2(directory, flat, function, what):
+  """An HF transformers Siglip2VisionModel directory of a SigLIP-style
+  tower (`is_siglip_tower`): the layout SigLIP 2's NaFlex towers come in,
+  which transformers computes at any grid, its square position table
+  resized per image as ours is."""
+  cannot = [part for key, part in (
+      ("conv_root/kernel", "a hybrid's ResNet stem"),
+      ("pre_logits/kernel", "a pre-logits layer"),
+      ("fc_norm/scale", "final_norm 'pooled'"),
+      (torch_layouts.REGISTERS, "register tokens"),
+      (torch_layouts.BLOCK.format(0) + "ls1", "layer scale"),
+      (torch_layouts.BLOCK.format(0) + torch_layouts.ATTENTION
+       + "/query_norm/scale", "query/key norms")) if key in flat]
+  if models.POSEMB_KEY not in flat:
+    cannot.append("a position embedding other than 'learn'")
+  if cannot:
+    raise errors.InputError(
+        f"{what} cannot be written as a Siglip2VisionModel: the model has "
+        f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+  sizes = _sizes(flat)
+  config = {
+      "architectures": ["Siglip2VisionModel"],
+      "model_type": "siglip2_vision_model",
+      "hidden_size": sizes["hidden_size"],
+      "intermediate_size": sizes["mlp_dim"],
+      "num_hidden_layers": sizes["num_layers"],
+      "num_attention_heads": sizes["num_heads"], "num_channels": 3,
+      "num_patches": flat[models.POSEMB_KEY].shape[1],
+      "patch_size": sizes["patch_size"],
+      "hidden_act": {"exact": "gelu",
+                     "tanh": "gelu_pytorch_tanh"}[function["gelu"]],
+      "layer_norm_eps": function["layer_norm_epsilon"],
+      "attention_dropout": 0.0, "vision_use_head": True,
+  }
+  tensors = torch_layouts.from_release(flat, "siglip2",
+                                       prefix="vision_model.")
+  # torch's nn.MultiheadAttention names its fused projection so.
+  tensors = {name.replace("in_proj.", "in_proj_"): value
+             for name, value in tensors.items()}
+  write_safetensors(tensors, paths.join(directory, HF_WEIGHTS))
   paths.write_atomically(paths.join(directory, HF_CONFIG),
                          json.dumps(config, indent=2))
 
