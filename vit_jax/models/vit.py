@@ -196,10 +196,11 @@ class Attention(nn.Module):
     # small differences that attention depends on.
     logits = jnp.einsum("...hqd,...hkd->...hqk", q, k).astype(jnp.float32)
     if mask is not None:
-      # The lowest finite logit, not -inf: a row with no key to attend to
-      # (a batch's empty rows) averages rather than gives NaN.
-      logits = jnp.where(mask[:, None, None, :], logits,
-                         jnp.finfo(jnp.float32).min)
+      # Masked keys' logits pushed to the lowest finite value (not -inf: a
+      # row with no key to attend to, a batch's empty rows, averages rather
+      # than gives NaN), by a bias of one row per image.
+      logits = logits + jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[
+          :, None, None, :]
     weights = nn.softmax(logits / jnp.sqrt(head_dim).astype(jnp.float32))
     if self.record:  # The Section 4.5 figures: distance, rollout.
       self.sow("intermediates", "attention_weights", weights)
