@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests import reference_vit
+from tests.test_naflex import patchify
 from tests.test_todays_checkpoints import (
   REGISTERS,
   dinov2_config,
@@ -140,7 +141,7 @@ def test_predict_reads_each_image_at_its_own_aspect_ratio(tmp_path):
   assert [line["grid"] for line in shown] == [
       [3, 8], list(naflex.grid_for(30, 10, PATCH, 24))]
   assert shown[1]["grid"] == [8, 3]  # Tall, 24 patches of the budget.
-  patches, _ = naflex.patchify(sized / 127.5 - 1, PATCH, 24)
+  patches, _ = patchify(sized / 127.5 - 1, PATCH, 24)
   flat = flax.traverse_util.flatten_dict(pretrained.load(source).params,
                                         sep="/")
   expected = reference_vit.forward_naflex(flat, patches, (3, 8), "map",

@@ -13,11 +13,30 @@ import pytest
 
 from tests import reference_vit
 from vit_jax import errors, models
+from vit_jax.data import preprocess
 from vit_jax.models import naflex
 
 PATCH = 4
 TABLE = 4  # The position table's side: made at 16 x 16 images.
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64)
+
+
+def patchify(image, patch_size, max_num_patches):
+  """What preprocess.naflex_patches gives, in numpy, for building inputs
+  here: (pixels [max_num_patches, p * p * C], grid (rows, cols)) of one image
+  [rows * p, cols * p, C] already at its grid's size, padded with zeros."""
+  height, width, channels = image.shape
+  rows, cols = height // patch_size, width // patch_size
+  if (rows * patch_size, cols * patch_size) != (height, width) or (
+      rows * cols > max_num_patches):
+    raise errors.InputError(
+        f"an image of {height}x{width} is not a grid of at most "
+        f"{max_num_patches} patches of {patch_size}x{patch_size}")
+  patches = image.reshape(rows, patch_size, cols, patch_size, channels)
+  patches = patches.transpose(0, 2, 1, 3, 4).reshape(rows * cols, -1)
+  pixels = np.zeros((max_num_patches, patches.shape[1]), image.dtype)
+  pixels[:rows * cols] = patches
+  return pixels, (rows, cols)
 
 
 def _model_and_params(seed=0, **overrides):
@@ -41,7 +60,7 @@ def _image(rows, cols, seed=0):
 
 
 def _batch(images, budget):
-  pixels, grids = zip(*(naflex.patchify(image, PATCH, budget)
+  pixels, grids = zip(*(patchify(image, PATCH, budget)
                         for image in images))
   return naflex.Patches(jnp.asarray(np.stack(pixels)),
                         jnp.asarray(np.array(grids, np.int32)))
@@ -75,7 +94,7 @@ def test_features_match_the_float64_reference(overrides):
     images = [_image(*grid, seed=i) for i, grid in enumerate(grids)]
     ours = _features(model, params, _batch(images, budget))
     for image, grid, row in zip(images, grids, ours):
-      patches, _ = naflex.patchify(image, PATCH, budget)
+      patches, _ = patchify(image, PATCH, budget)
       expected = reference_vit.forward_naflex(
           flat, patches, grid, model.config.classifier, features=True)
       error = np.abs(row - expected).max() / np.abs(expected).max()
@@ -161,13 +180,18 @@ def test_the_grid_is_the_processors():
 
 def test_patchify_orders_patches_as_the_processor():
   image = np.arange(2 * 2 * 3 * 2 * 3).reshape(2 * 2, 3 * 2, 3)
-  pixels, grid = naflex.patchify(image, 2, 8)
+  pixels, grid = patchify(image, 2, 8)
   assert grid == (2, 3) and pixels.shape == (8, 12)
   # Patch (1, 2): rows 2-3, columns 4-5, row by row, channels last.
   np.testing.assert_array_equal(pixels[5], image[2:4, 4:6].reshape(-1))
   assert not pixels[6:].any()
+  # The input pipeline's patches are the same.
+  pipeline_pixels, pipeline_grid = preprocess.naflex_patches(
+      image.astype(np.uint8), 2, 8)
+  np.testing.assert_array_equal(pipeline_pixels, pixels)
+  assert tuple(pipeline_grid.numpy()) == grid
   with pytest.raises(errors.InputError, match="at most 5 patches"):
-    naflex.patchify(image, 2, 5)
+    patchify(image, 2, 5)
 
 
 def test_what_naflex_refuses():

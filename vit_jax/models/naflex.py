@@ -4,14 +4,15 @@ patches within a budget (SigLIP 2's NaFlex variants; docs/naflex.md).
 An image of height H and width W is resized, keeping its aspect ratio, to
 the largest grid of rows x cols patches whose count is within the budget
 `max_num_patches` (`grid_for`), cut into patches row-major, and padded
-with empty patches to the budget (`patchify`). A batch of them is a
+with empty patches to the budget (data/preprocess.py's `naflex_patches`,
+in the input pipeline). A batch of them is a
 `Patches`: the model embeds each patch as its convolution would, resizes its
 learned position table to each image's grid (`position_weights`), and keeps
 the padding out of attention and out of what its head pools.
 
-Host-side (numpy: the grid rule, patchify) and device-side (the weights of
-the position table's resize) halves live here together: both are the
-model's reading of an image, and the data wing is above this floor.
+The grid rule (host-side) and the weights of the position table's resize
+(device-side) live here together: both are the model's reading of an
+image, and the data wing, which calls the rule, is above this floor.
 """
 
 import math
@@ -19,7 +20,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from vit_jax import errors
 
@@ -102,23 +102,6 @@ def grid_for(height, width, patch_size, max_num_patches):
     else:
       high = middle
   return sides(low)
-
-
-def patchify(image, patch_size, max_num_patches):
-  """(pixels [max_num_patches, p * p * C], grid (rows, cols)) of one image
-  [rows * p, cols * p, C] already at its grid's size, padded with zeros."""
-  height, width, channels = image.shape
-  rows, cols = height // patch_size, width // patch_size
-  if (rows * patch_size, cols * patch_size) != (height, width) or (
-      rows * cols > max_num_patches):
-    raise errors.InputError(
-        f"an image of {height}x{width} is not a grid of at most "
-        f"{max_num_patches} patches of {patch_size}x{patch_size}")
-  patches = image.reshape(rows, patch_size, cols, patch_size, channels)
-  patches = patches.transpose(0, 2, 1, 3, 4).reshape(rows * cols, -1)
-  pixels = np.zeros((max_num_patches, patches.shape[1]), image.dtype)
-  pixels[:rows * cols] = patches
-  return pixels, (rows, cols)
 
 
 class Budget(NamedTuple):
