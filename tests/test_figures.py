@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.test_naflex import patchify
 from tests.util import (
   randomize,
   run_tool,
@@ -19,6 +20,7 @@ from tests.util import (
 from vit_jax import errors, models
 from vit_jax.analysis import attention as attention_lib, classify
 from vit_jax.data import image_files
+from vit_jax.models import naflex
 from vit_jax.weights import npz, pretrained
 
 FIGURES = ("embedding_filters.png", "position_embedding_similarity.png",
@@ -76,6 +78,30 @@ def test_mean_attention_distance_of_hand_built_patterns():
   gap = attention_lib.mean_attention_distance(attention[..., 1:, 1:], 2, patch,
                                         class_token=False)
   np.testing.assert_allclose(gap, distances)
+
+
+def test_mean_attention_distance_and_rollout_on_a_wide_grid():
+  # A 1x3 grid of 16-pixel patches (NaFlex: an image three times as wide as
+  # high) and a class token: patch 0 attends to patch 2, 32 pixels away;
+  # patch 1 to patches 0 and 2, 16 away; patch 2 to itself.
+  attention = np.zeros((1, 1, 1, 4, 4))
+  attention[..., 0, 3] = 1  # The class token reads patch 2 only.
+  attention[..., 1, 3] = 1
+  attention[..., 2, 1] = attention[..., 2, 3] = 0.5
+  attention[..., 3, 3] = 1
+  distances = attention_lib.mean_attention_distance(attention, (1, 3), 16)
+  np.testing.assert_allclose(distances, [[(32 + 16 + 0) / 3]])
+  rollout = attention_lib.attention_rollout(attention, grid=(1, 3))
+  np.testing.assert_allclose(rollout, [[[0, 0, 0.5]]])
+  # The same grid stood up, 3x1: the same distances in the other direction.
+  np.testing.assert_allclose(
+      attention_lib.mean_attention_distance(attention, (3, 1), 16), distances)
+  # Attention spread evenly over a 1x3 grid reaches (16 + 32 + 16 + 16 + 32
+  # + 16) / 9 pixels on average; over one 1x3 and one 1x1 image, half that.
+  assert attention_lib.uniform_distance([(1, 3)], 16) == pytest.approx(
+      128 / 9)
+  assert attention_lib.uniform_distance([(1, 3), (1, 1)], 16) == (
+      pytest.approx(64 / 9))
 
 
 def test_position_similarity_is_one_on_the_diagonal():
@@ -139,6 +165,38 @@ def test_attention_weights_are_the_models_own():
   assert not np.allclose(changed[2], attention[2])
 
 
+def test_naflex_attention_summary_is_the_square_ones_whatever_the_padding():
+  # Square images read as NaFlex patches at their own grid give the square
+  # path's numbers, however much padding follows their patches; a wide image
+  # has a map of its own shape and is shown as the model saw it.
+  model = models.create("Ti/4", num_classes=5, hidden_size=32, num_layers=2,
+                        mlp_dim=64, num_heads=4)
+  params = randomize(nn.meta.unbox(model.init(
+      jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)["params"]))
+  rng = np.random.default_rng(2)
+  pixels = rng.integers(0, 256, (3, 16, 16, 3), np.uint8)
+  wide = rng.integers(0, 256, (8, 24, 3), np.uint8)  # 2 x 6 patches.
+  square = attention_lib.attention_summary(model, params, pixels, 3, 2)
+  for budget in (16, 21):
+    patches, grids = zip(*(patchify(x, 4, budget) for x in pixels))
+    inputs = naflex.Patches(np.stack(patches), np.array(grids, np.int32))
+    logits, distances, maps = attention_lib.attention_summary(
+        model, params, inputs, 3, 2)
+    np.testing.assert_allclose(logits, square[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(distances, square[1], rtol=1e-4)
+    np.testing.assert_allclose(maps, square[2], rtol=1e-4, atol=1e-7)
+    np.testing.assert_array_equal(
+        attention_lib.pictures(model, inputs), pixels)
+
+  patches, grid = patchify(wide, 4, 21)
+  mixed = naflex.Patches(np.stack([inputs.pixels[0], patches]),
+                         np.array([grids[0], grid], np.int32))
+  _, _, maps = attention_lib.attention_summary(model, params, mixed, 2)
+  assert [m.shape for m in maps] == [(4, 4), (2, 6)]
+  np.testing.assert_allclose(maps[0], square[2][0], rtol=1e-4, atol=1e-7)
+  np.testing.assert_array_equal(attention_lib.pictures(model, mixed)[1], wide)
+
+
 def test_unreadable_images_are_named():
   with pytest.raises(errors.InputError, match="no image at"):
     image_files.expand(["/nonexistent/*.png"])
@@ -186,6 +244,14 @@ def test_figures_of_a_released_layout_npz(tmp_path):
            str(tmp_path / "a.png"), str(tmp_path / "b.jpg"))
   assert_pngs(out, FIGURES)
   assert sorted(os.listdir(out)) == sorted(FIGURES)
+  # NaFlex: each image at its own aspect ratio, within 24 patches of 8 px.
+  pixels = rng.integers(0, 256, (20, 90, 3), np.uint8)
+  (tmp_path / "wide.png").write_bytes(tf.io.encode_png(pixels).numpy())
+  out = tmp_path / "naflex"
+  run_tool("figures", f"--from={tmp_path / 'model.npz'}", f"--out={out}",
+           "--max_num_patches=24", str(tmp_path / "wide.png"),
+           str(tmp_path / "a.png"))
+  assert_pngs(out, FIGURES)
 
 
 def test_predict_agrees_with_the_evaluator(digits_run, tmp_path):

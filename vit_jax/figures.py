@@ -1,4 +1,5 @@
 """python -m vit_jax.figures --workdir=DIR | --from=SOURCE [--images=PATH,...] [--out=DIR]
+python -m vit_jax.figures ... --max_num_patches=N [IMAGES]
 
 What a ViT has learned, as in Section 4.5 of the paper (Figures 6 and 7),
 and a run's training curves. Writes PNGs into --out (default DIR/figures):
@@ -18,7 +19,10 @@ and a run's training curves. Writes PNGs into --out (default DIR/figures):
                                core-days from a run's metrics.jsonl
 
 The attention figures look at --images, or else the first images of a
-dataset split (--dataset, default the run's dataset; --split).
+dataset split (--dataset, default the run's dataset; --split): square at
+the model's resolution, or with --max_num_patches=N each at its own
+aspect ratio, at the largest grid of at most N patches (NaFlex; the maps
+and distances then follow each image's grid).
 vit_jax/analysis/attention.py computes the numbers and
 vit_jax/analysis/plots.py draws them.
 """
@@ -59,7 +63,8 @@ def main(argv):
   inference = shared_flags.model_from_flags()
   dataset, data_dir = inference.data(f.dataset, f.data_dir)
   samples = attention_lib.sample_images(inference, f.images + argv[1:],
-                                   f.num_images, dataset, f.split, data_dir)
+                                        f.num_images, dataset, f.split,
+                                        data_dir, f.max_num_patches)
   names = image_files.name_classes(f.labels, dataset, data_dir,
                                    inference.model.num_classes)
   out = f.out or workdir.Workdir(f.workdir).figures

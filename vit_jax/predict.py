@@ -39,10 +39,6 @@ flags.DEFINE_integer("top", 5, "How many classes to show per image.",
 flags.DEFINE_integer("batch_size", 64, "Images per forward pass.")
 flags.DEFINE_bool("json", False, "One JSON object per image instead of "
                   "text.")
-flags.DEFINE_integer(
-    "max_num_patches", 0, "NaFlex: each image at its own aspect ratio, "
-    "resized to the largest grid of at most this many patches (0: square "
-    "images at the model's resolution).", lower_bound=0)
 flags.DEFINE_bool("features", False, "The features the head reads (the "
                   "pooled output, as a headless tower gives it) instead of "
                   "classes; --top and --labels are then unused.")

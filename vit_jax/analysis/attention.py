@@ -18,7 +18,7 @@ import numpy as np
 from vit_jax import errors, models, paths
 from vit_jax.analysis import classify, plots
 from vit_jax.data import image_files as images_lib
-from vit_jax.models import vit
+from vit_jax.models import naflex, vit
 from vit_jax.runs import writers
 
 
@@ -29,31 +29,58 @@ def attention_weights(model, params, images):
   return np.asarray(logits), _per_layer(state["intermediates"])
 
 
-def attention_summary(model, params, images, rollout_count, batch_size=8):
+def attention_summary(model, params, inputs, rollout_count, batch_size=8):
   """(logits [N, classes], mean attention distance [layers, heads] over all
-  `images`, the rollout maps of the first `rollout_count` [k, grid, grid]).
+  images, the rollout maps of the first `rollout_count`: a list of [rows,
+  cols] arrays, one per image).
 
-  A batch at a time: the attention of a large model over many images
-  (layers x heads x tokens^2 each) would not fit in host memory at once.
+  inputs: square images [N, H, W, 3], or a NaFlex batch (models/naflex.py),
+  whose images each have their own grid; each image's numbers come from
+  its real patches only. A batch at a time: the attention of a large model
+  over many images (layers x heads x tokens^2 each) would not fit in host
+  memory at once.
   """
   if model.config.num_registers:
     raise errors.InputError(
         f"the model has {model.config.num_registers} register tokens: the "
         "attention figures read a class token and patches only")
   token = model.config.classifier == "token"
-  grid = images.shape[1] // model.token_stride
+  grids = patch_grids(model, inputs)
   logits, distance_sum, maps = [], 0, []
-  for start in range(0, len(images), batch_size):
-    batch = images[start:start + batch_size]
+  for start in range(0, len(grids), batch_size):
+    batch = jax.tree.map(lambda x: x[start:start + batch_size], inputs)
     batch_logits, attention = attention_weights(model, params, batch)
     logits.append(batch_logits)
-    distance_sum = distance_sum + len(batch) * mean_attention_distance(
-        attention, grid, model.token_stride, token)
-    if start < rollout_count:
-      maps.append(attention_rollout(attention[:, :rollout_count - start],
-                                    token))
-  return (np.concatenate(logits), distance_sum / len(images),
-          np.concatenate(maps))
+    for i, (rows, cols) in enumerate(grids[start:start + batch_size]):
+      tokens = token + rows * cols  # The image's own; padding follows.
+      own = attention[:, i:i + 1, :, :tokens, :tokens]
+      distance_sum = distance_sum + mean_attention_distance(
+          own, (rows, cols), model.token_stride, token)
+      if start + i < rollout_count:
+        maps.append(attention_rollout(own, token, (rows, cols))[0])
+  return np.concatenate(logits), distance_sum / len(grids), maps
+
+
+def patch_grids(model, inputs):
+  """[N, 2]: each image's (rows, cols) of patches, for square images or a
+  NaFlex batch."""
+  if isinstance(inputs, naflex.Patches):
+    return np.asarray(inputs.grid)
+  side = inputs.shape[1] // model.token_stride
+  return np.full((len(inputs), 2), side)
+
+
+def pictures(model, inputs):
+  """The images as the model sees them, for showing: square images as they
+  are; a NaFlex batch's patches put back together, each image [rows * p,
+  cols * p, 3] at its resized shape."""
+  if not isinstance(inputs, naflex.Patches):
+    return list(inputs)
+  p = model.config.patch_size
+  return [
+      np.asarray(pixels[:rows * cols]).reshape(rows, cols, p, p, 3)
+      .transpose(0, 2, 1, 3, 4).reshape(rows * p, cols * p, 3)
+      for pixels, (rows, cols) in zip(inputs.pixels, np.asarray(inputs.grid))]
 
 
 @functools.lru_cache(maxsize=4)
@@ -78,9 +105,10 @@ def _per_layer(intermediates):
   return np.stack([by_layer[i] for i in range(len(by_layer))])
 
 
-def attention_rollout(attentions, class_token=True):
+def attention_rollout(attentions, class_token=True, grid=None):
   """Attention rollout (Abnar & Zuidema, 2020): how much each patch feeds the
-  output through all layers, [N, grid, grid].
+  output through all layers, [N, rows, cols] (a square grid unless `grid`
+  gives its (rows, cols)).
 
   attentions: [layers, N, heads, tokens, tokens]. Per layer the heads are
   averaged, the identity added for the residual connection and the rows
@@ -97,8 +125,9 @@ def attention_rollout(attentions, class_token=True):
     patches = rollout[:, 0, 1:]
   else:
     patches = rollout.mean(axis=1)
-  grid = models.grid_side(patches.shape[-1])
-  return patches.reshape(-1, grid, grid)
+  if grid is None:
+    grid = (models.grid_side(patches.shape[-1]),) * 2
+  return patches.reshape(-1, *grid)
 
 
 def mean_attention_distance(attentions, grid_size, patch_size,
@@ -107,14 +136,16 @@ def mean_attention_distance(attentions, grid_size, patch_size,
   a query patch's centre and its key patches' centres, averaged over query
   patches and images.
 
-  attentions: [layers, N, heads, tokens, tokens]. The class token is left
+  attentions: [layers, N, heads, tokens, tokens], over a grid of
+  grid_size x grid_size patches, or of (rows, cols). The class token is left
   out as query and as key; each query's weights on the patches are
   renormalised to sum to one.
   """
   if class_token:
     attentions = attentions[..., 1:, 1:]
   weights = attentions / attentions.sum(axis=-1, keepdims=True)
-  rows, cols = np.divmod(np.arange(grid_size * grid_size), grid_size)
+  height, width = np.broadcast_to(grid_size, 2)
+  rows, cols = np.divmod(np.arange(height * width), width)
   centres = np.stack([rows, cols], axis=-1) * patch_size
   distance = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
   per_query = (weights * distance).sum(axis=-1)  # [layers, N, heads, queries]
@@ -164,27 +195,44 @@ def embedding_components(kernel, count=28):
           variance[:count] / variance.sum())
 
 
-def describe(model, image_size):
+def uniform_distance(grids, patch_size):
+  """The mean attention distance in pixels of attention spread evenly over
+  each image's patches, averaged over the images' (rows, cols) `grids`."""
+  shapes, counts = np.unique(np.asarray(grids), axis=0, return_counts=True)
+  distances = [
+      mean_attention_distance(
+          np.full((1, 1, 1, rows * cols, rows * cols), 1 / (rows * cols)),
+          (rows, cols), patch_size, False)[0, 0]
+      for rows, cols in shapes]
+  return float(np.average(distances, weights=counts))
+
+
+def describe(model, resolution):
   config = model.config
   return (f"{config.num_layers} layers x {config.num_heads} heads, width "
-          f"{config.hidden_size}, {model.describe_patch()}, {image_size}px")
+          f"{config.hidden_size}, {model.describe_patch()}, {resolution}")
 
 
-def sample_images(inference, paths, count, dataset, split, data_dir):
+def sample_images(inference, paths, count, dataset, split, data_dir,
+                  max_num_patches=0):
   """(images, labels or None, where from) for the attention figures: the
-  files `paths` name, or else the first images of `dataset`'s `split`."""
+  files `paths` name, or else the first images of `dataset`'s `split`;
+  square at the model's resolution, or with `max_num_patches` each at its
+  own aspect ratio, a NaFlex batch."""
   size, crop = inference.image_size, inference.crop_fraction
+  budget = naflex.budget_of(max_num_patches, inference.model)
   if paths:
     files = images_lib.expand(paths)[:count]
-    return (images_lib.from_files(files, size, crop), None,
-            f"{len(files)} images from {', '.join(paths)}")
+    images = (images_lib.naflex_from_files(files, *budget) if budget else
+              images_lib.from_files(files, size, crop))
+    return images, None, f"{len(files)} images from {', '.join(paths)}"
   if not dataset:
     raise errors.InputError(
         "the attention figures need images: give --images or "
         "--dataset")
   images, labels = images_lib.from_dataset(dataset, split, count, size, crop,
-                                           data_dir)
-  return images, labels, f"the first {len(images)} of {dataset} {split}"
+                                           data_dir, budget)
+  return images, labels, f"the first {len(labels)} of {dataset} {split}"
 
 
 def write_all(inference, out, samples, names=None, rollout_images=8,
@@ -197,7 +245,12 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
   The training curves need the run's `workdir`.
   """
   model, params, size = inference.model, inference.params, inference.image_size
-  title = describe(model, size)
+  images, labels, source = samples
+  grids = patch_grids(model, images)
+  if isinstance(images, naflex.Patches):
+    title = describe(model, f"at most {images.pixels.shape[1]} patches")
+  else:
+    title = describe(model, f"{size}px")
   token = model.config.classifier == "token"  # Else GAP: no class token.
   # Made first, so that a folder that cannot be made fails before the
   # model runs; a bucket has no folders to make.
@@ -218,19 +271,17 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
     plots.position_similarity(position_similarity(posemb, token), title,
                                 path("position_embedding_similarity.png"))
 
-  images, labels, source = samples
   logits, distances, maps = attention_summary(model, params, images,
                                               rollout_images)
-  grid = size // model.token_stride
-  even = np.full((1, 1, 1, grid * grid, grid * grid), 1 / grid**2)
   plots.attention_distance(
-      distances,
-      mean_attention_distance(even, grid, model.token_stride, False)[0, 0],
-      size, f"{title}\nover {source}", path("mean_attention_distance.png"))
+      distances, uniform_distance(grids, model.token_stride),
+      int(grids.max()) * model.token_stride, f"{title}\nover {source}",
+      path("mean_attention_distance.png"))
   captions = [caption(logits[i], names, None if labels is None else labels[i])
               for i in range(len(maps))]
-  plots.attention_rollout(images[:len(maps)], maps, captions, title,
-                            path("attention_rollout.png"), labels is not None)
+  plots.attention_rollout(pictures(model, images)[:len(maps)], maps, captions,
+                          title, path("attention_rollout.png"),
+                          labels is not None)
 
   if workdir:
     plots.training_curves(writers.read_rows(workdir), workdir,

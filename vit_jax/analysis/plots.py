@@ -85,7 +85,8 @@ def position_similarity(similarity, title, path):
 def attention_distance(distances, uniform, image_size, title, path):
   """Mean attention distance against depth, one dot per head (Fig. 7,
   right). distances: [layers, heads] in pixels; uniform: the distance of
-  attention spread evenly over the patches, drawn as a reference."""
+  attention spread evenly over the patches, drawn as a reference;
+  image_size: the longest side in pixels, the axis's top."""
   layers, heads = distances.shape
   figure, ax = _subplots(figsize=(5.6, 4))
   colours = matplotlib.colormaps["tab20" if heads > 10 else "tab10"]
@@ -110,12 +111,14 @@ def attention_rollout(images, maps, captions, title, path, labelled=False):
   """Fig. 6: each image over the attention its output draws from, through
   all layers; maps [N, grid, grid] are scaled to a maximum of 1 each and
   upsampled to the image, whose pixels they weight. Captions name the
-  prediction, after the label when `labelled`."""
-  count, size = len(images), images.shape[1]
+  prediction, after the label when `labelled`. Images and maps may each
+  have their own shape (NaFlex: [rows, cols] maps over images of rows x
+  cols patches)."""
+  count = len(images)
   figure, axes = _subplots(2, count, figsize=(1.5 * count + 0.2, 3.4),
                            squeeze=False, layout="constrained")
   for i in range(count):
-    weight = _upsample(maps[i] / maps[i].max(), size)
+    weight = _upsample(maps[i] / maps[i].max(), images[i].shape[:2])
     axes[0, i].imshow(images[i], interpolation="nearest")
     axes[1, i].imshow((images[i] * weight[..., None]).astype(np.uint8),
                       interpolation="nearest")
@@ -132,15 +135,18 @@ def attention_rollout(images, maps, captions, title, path, labelled=False):
   _save(figure, path)
 
 
-def _upsample(grid_map, size):
-  """Bilinear upsampling of a [g, g] map to [size, size], sampling the
-  pixel centres."""
-  grid = grid_map.shape[0]
-  coords = np.clip((np.arange(size) + 0.5) * grid / size - 0.5, 0, grid - 1)
-  low = np.floor(coords).astype(int)
-  high = np.minimum(low + 1, grid - 1)
-  frac = coords - low
+def _upsample(grid_map, shape):
+  """Bilinear upsampling of a [rows, cols] map to `shape` (height, width),
+  sampling the pixel centres."""
+
+  def taps(grid, size):
+    coords = np.clip((np.arange(size) + 0.5) * grid / size - 0.5, 0, grid - 1)
+    low = np.floor(coords).astype(int)
+    return low, np.minimum(low + 1, grid - 1), coords - low
+
+  low, high, frac = taps(grid_map.shape[0], shape[0])
   rows = (grid_map[low] * (1 - frac)[:, None] + grid_map[high] * frac[:, None])
+  low, high, frac = taps(grid_map.shape[1], shape[1])
   return rows[:, low] * (1 - frac) + rows[:, high] * frac
 
 

@@ -88,8 +88,8 @@ def floats(values, flag):
 
 
 def define_images():
-  """--images, --labels, --dataset and --data_dir: what a tool looks at and
-  what it calls the classes."""
+  """--images, --labels, --dataset, --data_dir and --max_num_patches: what
+  a tool looks at, how, and what it calls the classes."""
   flags.DEFINE_list("images", [], "Image files, folders or globs (also taken "
                     "as positional arguments).")
   flags.DEFINE_string("labels", "", "A text file of class names, one per "
@@ -99,3 +99,7 @@ def define_images():
                       "images (default: the run's).")
   flags.DEFINE_string("data_dir", "", "Its TFDS data_dir (default: the "
                       "run's).")
+  flags.DEFINE_integer(
+      "max_num_patches", 0, "NaFlex: each image at its own aspect ratio, "
+      "resized to the largest grid of at most this many patches (0: square "
+      "images at the model's resolution).", lower_bound=0)

@@ -71,15 +71,16 @@ def _decoded(path):
 
 
 def from_dataset(dataset, split, count, image_size, crop_fraction=1.0,
-                 data_dir=None):
+                 data_dir=None, budget=None):
   """(the first `count` images of `split`, their labels), as the evaluators
-  read them."""
+  read them: square, or with a NaFlex `budget` (models/naflex.py) a
+  NaFlex batch."""
   source = sources.lookup(dataset, data_dir)
   count = min(count, source.num_examples(split))
   batch = next(pipeline.eval_dataset(
       source, split, batch_size=count, image_size=image_size,
-      eval_crop_fraction=crop_fraction).as_numpy_iterator())
-  return batch["image"], batch["label"]
+      eval_crop_fraction=crop_fraction, naflex=budget).as_numpy_iterator())
+  return naflex.inputs_of(batch), batch["label"]
 
 
 def class_names(dataset, data_dir=None):
