@@ -129,7 +129,8 @@ def test_padding_changes_nothing():
 
 
 @pytest.mark.parametrize("overrides", [
-    dict(classifier="token"), dict(classifier="gap", posemb="sincos2d"),
+    dict(classifier="token", attention="splash"),
+    dict(classifier="gap", posemb="sincos2d"),
     dict(classifier="map", posemb="learn2d", attention="fused")])
 def test_a_square_image_at_its_tables_grid_is_the_square_model(overrides):
   """At the grid the position table was made at, the resize is the

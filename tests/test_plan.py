@@ -137,6 +137,30 @@ def test_every_generation_is_planned(later_generations):
       275e12, 197e12, 459e12, 918e12]
 
 
+def test_splash_attentions_kernels_are_reported_not_counted_free(
+    later_generations):
+  """model.attention=splash compiles to Pallas kernels, whose work libtpu
+  does not see: the plan counts them and their FLOPs apart."""
+  einsum = later_generations[list(LATER_SLICES).index("v6e-4")]
+  splash = cost_lib.plan(tiny_pretraining(
+      batch_size=64, image_size=16, **{"model.attention": "splash"}),
+      "v6e-4", classes=10)
+  # One block: the forward kernel and the backward's two (dq, dk and dv).
+  assert splash.pallas_kernels == 3 and einsum.pallas_kernels == 0
+  # 2 tokens (a patch and the class token) padded to the kernel's 128.
+  assert splash.kernel_flops_per_device_per_step == 3 * 2 * 2 * 128 * 128 * (
+      192) * 64 / 4
+  assert einsum.kernel_flops_per_device_per_step is None
+  assert (splash.model_flops_per_device_per_step
+          == einsum.model_flops_per_device_per_step)
+  assert splash.flops_seconds == pytest.approx(
+      (splash.flops_per_device_per_step
+       + splash.kernel_flops_per_device_per_step) / 918e12)
+  text = report.describe("tiny", splash)
+  assert "kernels       3 Pallas kernels (splash attention)" in text
+  assert "kernels" not in report.describe("tiny", einsum)
+
+
 def test_plans_are_compared_in_one_table(later_generations):
   table = report.describe_comparison("tiny", later_generations)
   lines = table.splitlines()

@@ -103,6 +103,20 @@ def test_fused_attention_trains_digits_as_the_einsum_does(digits_data_dir):
   np.testing.assert_allclose(fused, einsum, rtol=1e-4)
 
 
+def test_splash_attention_trains_as_the_einsum_does_on_a_sharded_mesh(
+    digits_data_dir):
+  """`model.attention=splash` (Pallas's TPU kernel, interpreted here) runs
+  per device over the batch and head axes, and follows the einsum's
+  losses."""
+  mesh = {"mesh": dict(data=2, fsdp=2, model=2)}
+  einsum, _ = first_losses(small_config(digits_data_dir, **mesh),
+                           jax.devices())
+  splash, _ = first_losses(small_config(
+      digits_data_dir, **mesh, **{"model.attention": "splash"}), jax.devices())
+  assert einsum[-1] < einsum[0]
+  np.testing.assert_allclose(splash, einsum, rtol=1e-5)
+
+
 def test_a_run_builds_its_model_and_optimizer_once(digits_data_dir, tmp_path,
                                                    monkeypatch):
   from vit_jax import models  # pylint: disable=g-import-not-at-top

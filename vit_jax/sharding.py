@@ -184,6 +184,13 @@ def constrain(x, names):
   return nn.with_logical_constraint(x, names, rules=LOGICAL_AXIS_RULES)
 
 
+def activation_spec(names):
+  """The PartitionSpec of an activation whose axes have the logical `names`,
+  by LOGICAL_AXIS_RULES: for code that runs per device (shard_map), such as
+  a Pallas kernel, which XLA cannot split itself."""
+  return nn.logical_to_mesh_axes(names, LOGICAL_AXIS_RULES)
+
+
 def batch_sharding(mesh):
   """Leading (example) dimension split over data and fsdp."""
   return NamedSharding(mesh, P(BATCH_AXES))

@@ -11,7 +11,7 @@ forward passes per image: the forward, and a backward of twice its cost.
 """
 
 from vit_jax import models
-from vit_jax.models import masked_patches, resnet
+from vit_jax.models import masked_patches, resnet, splash
 
 TRAIN_FORWARDS = 3  # Forward + backward (two forwards' worth).
 
@@ -34,11 +34,7 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
   vit = model_sizes(model, num_classes)
   config = vit.config
   d, mlp, p = config.hidden_size, config.mlp_dim, config.patch_size
-  stem, side, channels = 0, image_size, 3
-  if config.resnet_stages is not None:
-    stem, side, channels = resnet.conv_flops(config.resnet_stages,
-                                             config.resnet_width, image_size)
-  patches = (side // p) ** 2 if num_patches is None else num_patches
+  stem, channels, patches = _stem_and_patches(config, image_size, num_patches)
   tokens = patches + config.num_prefix_tokens
   embedding = stem + 2 * patches * (p * p * channels) * d
   per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections
@@ -59,3 +55,27 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
     pre_logits, head = 0, 2 * d * masked_patches.NUM_CLASSES * patches
   forward = embedding + config.num_layers * per_layer + pre_logits + head
   return forward * (TRAIN_FORWARDS if train else 1)
+
+
+def splash_train_flops_per_image(model, image_size, num_patches=None):
+  """FLOPs of one image's training step inside the splash attention kernels
+  (models/splash.py), which the compiler's cost model does not count: q.k
+  and weights.v of every block at the tokens the kernel pads to, forward
+  and backward. A floor: the kernel's backward computes q.k again."""
+  config = model_sizes(model).config
+  _, _, patches = _stem_and_patches(config, image_size, num_patches)
+  tokens = splash.padded_tokens(patches + config.num_prefix_tokens)
+  forward = config.num_layers * 2 * 2 * tokens * tokens * config.hidden_size
+  return TRAIN_FORWARDS * forward
+
+
+def _stem_and_patches(config, image_size, num_patches=None):
+  """(a hybrid's ResNet FLOPs or 0, the channels the patch embedding reads,
+  the patches of an image)."""
+  stem, side, channels = 0, image_size, 3
+  if config.resnet_stages is not None:
+    stem, side, channels = resnet.conv_flops(config.resnet_stages,
+                                             config.resnet_width, image_size)
+  if num_patches is None:
+    num_patches = (side // config.patch_size) ** 2
+  return stem, channels, num_patches

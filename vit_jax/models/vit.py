@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import errors, sharding
-from vit_jax.models import masked_patches as mpp_lib, naflex, resnet
+from vit_jax.models import masked_patches as mpp_lib, naflex, resnet, splash
 
 Dtype = Any
 
@@ -40,7 +40,7 @@ REMAT_POLICIES = {
 
 
 POSEMB_KINDS = ("learn", "learn2d", "sincos2d", "none")
-ATTENTION_KINDS = ("einsum", "fused")
+ATTENTION_KINDS = ("einsum", "fused", "splash")
 CLASSIFIERS = ("token", "gap", "map")
 
 
@@ -73,7 +73,9 @@ class ViTConfig:
     reference: two einsums and a softmax, whose weights the Section 4.5
     figures read. "fused": `jax.nn.dot_product_attention`, through cuDNN's
     fused kernel where JAX runs on NVIDIA GPUs in bfloat16 or float16,
-    else XLA's; it keeps no weights and takes no attention dropout.
+    else XLA's. "splash": Pallas's splash attention kernel on TPUs
+    (models/splash.py; interpreted, slowly, elsewhere). "fused" and
+    "splash" keep no weights and take no attention dropout.
   posemb: the position embedding, one of POSEMB_KINDS (Appendix D.4): the
     released models' "learn" (1-D), "learn2d", "sincos2d" or "none".
   resnet_stages: None for a plain ViT; for a hybrid, the units of each
@@ -181,9 +183,10 @@ class Attention(nn.Module):
             name=f"{name}_norm")(y)
       return y
 
-    if config.attention == "fused":
-      out = _fused_attention(project("query"), project("key"),
-                             project("value"), mask)
+    if config.attention in ("fused", "splash"):
+      fused = (_fused_attention if config.attention == "fused" else
+               splash.attention)
+      out = fused(project("query"), project("key"), project("value"), mask)
       return _attention_out(out, width, config)
 
     # Heads before tokens, [..., heads, tokens, head_dim], for both
@@ -758,10 +761,10 @@ class VisionTransformer(nn.Module):
     if config.attention not in ATTENTION_KINDS:
       raise errors.InputError(f"attention must be one of {ATTENTION_KINDS}, "
                               f"got {config.attention!r}")
-    if config.attention == "fused" and config.attention_dropout_rate:
+    if config.attention != "einsum" and config.attention_dropout_rate:
       raise errors.InputError(
-          "attention 'fused' takes no attention_dropout_rate; set it to 0 or "
-          "use attention 'einsum'")
+          f"attention {config.attention!r} takes no attention_dropout_rate; "
+          "set it to 0 or use attention 'einsum'")
     if config.posemb not in POSEMB_KINDS:
       raise errors.InputError(f"posemb must be one of {POSEMB_KINDS}, got "
                               f"{config.posemb!r}")

@@ -107,6 +107,9 @@ class Plan:
   hbm_bytes_per_device: int   # all of it, code and unaliased outputs too
   hbm_capacity_bytes: int     # the device's HBM
   flops_per_device_per_step: float | None      # the compiler's count
+  pallas_kernels: int | None  # custom kernels in the step (model.attention
+                              # "splash"), which the compiler cannot see into
+  kernel_flops_per_device_per_step: float | None  # theirs, not in its count
   bytes_accessed_per_device_per_step: float | None  # the compiler's count
   model_flops_per_device_per_step: float       # flops_lib.flops_per_image's
   peak_flops_per_device: float                 # bfloat16
@@ -145,10 +148,13 @@ class Plan:
 
   @property
   def flops_seconds(self):
-    """The step's FLOPs (the compiler's count) at the bfloat16 peak."""
+    """The step's FLOPs (the compiler's count, and its kernels' that the
+    compiler does not count) at the bfloat16 peak."""
     if self.flops_per_device_per_step is None:
       return None
-    return self.flops_per_device_per_step / self.peak_flops_per_device
+    return ((self.flops_per_device_per_step
+             + (self.kernel_flops_per_device_per_step or 0))
+            / self.peak_flops_per_device)
 
   @property
   def train_chip_hours(self):
@@ -230,11 +236,17 @@ BYTES_PER_ELEMENT = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2,
 CYCLES = "cycles:"
 
 
+# A Pallas kernel compiled for TPUs (Mosaic): libtpu prices it without
+# seeing its work and counts none of its FLOPs.
+PALLAS_KERNEL = 'custom_call_target="tpu_custom_call"'
+
+
 def step_cost(compiled):
-  """{flops, bytes, optimal_seconds, dcn_bytes, cycles:KIND...} of a
-  compiled step for one device: XLA's cost model's (bytes: what its
+  """{flops, bytes, optimal_seconds, dcn_bytes, kernels, cycles:KIND...} of
+  a compiled step for one device: XLA's cost model's (bytes: what its
   instructions read and write in HBM), the bytes it sends between slices,
-  and its instructions' estimated cycles by kind of work (work.py)."""
+  its Pallas kernels and its instructions' estimated cycles by kind of work
+  (work.py)."""
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost  # Older JAX: a list.
   # libtpu's cost model has no time for some of its own custom calls and
@@ -248,6 +260,7 @@ def step_cost(compiled):
   return {"flops": float(cost["flops"]),
           "bytes": float(cost["bytes accessed"]), "optimal_seconds": seconds,
           "dcn_bytes": float(dcn_bytes(text)),
+          "kernels": float(text.count(PALLAS_KERNEL)),
           **{CYCLES + k: float(v) for k, v in work.cycles(text).items()}}
 
 
@@ -384,6 +397,13 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
       program.model, config.image_size, train=True,
       num_patches=config.naflex.max_num_patches or None,
   ) * config.batch_size / len(devices)
+  kernels = cost and round(cost["kernels"])
+  kernel_flops = None
+  if kernels:  # The splash attention's: the only kernels a model runs.
+    kernel_flops = flops_lib.splash_train_flops_per_image(
+        program.model, config.image_size,
+        num_patches=config.naflex.max_num_patches or None,
+    ) * config.batch_size / len(devices)
   step_seconds, dcn_seconds = cost and cost["optimal_seconds"], None
   if cost and dcn_bits_per_chip:
     # A host's devices send at once through its chips' share of DCN.
@@ -403,6 +423,8 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
       hbm_temp_bytes=int(temporaries), hbm_bytes_per_device=int(hbm),
       hbm_capacity_bytes=generation.hbm_bytes,
       flops_per_device_per_step=cost and cost["flops"],
+      pallas_kernels=kernels,
+      kernel_flops_per_device_per_step=kernel_flops,
       bytes_accessed_per_device_per_step=cost and cost["bytes"],
       model_flops_per_device_per_step=float(model_flops),
       peak_flops_per_device=generation.peak_flops,

@@ -78,6 +78,7 @@ def describe(config_name, result):
         f"estimate{' + DCN' if result.dcn_seconds_per_step else ''}): "
         f"MFU {result.mfu:.1%} of "
         f"{result.peak_flops_per_device / 1e12:.1f} TFLOP/s per device",
+        *_kernel_lines(result),
         *_bound_lines(result),
         *_dcn_lines(result),
         *_work_lines(result),
@@ -98,6 +99,18 @@ def describe(config_name, result):
     lines.append("  to make it fit, try:")
     lines.extend(f"    {s}" for s in result.suggestions)
   return "\n".join(lines)
+
+
+def _kernel_lines(result):
+  """What the compiler's figures leave out of the step's Pallas kernels."""
+  if not result.pallas_kernels:
+    return []
+  flops = result.kernel_flops_per_device_per_step
+  return [
+      f"  kernels       {result.pallas_kernels} Pallas kernels (splash "
+      "attention): the compiler prices them without seeing their work and",
+      f"                leaves their {flops:.3g} FLOPs out of its count "
+      f"(at peak, at least {flops / result.peak_flops_per_device:.3g} s)"]
 
 
 def _bound_lines(result):

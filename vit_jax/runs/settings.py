@@ -95,9 +95,10 @@ class Model:
   scan_layers: bool = key(False, "one block applied by nn.scan, its params "
                           "stacked: one block compiled, not num_layers",
                           before=AS_DEFAULT)
-  attention: str = key("auto", '"einsum" (its weights kept for figures), '
-                       '"fused" (cuDNN\'s kernel on NVIDIA GPUs); auto: '
-                       'fused on GPUs', changeable=True, before="einsum")
+  attention: str = key("auto", '"einsum" (weights kept for figures), "fused" '
+                       '(cuDNN\'s on GPUs), "splash" (Pallas\'s on TPUs); '
+                       'auto: fused on GPUs',
+                       changeable=True, before="einsum")
   posemb: str = key("learn", '"learn", "learn2d", "sincos2d" or "none" '
                     "(Appendix D.4)", before=AS_DEFAULT)
   mpp: bool = key(False, "pre-train by masked patch prediction "
