@@ -217,9 +217,11 @@ def test_the_architecture_is_read_back_from_the_params(overrides):
   assert read == model
 
 
-@pytest.mark.parametrize("attention", ["fused", "splash"])
-@pytest.mark.parametrize("overrides", [{}, {"classifier": "map"},
-                                       {"qk_norm": True, "num_registers": 2}])
+@pytest.mark.parametrize("attention, overrides", [
+    ("fused", {}), ("fused", {"classifier": "map"}),
+    ("fused", {"qk_norm": True, "num_registers": 2}),
+    # The pooling head's attention is the einsum's whatever the blocks'.
+    ("splash", {}), ("splash", {"qk_norm": True, "num_registers": 2})])
 def test_fused_attention_computes_the_einsum_function(attention, overrides):
   """Same params, same logits and gradients: a run may switch between them
   (on a GPU, "fused" is cuDNN's kernel, here XLA's; "splash", a TPU
