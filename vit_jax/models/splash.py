@@ -85,4 +85,3 @@ def _splash(query, keys, values, segments, interpret):
   return jax.vmap(lambda q, k, v, s: kernel(
       q, k, v, segment_ids=kernels.SegmentIds(q=s, kv=s)))(
           query, keys, values, segments)
-

@@ -183,9 +183,9 @@ class Attention(nn.Module):
             name=f"{name}_norm")(y)
       return y
 
-    if config.attention in ("fused", "splash"):
-      fused = (_fused_attention if config.attention == "fused" else
-               splash.attention)
+    fused = {"fused": _fused_attention,
+             "splash": splash.attention}.get(config.attention)
+    if fused:
       out = fused(project("query"), project("key"), project("value"), mask)
       return _attention_out(out, width, config)
 

@@ -393,17 +393,16 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
       cost, cost_seconds = unrolled_cost(config, devices, classes)
     else:
       cost = step_cost(compiled)
+  num_patches = config.naflex.max_num_patches or None
+  images_per_device = config.batch_size / len(devices)
   model_flops = flops_lib.flops_per_image(
-      program.model, config.image_size, train=True,
-      num_patches=config.naflex.max_num_patches or None,
-  ) * config.batch_size / len(devices)
+      program.model, config.image_size, train=True, num_patches=num_patches,
+  ) * images_per_device
   kernels = cost and round(cost["kernels"])
   kernel_flops = None
   if kernels:  # The splash attention's: the only kernels a model runs.
     kernel_flops = flops_lib.splash_train_flops_per_image(
-        program.model, config.image_size,
-        num_patches=config.naflex.max_num_patches or None,
-    ) * config.batch_size / len(devices)
+        program.model, config.image_size, num_patches) * images_per_device
   step_seconds, dcn_seconds = cost and cost["optimal_seconds"], None
   if cost and dcn_bits_per_chip:
     # A host's devices send at once through its chips' share of DCN.
