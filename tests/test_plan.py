@@ -395,6 +395,12 @@ def test_auto_attention_is_cudnns_on_gpus_in_half_precision():
   # A config that names one keeps it.
   assert fitting.attention(dataclasses.replace(model, attention="fused"),
                            tpu) == "fused"
+  # Splash is a TPU kernel: a GPU is refused it; a CPU interprets it.
+  splash = dataclasses.replace(model, attention="splash")
+  assert fitting.attention(splash, tpu) == "splash"
+  assert fitting.attention(splash, jax.devices()[0]) == "splash"
+  with pytest.raises(errors.ConfigError, match="'fused'"):
+    fitting.attention(splash, gpu)
   fitted = resolve.program(tiny_pretraining(
       batch_size=64, image_size=16, **{"model.remat_policy": ""}),
       catalogue.topology("v6e-4").devices, 10)

@@ -24,6 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax.models import naflex as naflex_lib
 
 AUTO = "auto"
@@ -40,6 +41,13 @@ REMAT_BY_MEMORY = ("", "dots_saveable", "dots_with_no_batch_dims_saveable",
 def attention(model, device):
   """What `model` (runs/settings.py's Model) computes attention with on
   `device`."""
+  if model.attention == "splash" and device.platform == "gpu":
+    # Pallas would interpret its TPU kernel op by op: a run of hours that
+    # looks as if it hangs.
+    raise errors.ConfigError(
+        "config.model.attention='splash' is Pallas's TPU kernel, which a GPU "
+        "could only interpret, many times slower than the einsum: use "
+        "'fused' (cuDNN's kernel) or 'auto'")
   if model.attention != AUTO:
     return model.attention
   if (device.platform == "gpu" and model.dtype in ("bfloat16", "float16")
