@@ -124,10 +124,13 @@ def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
   for i in range(3):
     epath.Path(images / f"{i}.png").copy(
         epath.Path(f"{gcs_bucket}/images/{i}.png"))
-  on_gcs = tool(cwd, "predict", f"--workdir={workdir}",
-                f"--images={gcs_bucket}/images", "--json")
-  on_disk = tool(cwd, "predict", f"--workdir={local}", f"--images={images}",
-                 "--json")
+  # The same images from the bucket and from the disk, in one call (the
+  # run's params are the local run's, above).
+  lines = tool(cwd, "predict", f"--workdir={workdir}",
+               f"--images={gcs_bucket}/images,{images}", "--json").splitlines()
+  assert len(lines) == 6
+  on_gcs, on_disk = "\n".join(lines[:3]), "\n".join(lines[3:])
+  assert f"{gcs_bucket}/images/0.png" in on_gcs
   assert on_gcs.replace(f"{gcs_bucket}/images", str(images)) == on_disk
 
   tool(cwd, "figures", f"--workdir={workdir}", "--num_images=4",

@@ -1,7 +1,8 @@
-"""A pod of processes on this machine (launch/local_pod.sh) runs like one."""
+"""A pod of processes on this machine (launch/local_pod.sh) runs like one.
 
-import os
-import shutil
+Both processes of a pod setting a damaged checkpoint aside alike:
+tests/test_gcs_workdir.py, with the workdir on Cloud Storage."""
+
 import subprocess
 import time
 
@@ -85,26 +86,3 @@ def test_a_process_that_dies_takes_the_pod_down_with_no_orphans(
   left = subprocess.run(["pgrep", "-f", "--", f"--workdir={workdir} "],
                         capture_output=True, text=True).stdout.split()
   assert not left
-
-
-def test_both_processes_set_aside_a_damaged_checkpoint_and_resume_alike(
-    digits_data_dir, tmp_path, pod_run):
-  pod_workdir, _ = pod_run
-  workdir = str(tmp_path / "run")
-  shutil.copytree(pod_workdir, workdir)
-  step_dir = os.path.join(workdir, "checkpoints", "16")
-  data = [os.path.join(root, name) for root, _, names in os.walk(step_dir)
-          for name in names if f"{os.sep}d{os.sep}" in f"{root}{os.sep}"]
-  for path in data:  # Every process's files: each reads some of them.
-    with open(path, "r+b") as f:
-      f.truncate(os.path.getsize(path) // 2)
-  code, stdout, stderr = finish(start_pod(2, 4, main_flags(
-      workdir, digits_data_dir, **{**POD, "total_steps": 20})))
-  assert code == 0, stderr[-3000:]
-  assert "Resuming at step 8 of 20" in stdout
-  for process in (0, 1):
-    assert any(line.startswith(f"[{process}]") and
-               "checkpoint of step 16 does not read" in line
-               for line in (stdout + stderr).splitlines()), stdout[-3000:]
-  assert os.path.isdir(os.path.join(workdir, "checkpoints", "16.corrupt"))
-  assert max(logged(workdir)) == 20
