@@ -457,8 +457,9 @@ def test_imagenet_finetune_starts_from_an_i21k_pretrain_run(
 # run once more, from scratch (the JFT models are not public; loading is the
 # test above's). A config's row sets its data, splits and evaluators and its
 # column the model, so every pairing need not run: all of them pass the
-# full-size checks above, and L/16 pre-trains above.
-OTHER_RUNS = ["pretrain:H/14,jft", "finetune:H/14-jft,imagenet",
+# full-size checks above, and L/16 pre-trains and fine-tunes on ImageNet
+# above.
+OTHER_RUNS = ["pretrain:H/14,jft",
               "finetune:H/14-jft,pets", "finetune:L/16-jft,cifar10",
               "finetune:L/16-jft,flowers", "finetune:L/16-i21k,cifar100"]
 
