@@ -88,15 +88,15 @@ def record(workdir):
   return Workdir(workdir).read_time()
 
 
-def test_sigterm_twice_buckets_add_up_to_the_wall_time(digits_data_dir,
-                                                       tmp_path):
+def test_a_stop_and_a_resume_buckets_add_up_to_the_wall_time(
+    digits_data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   # The first run also traces steps 3 and 4 (training/profiling.py).
   args = [*main_flags(workdir, digits_data_dir, **RUN,
                       profile_steps="3,2"),
           f"--compilation_cache={tmp_path / 'cache'}"]
   walls, compiles = [], []
-  for stop_at in (8, 23, None):
+  for stop_at in (8, None):
     wall, stdout = timed_run(args, stop_at, workdir=workdir)
     walls.append(wall)
     compiles.append(record(workdir)["seconds"]["compile"]
@@ -117,9 +117,9 @@ def test_sigterm_twice_buckets_add_up_to_the_wall_time(digits_data_dir,
   (run,) = plugin.generate_runs()
   assert plugin._get_xplane_basenames(  # pylint: disable=protected-access
       plugin._run_to_profile_run_dir[run])  # pylint: disable=protected-access
-  # The two resumes read their programs from the cache the first wrote.
-  assert compiles[1] < compiles[0] and compiles[2] < compiles[0]
-  # The rows carry the buckets, cumulative across the restarts.
+  # The resume reads its programs from the cache the first run wrote.
+  assert compiles[1] < compiles[0]
+  # The rows carry the buckets, cumulative across the restart.
   rows = [r for r in metric_rows(workdir) if "time/train" in r]
   assert [r["step"] for r in rows] == list(range(1, 41))
   totals = [sum(r[goodput.METRIC_PREFIX + b] for b in goodput.BUCKETS)
