@@ -75,8 +75,8 @@ class ViTConfig:
     fused kernel where JAX runs on NVIDIA GPUs in bfloat16 or float16,
     else XLA's. "splash": Pallas's splash attention kernel on TPUs
     (models/splash.py; interpreted, slowly, on CPUs; runs refuse it on
-    GPUs). "fused" and
-    "splash" keep no weights and take no attention dropout.
+    GPUs). "fused" and "splash" keep no weights and take no attention
+    dropout.
   posemb: the position embedding, one of POSEMB_KINDS (Appendix D.4): the
     released models' "learn" (1-D), "learn2d", "sincos2d" or "none".
   resnet_stages: None for a plain ViT; for a hybrid, the units of each
