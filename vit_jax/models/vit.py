@@ -16,7 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import errors, sharding
-from vit_jax.models import masked_patches as mpp_lib, naflex, resnet, splash
+from vit_jax.models import (
+  masked_patches as mpp_lib,
+  naflex,
+  options,
+  resnet,
+  splash,
+)
 
 Dtype = Any
 
@@ -47,84 +53,98 @@ CLASSIFIERS = ("token", "gap", "map")
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ViTConfig:
   """Every setting of a ViT but its number of classes: what `models.create`
-  takes as overrides (config.model, less its name). Each module reads what
-  it needs of it.
+  takes as overrides, and config.model's keys (runs/settings.py derives
+  them from these fields). Each module reads what it needs of it.
 
-  patch_size, hidden_size, num_layers, num_heads, mlp_dim: the sizes (Table
-    1 of the paper).
-  classifier: "token" prepends a learned class token and reads it out; "gap"
-    averages the patch tokens (no class token, Appendix D.3); "map" pools
-    every token by attention from a learned probe (big_vision's MAPHead,
-    SigLIP's; no class token).
-  representation_size: width of the tanh pre-logits layer used in
-    pre-training, or None for a plain linear head (fine-tuning).
-  dropout_rate: after the position embedding, in the MLPs and on each
-    block's residual branches; attention_dropout_rate: on the attention
-    weights.
-  dtype, param_dtype: what the model computes in and stores its params in.
-  remat_policy: a key of REMAT_POLICIES; each block's backward recomputes
-    what the policy does not keep, trading FLOPs for memory.
-  scan_layers: one `encoderblock` applied by nn.scan, its params stacked on
-    a leading "layers" axis: the step compiles one block, not num_layers.
-    `weights.npz` converts to and from the release's `encoderblock_{i}`.
-    Neither remat_policy nor scan_layers changes the results.
-  attention: how the blocks compute attention, one of ATTENTION_KINDS; the
-    function is the same (softmax in float32 either way). "einsum", the
-    reference: two einsums and a softmax, whose weights the Section 4.5
-    figures read. "fused": `jax.nn.dot_product_attention`, through cuDNN's
-    fused kernel where JAX runs on NVIDIA GPUs in bfloat16 or float16,
-    else XLA's. "splash": Pallas's splash attention kernel on TPUs
-    (models/splash.py; interpreted, slowly, on CPUs; runs refuse it on
-    GPUs). "fused" and "splash" keep no weights and take no attention
-    dropout.
-  posemb: the position embedding, one of POSEMB_KINDS (Appendix D.4): the
-    released models' "learn" (1-D), "learn2d", "sincos2d" or "none".
-  resnet_stages: None for a plain ViT; for a hybrid, the units of each
-    stage of the BiT ResNet stem (`models/resnet.py`) whose feature map the
-    patch embedding reads, e.g. (3, 4, 9) for R50+ViT-B/16.
-  resnet_width: the stem's root width in channels (64 x BiT's width factor).
-  layer_norm_epsilon, gelu ("tanh" or "exact"), final_norm ("tokens" or
-    "pooled"): what differs between the release's function (the defaults)
-    and the weights of HF transformers and timm
-    (vit_jax/weights/torch_layouts.py). final_norm "pooled" normalises what
-    the head reads instead of every token, and keeps the last LayerNorm's
-    params as `fc_norm`.
-  head_bias_init: the classifier head's initial bias, for every class: 0
-    (the release's), or e.g. -10 for a sigmoid loss, which then starts
-    from every class improbable rather than at probability 1/2.
-  layer_scale: None, or the initial value of a learned per-channel scale on
-    each block's two residual branches (CaiT's layer scale, DINOv2's).
-  num_registers: learned register tokens put after the class token once the
-    position embedding is added (they get none), and left out of "gap"'s
-    mean and "map"'s pooling ("Vision Transformers Need Registers";
-    DINOv2 with registers).
-  qk_norm: a LayerNorm over each head's queries and keys before their
-    product (timm's qk_norm).
+  Notes beyond each field's description:
+  classifier "map" is big_vision's MAPHead (SigLIP's). remat_policy and
+  scan_layers never change the results; a scanned model's stacked blocks
+  are converted to and from the release's `encoderblock_{i}` by
+  `weights.npz`. attention: the function is the same whichever computes
+  it (softmax in float32); "einsum" is the reference whose weights the
+  Section 4.5 figures read, "fused" is `jax.nn.dot_product_attention`
+  (cuDNN's kernel on NVIDIA GPUs in half precision, else XLA's), "splash"
+  Pallas's kernel (models/splash.py; interpreted on CPUs, refused on
+  GPUs); neither keeps weights or takes attention dropout.
+  layer_norm_epsilon, gelu and final_norm are what differs between the
+  release's function (the defaults) and the weights of HF transformers and
+  timm (vit_jax/weights/torch_layouts.py); final_norm "pooled" keeps the
+  last LayerNorm's params as `fc_norm`. Registers follow the class token
+  once the position embedding is added (they get none) and are left out
+  of "gap"'s mean and "map"'s pooling.
   """
-  patch_size: int
-  hidden_size: int
-  num_layers: int
-  num_heads: int
-  mlp_dim: int
-  classifier: str = "token"
-  representation_size: Optional[int] = None
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  remat_policy: str = ""
-  scan_layers: bool = False
-  attention: str = "einsum"
-  posemb: str = "learn"
-  resnet_stages: Optional[tuple] = None
-  resnet_width: int = 64
-  layer_norm_epsilon: float = 1e-6
-  gelu: str = "tanh"
-  final_norm: str = "tokens"
-  head_bias_init: float = 0.0
-  layer_scale: Optional[float] = None
-  num_registers: int = 0
-  qk_norm: bool = False
+  patch_size: int = options.key(
+      description="pixels per patch side; unset: the name's", config=None,
+      before=None, at_least=1)
+  hidden_size: int = options.key(
+      description="the token width; unset: the name's", config=None,
+      before=None, at_least=1)
+  num_layers: int = options.key(
+      description="Transformer blocks; unset: the name's", config=None,
+      before=None, at_least=1)
+  num_heads: int = options.key(
+      description="attention heads; unset: the name's", config=None,
+      before=None, at_least=1)
+  mlp_dim: int = options.key(
+      description="the MLPs' hidden width; unset: the name's", config=None,
+      before=None, at_least=1)
+  classifier: str = options.key(
+      "token", '"token", "gap" or "map"; unset: init_from\'s, else "token"',
+      config=None)
+  representation_size: Optional[int] = options.key(
+      None, "a tanh pre-logits layer of this width (pre-training); unset: "
+      "none", at_least=1)
+  dropout_rate: float = options.key(
+      0.0, "dropout after the position embedding, in the MLPs and on the "
+      "residual branches", at_least=0.0, below=1.0)
+  attention_dropout_rate: float = options.key(
+      0.0, "dropout on the attention weights", at_least=0.0, below=1.0)
+  dtype: str = options.key(
+      "float32", "what the model computes in: float32 or bfloat16")
+  param_dtype: str = options.key(
+      "float32", "what the params are kept in; unset: float32", config=None,
+      before=None)
+  remat_policy: str = options.key(
+      "", "what each block's backward keeps, the rest recomputed "
+      "(models.REMAT_POLICIES); '': all; auto: all where it fits",
+      config="auto", changeable=True, before="")
+  scan_layers: bool = options.key(
+      False, "one block applied by nn.scan, its params stacked: one block "
+      "compiled, not num_layers", before=options.AS_DEFAULT)
+  attention: str = options.key(
+      "einsum", '"einsum" (weights kept for figures), "fused" (cuDNN\'s on '
+      'GPUs), "splash" (Pallas\'s on TPUs); auto: fused on GPUs',
+      config="auto", changeable=True, before="einsum")
+  posemb: str = options.key(
+      "learn", '"learn", "learn2d", "sincos2d" or "none" (Appendix D.4)',
+      before=options.AS_DEFAULT)
+  resnet_stages: Optional[tuple] = options.key(
+      None, "a hybrid's ResNet units per stage, e.g. (3, 4, 9) for "
+      "R50+B/16; unset: the name's", before=None)
+  resnet_width: int = options.key(
+      64, "a hybrid's ResNet base width; unset: 64", config=None,
+      before=None, at_least=1)
+  layer_norm_epsilon: float = options.key(
+      1e-6, "the LayerNorms' epsilon; unset: init_from's, else 1e-6",
+      config=None, before=1e-6)
+  gelu: str = options.key(
+      "tanh", '"tanh" or "exact"; unset: init_from\'s, else "tanh"',
+      config=None, before="tanh")
+  final_norm: str = options.key(
+      "tokens", '"tokens" or "pooled"; unset: init_from\'s, else "tokens"',
+      config=None, before="tokens")
+  head_bias_init: float = options.key(
+      0.0, "the head's initial bias (-10 starts a sigmoid loss with every "
+      "class improbable)", before=options.AS_DEFAULT)
+  layer_scale: Optional[float] = options.key(
+      None, "the initial value of a per-channel scale on each residual "
+      "branch; unset: init_from's, else none", before=None)
+  num_registers: int = options.key(
+      0, "register tokens after the class token; unset: init_from's, else 0",
+      config=None, before=0, at_least=0)
+  qk_norm: bool = options.key(
+      False, "a LayerNorm over each head's queries and keys; unset: "
+      "init_from's, else off", config=None, before=False)
 
   @property
   def class_token(self):
@@ -399,9 +419,8 @@ class AddPositionEmbedding(nn.Module):
                        "the position table a NaFlex batch resizes")
       token, square = table[:class_tokens], table[class_tokens:]
       # Each patch's weight on every entry of the table, [N, L, side^2],
-      # then one matmul: XLA:CPU ran the three-way einsum through a
-      # [N, L, side, D] intermediate, a tenth of an S/16 step
-      # (benchmarks/naflex.py).
+      # then one matmul, so that XLA:CPU builds no [N, L, side, D]
+      # intermediate (docs/naflex.md).
       weights = (naflex.position_weights(rows, grid[:, :1], side)[..., None]
                  * naflex.position_weights(cols, grid[:, 1:], side)[
                      ..., None, :])
@@ -564,9 +583,9 @@ class ImageEncoder(nn.Module):
 def _patch_embedding(encoder, patches):
   """The embedding convolution's function on flattened patches [N, L,
   p * p * 3], as one matmul with its kernel [p, p, 3, D] flattened in the
-  same order: XLA:CPU's convolution over N * L patches of p x p, and its
-  gradient, ran the train step slower. The params are made by square
-  images, as every position table is."""
+  same order, which XLA:CPU runs faster than a convolution over N * L
+  patches (docs/naflex.md). The params are made by square images, as
+  every position table is."""
   params = encoder.variables.get("params", {}).get("embedding")
   if params is None:
     raise errors.InputError(
@@ -726,14 +745,12 @@ class VisionTransformer(nn.Module):
   def check_options(self):
     """InputError for options no model has; models.create calls it too."""
     config = self.config
-    for name in ("patch_size", "hidden_size", "num_layers", "num_heads",
-                 "mlp_dim", "resnet_width", "representation_size"):
-      value = getattr(config, name)
-      if name == "representation_size" and value is None:
-        continue
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise errors.InputError(f"{name} must be a whole number >= 1, got "
-                                f"{value!r}")
+    for field in dataclasses.fields(config):  # Their declared bounds.
+      problem = options.out_of_bounds(
+          field.name, getattr(config, field.name), field.metadata,
+          unset_allowed=field.default is None)
+      if problem:
+        raise errors.InputError(problem)
     for name in ("dtype", "param_dtype"):
       try:
         floating = jnp.issubdtype(jnp.dtype(getattr(config, name)),
@@ -750,10 +767,6 @@ class VisionTransformer(nn.Module):
     if config.classifier not in CLASSIFIERS:
       raise errors.InputError(f"classifier must be one of {CLASSIFIERS}, got "
                               f"{config.classifier!r}")
-    if isinstance(config.num_registers, bool) or not isinstance(
-        config.num_registers, int) or config.num_registers < 0:
-      raise errors.InputError(f"num_registers must be a whole number >= 0, "
-                              f"got {config.num_registers!r}")
     if config.layer_scale is not None and (
         isinstance(config.layer_scale, bool)
         or not isinstance(config.layer_scale, (int, float))):

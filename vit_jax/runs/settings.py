@@ -23,45 +23,20 @@ README's "Config keys" table names every key here, and every key has a
 description (tests/test_readme.py, tests/test_settings.py).
 """
 
-import copy
 import dataclasses
 import json
-import numbers
 import types
 from typing import Optional
 
 import ml_collections
 
 from vit_jax import errors
+from vit_jax.models import options
+from vit_jax.models.vit import ViTConfig
 
-# `before` of a key that runs recorded from the first: none.
-ORIGINAL = object()
-# `before` of a key whose value a restart resolves (training/resolve.py).
-RESOLVED = object()
-# `before` of a key that did what its default does.
-AS_DEFAULT = object()
-
-
-def key(default, description, *, at_least=None, below=None, at_most=None,
-        changeable=False, before=ORIGINAL):
-  """A field of a config section: `default`, a one-line `description`; for
-  a number, its bounds: `at_least`, and `below` or `at_most` (None: none;
-  an int `at_least` alone asks for a whole number); whether a restart may
-  change it (`changeable`), and `before` (module docstring)."""
-  metadata = {"description": description, "at_least": at_least,
-              "below": below, "at_most": at_most, "changeable": changeable,
-              "before": before}
-  if isinstance(default, dict):
-    return dataclasses.field(default_factory=lambda: copy.deepcopy(default),
-                             metadata=metadata)
-  return dataclasses.field(default=default, metadata=metadata)
-
-
-def size(description, unset="the name's"):
-  """A model's size field: unset (None), what the model's name says
-  (models.VARIANTS, its patch size, a hybrid's stages) or `unset`; a run
-  recorded before it was a key recorded it only where its config set it."""
-  return key(None, f"{description}; unset: {unset}", before=None)
+key = options.key
+ORIGINAL, RESOLVED, AS_DEFAULT = (options.ORIGINAL, options.RESOLVED,
+                                  options.AS_DEFAULT)
 
 
 def section(make, description, *, changeable=False):
@@ -71,70 +46,31 @@ def section(make, description, *, changeable=False):
       "description": description, "changeable": changeable})
 
 
-@dataclasses.dataclass(frozen=True)
-class Model:
-  """config.model: `name` and an override of each of models.create's
-  fields (README, "Models"); None leaves a field as the name, init_from,
-  else the paper's ViT sets it."""
-  name: str = key("", 'a size of Table 1, "B/16", or a hybrid, "R50+B/16"')
-  classifier: Optional[str] = key(
-      None, '"token", "gap" or "map"; unset: init_from\'s, else "token"')
-  representation_size: Optional[int] = key(
-      None, "a tanh pre-logits layer of this width (pre-training); unset: none")
-  dropout_rate: float = key(0.0, "dropout after the position embedding, in "
-                            "the MLPs and on the residual branches",
-                            at_least=0.0, below=1.0)
-  attention_dropout_rate: float = key(
-      0.0, "dropout on the attention weights", at_least=0.0, below=1.0)
-  dtype: str = key("float32", "what the model computes in: float32 or "
-                   "bfloat16")
-  remat_policy: str = key("auto", "what each block's backward keeps, the "
-                          "rest recomputed (models.REMAT_POLICIES); '': all; "
-                          "auto: all where it fits", changeable=True,
-                          before="")
-  scan_layers: bool = key(False, "one block applied by nn.scan, its params "
-                          "stacked: one block compiled, not num_layers",
-                          before=AS_DEFAULT)
-  attention: str = key("auto", '"einsum" (weights kept for figures), "fused" '
-                       '(cuDNN\'s on GPUs), "splash" (Pallas\'s on TPUs); '
-                       'auto: fused on GPUs',
-                       changeable=True, before="einsum")
-  posemb: str = key("learn", '"learn", "learn2d", "sincos2d" or "none" '
-                    "(Appendix D.4)", before=AS_DEFAULT)
-  mpp: bool = key(False, "pre-train by masked patch prediction "
-                  "(configs/mpp.py)", before=AS_DEFAULT)
-  layer_norm_epsilon: Optional[float] = key(
-      None, "the LayerNorms' epsilon; unset: init_from's, else 1e-6",
-      before=1e-6)
-  gelu: Optional[str] = key(
-      None, '"tanh" or "exact"; unset: init_from\'s, else "tanh"',
-      before="tanh")
-  final_norm: Optional[str] = key(
-      None, '"tokens" or "pooled"; unset: init_from\'s, else "tokens"',
-      before="tokens")
-  head_bias_init: float = key(
-      0.0, "the head's initial bias (-10 starts a sigmoid loss with every "
-      "class improbable)", before=AS_DEFAULT)
-  layer_scale: Optional[float] = key(
-      None, "the initial value of a per-channel scale on each residual "
-      "branch; unset: init_from's, else none", before=None)
-  num_registers: Optional[int] = key(
-      None, "register tokens after the class token; unset: init_from's, "
-      "else 0", before=0)
-  qk_norm: Optional[bool] = key(
-      None, "a LayerNorm over each head's queries and keys; unset: "
-      "init_from's, else off", before=False)
-  # The sizes (`size`): set for small models such as the digits one.
-  patch_size: Optional[int] = size("pixels per patch side")
-  hidden_size: Optional[int] = size("the token width")
-  num_layers: Optional[int] = size("Transformer blocks")
-  num_heads: Optional[int] = size("attention heads")
-  mlp_dim: Optional[int] = size("the MLPs' hidden width")
-  param_dtype: Optional[str] = size("what the params are kept in",
-                                    unset="float32")
-  resnet_stages: Optional[tuple] = size("a hybrid's ResNet units per stage")
-  resnet_width: Optional[int] = size("a hybrid's ResNet base width",
-                                     unset="64")
+def _model_section():
+  """config.model: `name`, each of ViTConfig's fields as it declares it
+  (at its config default: unset, None, where the name or init_from says
+  it, "auto" where the run resolves it), and `mpp`."""
+  fields = [("name", str, key("", 'a size of Table 1, "B/16", or a hybrid, '
+                              '"R50+B/16"'))]
+  for field in dataclasses.fields(ViTConfig):
+    metadata = dict(field.metadata)
+    default = metadata.pop("config")
+    if default is options.SAME:
+      default = field.default
+    kind = Optional[field.type] if default is None else field.type
+    fields.append((field.name, kind, key(default, **metadata)))
+  fields.append(("mpp", bool, key(False, "pre-train by masked patch "
+                                  "prediction (configs/mpp.py)",
+                                  before=AS_DEFAULT)))
+  return dataclasses.make_dataclass(
+      "Model", fields, frozen=True, namespace={"__module__": __name__,
+          "__doc__": "config.model: `name` and an override of each of "
+                     "models.create's fields (README, \"Models\"); None "
+                     "leaves a field as the name, init_from, else the "
+                     "paper's ViT sets it."})
+
+
+Model = _model_section()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,23 +257,9 @@ def _section(defaults, config, prefix):
 
 
 def _check(name, value, metadata):
-  low, high, top = (metadata["at_least"], metadata["below"],
-                    metadata["at_most"])
-  if low is None or value is None:
-    return
-  if isinstance(low, int) and high is None and top is None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
-        value < low):
-      raise errors.ConfigError(
-          f"config.{name} must be a whole number >= {low}, got {value!r}")
-    return
-  if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
-      not low <= value or (high is not None and not value < high) or (
-          top is not None and not value <= top)):
-    bound = (f"in [{low}, {high})" if high is not None else
-             f"in [{low}, {top}]" if top is not None else f">= {low}")
-    raise errors.ConfigError(
-        f"config.{name} must be a number {bound}, got {value!r}")
+  problem = options.out_of_bounds(f"config.{name}", value, metadata)
+  if problem:
+    raise errors.ConfigError(problem)
 
 
 def described(section=None):

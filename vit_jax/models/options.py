@@ -1,0 +1,65 @@
+"""How a setting is declared: once, as a dataclass field with its default,
+a line on what it means, its bounds, whether a restart may change it and
+what runs recorded before it existed did.
+
+ViTConfig's fields (models/vit.py) are declared with `key`; the config's
+model section (runs/settings.py) is derived from them, and the rest of the
+config is declared with the same `key`. The declaration lives here, on the
+models' floor, because the models are the lowest wing that has settings.
+"""
+
+import copy
+import dataclasses
+import numbers
+
+# `before` of a key that runs recorded from the first: none.
+ORIGINAL = object()
+# `before` of a key whose value a restart resolves (training/resolve.py).
+RESOLVED = object()
+# `before` of a key that did what its default does.
+AS_DEFAULT = object()
+# `config` of a model option whose config key has the model's default.
+SAME = object()
+
+
+def key(default=dataclasses.MISSING, description="", *, at_least=None,
+        below=None, at_most=None, changeable=False, before=ORIGINAL,
+        config=SAME):
+  """A field: `default` (none: the field is required), a one-line
+  `description`; for a number, its bounds: `at_least`, and `below` or
+  `at_most` (None: none; an int `at_least` alone asks for a whole number);
+  whether a restart may change it (`changeable`); `before`, what a run
+  recorded without it did (ORIGINAL: every run recorded it; AS_DEFAULT:
+  its default; RESOLVED: whatever the restart resolves it to; else that
+  value). `config`: a model option's default as a config key where it
+  differs from the model's: None (unset: the model's name or init_from
+  says) or "auto" (the run resolves it from the devices)."""
+  metadata = {"description": description, "at_least": at_least,
+              "below": below, "at_most": at_most, "changeable": changeable,
+              "before": before, "config": config}
+  if isinstance(default, dict):
+    return dataclasses.field(default_factory=lambda: copy.deepcopy(default),
+                             metadata=metadata)
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def out_of_bounds(name, value, metadata, unset_allowed=True):
+  """What is wrong with `value` for the field `name` declared with
+  `metadata`, or None: within its bounds, unbounded, or unset (None) where
+  `unset_allowed`."""
+  low, high, top = (metadata.get("at_least"), metadata.get("below"),
+                    metadata.get("at_most"))
+  if low is None or (value is None and unset_allowed):
+    return None
+  if isinstance(low, int) and high is None and top is None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
+        value < low):
+      return f"{name} must be a whole number >= {low}, got {value!r}"
+    return None
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
+      not low <= value or (high is not None and not value < high) or (
+          top is not None and not value <= top)):
+    bound = (f"in [{low}, {high})" if high is not None else
+             f"in [{low}, {top}]" if top is not None else f">= {low}")
+    return f"{name} must be a number {bound}, got {value!r}"
+  return None
