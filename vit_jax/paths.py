@@ -132,8 +132,8 @@ def describe_bytes(count):
 
 
 # Failures of storage, told apart from bugs: a full disk, no permission, a
-# storage service that keeps failing (tensorstore and TensorFlow retried
-# transient errors first).
+# storage service that keeps failing (tensorstore and TensorFlow retry
+# transient errors before they raise).
 FAILING_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM,
                   errno.EROFS, errno.EIO}
 # Status names of tensorstore's and cloud storage's errors.

@@ -38,14 +38,15 @@ QUIET_ENVIRONMENT = {
     "TF_ENABLE_ONEDNN_OPTS": "0",  # Its notice, and TF computes no model here.
 }
 # TensorFlow imports the whole of Keras 3 as it loads (and scikit-learn with
-# it), a third of a tool's start (docs/speed_on_cpu.md); told to use Keras 2
-# instead, it imports that only where installed (tf_keras, which vit_jax
-# does not install). Nothing in vit_jax uses Keras. Set in every tool, quiet
-# or not.
+# it), which slows every tool's start (docs/speed_on_cpu.md); told to use
+# Keras 2 instead, it imports that only where installed (tf_keras, which
+# vit_jax does not install). Nothing in vit_jax uses Keras. Set in every
+# tool, quiet or not.
 LEAN_TENSORFLOW = {"TF_USE_LEGACY_KERAS": "1"}
 # The allocator where JAX computes on the CPU: XLA:CPU allocates each step's
-# temp buffers afresh and frees them after, and glibc's heap kept growing
-# under that, each step that grew it faulting its new pages in.
+# temp buffers afresh and frees them after, and under that glibc's heap
+# keeps growing, each step that grows it faulting its new pages in
+# (docs/speed_on_cpu.md).
 TCMALLOC = "tcmalloc_minimal"
 # TCMalloc's environment: freed memory kept for reuse, and no report on
 # stderr of every step buffer over 1 GiB.
@@ -62,8 +63,8 @@ KEEP_MEMORY = {"glibc.malloc.arena_max": "1", "glibc.malloc.mmap_max": "0",
                "glibc.malloc.trim_threshold": str(1 << 40)}
 # XLA flags for the matmul and reduction kernels: name -> value. YNNPACK
 # for the dots it takes (both operands row-major), Eigen for the other dots,
-# XLA's own code for reductions: faster than XNNPACK, than Eigen alone and
-# than YNNPACK's default, which also takes the reductions.
+# XLA's own code for the reductions (which YNNPACK's default would take
+# too), no XNNPACK: the fastest step (docs/speed_on_cpu.md).
 KERNEL_FLAGS = {"--xla_cpu_use_xnnpack": "false",
                 "--xla_cpu_experimental_ynn_fusion_type":
                     "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}

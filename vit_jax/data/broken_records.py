@@ -54,11 +54,10 @@ def decode_blocks(shares, block_size, decode, index):
   (int32 `index(*example)`, the record's position in its split; padding's
   is negative and is not decoded).
   """
-  # Traced once, for both passes: tracing a decode costs a tenth of a
-  # second. No function of the pipeline is left to AutoGraph, which would
-  # rewrite its source at each trace (2 of a short run's 17 seconds,
-  # docs/input_pipeline.md): each is traced as written, its branches
-  # tf.cond, its loops over Python values.
+  # Traced once, for both passes: tracing a decode is slow. No function of
+  # the pipeline is left to AutoGraph, which would rewrite its source at
+  # each trace (docs/input_pipeline.md): each is traced as written, its
+  # branches tf.cond, its loops over Python values.
   @tf.function(autograph=False)
   def decoded(*example):
     return {**decode(*example), "mask": tf.constant(1.0),

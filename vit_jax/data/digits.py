@@ -20,8 +20,8 @@ def to_uint8(pixels):
 
 def split_indices(labels):
   """Fixed stratified (train, test) indices into `load_digits()`."""
-  # scikit-learn loads in a second or more: only when digits is prepared,
-  # not in every tool that looks the dataset up.
+  # scikit-learn is slow to import (docs/speed_on_cpu.md): imported only
+  # when digits is prepared, not in every tool that looks the dataset up.
   from sklearn import model_selection  # pylint: disable=g-import-not-at-top
   return model_selection.train_test_split(
       np.arange(len(labels)), test_size=NUM_TEST_EXAMPLES, stratify=labels,

@@ -33,7 +33,7 @@ def expand(paths):
       found = [path]
     elif paths_lib.is_url(path):
       found = sorted(tf.io.gfile.glob(path))
-    else:  # Python's glob locally: its rules (hidden files, `**`) as before.
+    else:  # Locally Python's glob, with its rules (hidden files, `**`).
       found = sorted(glob.glob(path))
     if not found:
       raise errors.InputError(

@@ -1,10 +1,11 @@
 """TensorFlow, imported where it is first used rather than where it is named.
 
 Only reading data needs TensorFlow (tf.data, image decoding, tf.io.gfile),
-and importing it is half of a tool's start (docs/speed_on_cpu.md). The
-modules that use it write `from vit_jax.data.lazy_tensorflow import tf` and
-`tf.x` as usual: a tool that reads no data (export, plan, figures of a
-run's metrics) and a mistake found before the data is read start without it.
+and importing it slows a tool's start (docs/speed_on_cpu.md, "A tool's
+start"). The modules that use it write `from vit_jax.data.lazy_tensorflow
+import tf` and `tf.x` as usual: a tool that reads no data (export, plan,
+figures of a run's metrics) and a mistake found before the data is read
+start without it.
 """
 
 import importlib

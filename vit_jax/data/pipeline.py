@@ -327,7 +327,7 @@ def _options():
   options.deterministic = True
   # No autotuning: its thread sleeps in waits that grow to a minute and does
   # not wake when the iterator is deleted, so every finished or abandoned
-  # iterator stalled its caller that long. Parallel maps use every core, and
-  # PREFETCH_BATCHES keep the devices fed.
+  # iterator would stall its caller that long. Parallel maps use every core,
+  # and PREFETCH_BATCHES keep the devices fed.
   options.autotune.enabled = False
   return options

@@ -173,8 +173,8 @@ def _inception_window(shape, seed):
 # Pixels decoded around a JPEG crop on each side, then dropped. libjpeg
 # rebuilds subsampled chroma (4:2:0, 4:2:2) from neighbouring samples and
 # takes the edge of the decoded window for the image's, so a tight window's
-# outer rows or columns differ from a full decode's (by up to 20 of 255);
-# one chroma sample (2 pixels) more on each side makes them bitwise equal.
+# outer rows or columns differ from a full decode's; one chroma sample
+# (2 pixels) more on each side makes them bitwise equal.
 JPEG_CROP_MARGIN = 2
 
 
@@ -182,10 +182,10 @@ def decode_and_inception_crop(encoded, seed):
   """inception_crop(decode(encoded), seed), decoding only the crop of a JPEG.
 
   The crop window needs only the image's height and width, which a JPEG's
-  header holds, so libjpeg decodes just that window (plus JPEG_CROP_MARGIN):
-  about half the work for an average crop. The pixels equal those of a full
-  decode and crop, bitwise (tests/test_input_pipeline.py). Other formats
-  (PNG) are decoded whole, then cropped.
+  header holds, so libjpeg decodes just that window (plus JPEG_CROP_MARGIN),
+  not the whole image (docs/input_pipeline.md). The pixels equal those of a
+  full decode and crop, bitwise (tests/test_input_pipeline.py). Other
+  formats (PNG) are decoded whole, then cropped.
   """
   return tf.cond(tf.io.is_jpeg(encoded),
                  lambda: _decode_jpeg_window(encoded, seed),

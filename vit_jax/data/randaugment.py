@@ -136,7 +136,6 @@ def _equalize(image, magnitude, seed):
 
 
 def _invert(image, magnitude, seed):
-  """255 - x."""
   del magnitude, seed
   return tf.constant(255, tf.uint8) - image
 

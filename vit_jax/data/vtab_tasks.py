@@ -228,8 +228,8 @@ _TASK_LIST = (
         splits=_with_validation_split()),
     Task(
         name="pets", title="Pets", group=NATURAL,
-        # task_adaptation oxford_iiit_pet.py pins 3.*.*, which TFDS 4.9 no
-        # longer builds; 4.0.0 ("fix corrupt images", head boxes) keeps the
+        # task_adaptation oxford_iiit_pet.py pins 3.*.*, which TFDS 4.9 does
+        # not build; 4.0.0 ("fix corrupt images", head boxes) has the same
         # 3,680 / 3,669 train / test examples.
         tfds_name="oxford_iiit_pet:4.*.*",
         num_classes=37,
@@ -334,8 +334,8 @@ _TASK_LIST = (
         label=dsprites_orientation, image=dsprites_image),
     Task(
         name="kitti_distance", title="KITTI-Dist", group=STRUCTURED,
-        # task_adaptation kitti.py pins exactly kitti:3.1.0 (TFDS's default
-        # is now 3.3.0; 3.1.0 is still a supported version).
+        # task_adaptation kitti.py pins exactly kitti:3.1.0, a version TFDS
+        # supports beside its default, 3.3.0.
         tfds_name="kitti:3.1.0",
         # task_adaptation kitti.py, task closest_vehicle_distance: 4 classes.
         num_classes=4,

@@ -4,10 +4,11 @@ into FLOP/s and MFU).
 FLOPs count multiply-adds as two: a hybrid's ResNet convolutions, the matmuls
 of the patch embedding, the attention projections and the MLPs, the
 attention itself (queries x keys and weights x values), the pre-logits layer
-and the head. Layer norms, GroupNorms, softmax, GELU and biases are left out
-(a few percent at Ti, less above; XLA's own count agrees within 5%,
-tests/test_compute.py and tests/test_hybrid.py). A training step is three
-forward passes per image: the forward, and a backward of twice its cost.
+and the head. Layer norms, GroupNorms, softmax, GELU and biases are left out:
+they are small next to the matmuls, and the count stays within 5% of XLA's
+own (tests/test_compute.py and tests/test_hybrid.py; docs/runs.md). A
+training step is three forward passes per image: the forward, and a
+backward of twice its cost.
 """
 
 from vit_jax import models

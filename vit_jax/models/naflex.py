@@ -112,7 +112,6 @@ class Budget(NamedTuple):
 
   @property
   def patch_values(self):
-    """The numbers in one patch: p * p * 3."""
     return self.patch_size ** 2 * 3
 
 

@@ -218,8 +218,8 @@ def bytes_per_device(shapes):
 # The custom calls that libtpu's cost model prices at -1 s each: on v4, v5e
 # and v6e ConcatBitcast (asynchronously copied slices that lie side by side,
 # read as one buffer); on TPU7x the start and the end of an asynchronous
-# call (PrepareAsyncCall*), 2 of them in the digits step; over several
-# slices ZeroCrop (a DCN transfer's padded tiles cut back) and SliceId.
+# call (PrepareAsyncCall*); over several slices ZeroCrop (a DCN transfer's
+# padded tiles cut back) and SliceId (docs/plan.md).
 UNPRICED_CUSTOM_CALLS = ("ConcatBitcast", "PrepareAsyncCallStart",
                          "PrepareAsyncCallDone", "ZeroCrop", "SliceId")
 

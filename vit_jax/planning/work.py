@@ -6,10 +6,10 @@ names the operation it came from (`op_name`: the model's path and the
 primitive, such as ".../MultiHeadDotProductAttention_1/dot_general"). The
 cycles summed by kind, as shares of the whole, show what bounds a step: the
 matmuls, or the memory-bound work around them. They are the compiler's
-estimates of each instruction alone, each with a fixed cost of about 2,000
-cycles (which dominates a tiny model's step); instructions that overlap
-count in full, so the shares say where the work is, not how the step's
-time divides exactly. Collectives carry no such estimate and are left out:
+estimates of each instruction alone, each with a fixed cost that dominates
+a tiny model's step (docs/plan.md); instructions that overlap count in
+full, so the shares say where the work is, not how the step's time
+divides exactly. Collectives carry no such estimate and are left out:
 their time is in the step's estimate only (and DCN's in the plan's own
 figure).
 """

@@ -2,9 +2,9 @@
 plan compiles) the step; neither changes what the step computes.
 
 `model.attention = "auto"`: cuDNN's fused kernel ("fused") on NVIDIA GPUs
-in half precision without attention dropout (B/16 trains 1.2 to 1.5 times
-as fast: docs/speed_on_gpu.md), else the einsum (on TPUs XLA's fused
-attention moves more bytes than the einsum: docs/plan.md).
+in half precision without attention dropout, where it trains faster
+(docs/speed_on_gpu.md), else the einsum (on TPUs XLA's fused attention
+moves more bytes than the einsum: docs/plan.md).
 
 `model.remat_policy = "auto"`: the step as written where it fits its
 devices' memory, else the least recomputation that fits.

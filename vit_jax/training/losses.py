@@ -7,7 +7,8 @@ the multi-hot rows of a multi-label dataset.
 
   softmax  the cross-entropy of the softmax over the classes with the
            target distribution: -sum_c t_c log softmax(z)_c. Integer labels
-           take optax's integer form, today's loss to the bit.
+           take optax's integer form, so that the defaults' step is the
+           plain integer-label one to the bit (targets.py).
   sigmoid  each class its own binary problem: -sum_c [t_c log s(z_c) +
            (1 - t_c) log (1 - s(z_c))], summed over the classes as
            big_vision's sigmoid_xent does (not averaged, so its gradient

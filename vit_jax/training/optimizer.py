@@ -2,10 +2,12 @@
 
 Pre-training (Table 3): Adam b1=0.9 b2=0.999, decoupled weight decay, linear
 warm-up then linear or cosine decay; `mu_dtype` bfloat16 keeps Adam's first
-moment in half the bytes (its second stays float32). Fine-tuning (Table 4): SGD with momentum
-0.9, cosine decay, no weight decay, gradients clipped at global norm 1.
+moment in half the bytes (its second stays float32). Fine-tuning (Table 4):
+SGD with momentum 0.9, cosine decay, no weight decay, gradients clipped at
+global norm 1.
 
-Fine-tuning today also scales the learning rate per parameter:
+Beyond the paper, fine-tuning may also scale the learning rate per
+parameter:
   - `layer_decay` d (1.0: off), BEiT's and timm's rule: the head and the
     final norm at the base rate, block i of L at d^(L - i), the embeddings
     (patch, class token, position; a hybrid's ResNet) at d^(L + 1);
@@ -31,7 +33,8 @@ MU_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 
 
 def learning_rate_schedule(base_lr, total_steps, warmup_steps, decay):
-  """Linear warm-up from 0 to base_lr, then `decay` ("linear" or "cosine") to 0."""
+  """Linear warm-up from 0 to base_lr, then `decay` ("linear" or "cosine")
+  to 0."""
   if decay not in ("linear", "cosine"):
     raise errors.InputError(
         f"config.optimizer.decay must be 'linear' or 'cosine', "

@@ -1,8 +1,9 @@
 """What the loss is asked to predict: a batch's labels as targets, smoothed
 and mixed, on the device inside the train step.
 
-With today's defaults (softmax loss, no smoothing, no mixing) the targets
-are the integer labels themselves and the step is today's to the bit.
+With the defaults (softmax loss, no smoothing, no mixing) the targets are
+the integer labels themselves, and the step is the plain integer-label one
+to the bit (tests/test_targets.py).
 Anything else makes them rows of class weights [n, classes]:
 
   label_smoothing e   each one-hot row becomes (1 - e) * onehot + e / K

@@ -408,7 +408,8 @@ def _check_writable(flat, layout, what):
     cannot.append("no class token (classifier 'gap')")
   if layout == "hf" and "fc_norm/scale" in flat:
     cannot.append("final_norm 'pooled'")
-  # Today's parts: timm's VisionTransformer has them all, HF's ViT none.
+  # The parts of today's checkpoints (docs/models.md, "Today's options"):
+  # timm's VisionTransformer has them all, HF's ViT none.
   block = torch_layouts.BLOCK.format(0)
   for key, part in ((torch_layouts.MAP_PROBE, "attention pooling "
                      "(classifier 'map')"), (block + "ls1", "layer scale"),

@@ -12,7 +12,7 @@ class Batches:
   (pipeline.eval_dataset), read by each process for its devices; the log
   names the first broken images (broken_records.named). The input pipeline
   is built at the first evaluation and read again at the next: building it
-  traces its functions, most of a small evaluation's time."""
+  traces its functions (docs/input_pipeline.md, "Traced as written")."""
 
   def __init__(self, program, run, dataset, split, extras=None):
     self._program, self._run = program, run

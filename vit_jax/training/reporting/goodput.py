@@ -14,9 +14,9 @@
   other       the rest: the end of a run, after its last save
 
 The buckets are cumulative over a workdir's runs: each checkpoint carries
-them, and the workdir's time.json holds them as they were when a run last wrote a
-metrics row or ended, so that the next run adds what came after its
-checkpoint (to `lost` when steps were redone). Only the clock is read: no
+them, and the workdir's time.json holds them as they were when a run last
+wrote a metrics row or ended, so that the next run adds what came after
+its checkpoint (to `lost` when steps were redone). Only the clock is read: no
 device is waited for that the loop would not wait for anyway.
 """
 
