@@ -155,7 +155,7 @@ def resolved_run(config, mesh, data, built, checked=None):
   """The Run of `config` with no workdir: the parts of it that evaluators
   read."""
   checked = checked or resolve.check_values(config)
-  return resolve.Run(config=config, settings=checked.settings,
+  return resolve.Run(settings=checked.settings,
                      augmentation=checked.augmentation,
                      evaluations=checked.evaluations, workdir=None, mesh=mesh,
                      sources=data, changes={}, parts=built)

@@ -20,10 +20,11 @@ from tests.util import (
   program_of,
   run_training,
   small_config,
+  typed,
 )
 from vit_jax import models, sharding
 from vit_jax.data import pipeline, sources
-from vit_jax.runs import checkpoints as checkpoints_lib, settings
+from vit_jax.runs import checkpoints as checkpoints_lib
 from vit_jax.training import resolve, step as step_lib
 from vit_jax.weights import adaptation, npz as npz_lib, pretrained
 
@@ -52,7 +53,7 @@ def pretrained_run(digits_data_dir, tmp_path_factory):
 def start_of(config):
   """The state a run of `config` starts from, before any update."""
   program = program_of(config)
-  return step_lib.initial_state(program, settings.of(config)), program
+  return step_lib.initial_state(program, typed(config)), program
 
 
 @pytest.mark.parametrize("source", ["npz", "workdir", "workdir:6"])
@@ -97,7 +98,7 @@ def test_an_npz_init_from_is_read_once_from_resolution_to_the_first_state(
   config = small_config(digits_data_dir, init_from=npz, image_size=16)
   resolved = resolve.run(config, str(tmp_path / "run"))
   assert not reads
-  start_of(resolved.config)
+  start_of(resolved.settings)
   assert reads.keys() == flat(npz_lib.read_shapes(npz)).keys()
   assert set(reads.values()) == {1}
 

@@ -38,7 +38,7 @@ from tests.test_torch_interchange import (
 )
 from tests.util import REPO, assert_trees_equal, program_of, small_config
 from vit_jax import cli, errors
-from vit_jax.runs import store
+from vit_jax.runs import settings, store
 from vit_jax.runs.workdir import Workdir
 from vit_jax.weights import adaptation, hub, pretrained
 
@@ -141,8 +141,8 @@ def test_hub_names_read_as_their_files(cache, tmp_path):
 def test_a_fine_tune_starts_from_the_commit_and_records_it(cache, tmp_path):
   folder = vit_dir(tmp_path / "vit")
   name = put_dir(cache, "google/vit-tiny", folder)
-  config = pretrained.with_source(small_config(str(tmp_path),
-                                               init_from=name))
+  config = pretrained.with_source(settings.of(small_config(
+      str(tmp_path), init_from=name)))
   assert config.init_from == f"{name}@{COMMIT}"
   # The run's start (step.initial_state's): read from the commit recorded.
   program = program_of(config)
@@ -162,18 +162,18 @@ def test_a_fine_tune_starts_from_the_commit_and_records_it(cache, tmp_path):
   recorded = workdir.read_config()
   for given in (name, f"{name}@main", f"{name}@{COMMIT}"):
     resumed = pretrained.with_source(
-        small_config(str(tmp_path), init_from=given), recorded)
+        settings.of(small_config(str(tmp_path), init_from=given)), recorded)
     assert resumed.init_from == f"{name}@{COMMIT}"
     assert store.differences_allowed(resumed, recorded, workdir) == {}
   # Another commit, or another model, is another experiment.
   for given in (f"{name}@{LATER}", "hf://google/vit-other"):
     resumed = pretrained.with_source(
-        small_config(str(tmp_path), init_from=given), recorded)
+        settings.of(small_config(str(tmp_path), init_from=given)), recorded)
     with pytest.raises(errors.ConfigError, match="init_from"):
       store.differences_allowed(resumed, recorded, workdir)
   # A new run takes main as it is now.
-  assert pretrained.with_source(small_config(
-      str(tmp_path), init_from=name)).init_from == f"{name}@{LATER}"
+  assert pretrained.with_source(settings.of(small_config(
+      str(tmp_path), init_from=name))).init_from == f"{name}@{LATER}"
 
 
 def test_a_revision_is_a_commit_a_branch_or_a_tag(cache, tmp_path):
@@ -205,8 +205,8 @@ def test_a_name_not_in_the_cache_is_named_with_the_command_that_fetches_it(
       "fetch it with: hf download google/siglip2-base-patch16-224 "
       '--include config.json --include "model*.safetensors*"')
   with pytest.raises(errors.ConfigError) as raised:
-    pretrained.with_source(small_config(str(tmp_path),
-                                        init_from="hf://nobody/missing"))
+    pretrained.with_source(settings.of(small_config(
+        str(tmp_path), init_from="hf://nobody/missing")))
   assert str(raised.value).startswith(
       "config.init_from='hf://nobody/missing': hf://nobody/missing is not")
 

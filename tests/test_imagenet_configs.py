@@ -17,6 +17,7 @@ from tests.test_table2 import (  # noqa: F401
 )
 from tests.util import check_config, run_training
 from vit_jax.data import sources
+from vit_jax.runs import settings
 from vit_jax.weights import pretrained
 
 # ImageNet-1k's train split less the 1% held out: TFDS rounds 1,281,167 x
@@ -38,7 +39,8 @@ def test_paper_is_table3s_imagenet_row():
     assert config.model.representation_size == {"B": 768, "L": 1024}[
         model[0]]
     # Unset: a run from scratch takes the class token.
-    assert pretrained.with_source(config).model.classifier == "token"
+    assert pretrained.with_source(
+        settings.of(config)).model.classifier == "token"
     assert config.label_smoothing == 0.1
     assert config.mixup.prob == 0 and config.randaugment == ""
 

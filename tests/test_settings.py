@@ -4,14 +4,18 @@ Settings a run reads, and what a restart may change."""
 
 import dataclasses
 import json
+import os
 
-import ml_collections
+import jax
+import numpy as np
 import pytest
 
 from configs import base, digits
-from vit_jax import errors
+from tests.util import small_config
+from vit_jax import errors, models, weights
 from vit_jax.runs import settings, store
 from vit_jax.runs.workdir import Workdir
+from vit_jax.training import resolve
 
 
 def test_every_key_has_one_line_of_description():
@@ -94,38 +98,22 @@ def test_a_key_a_config_file_adds_is_named():
     settings.of(config)
 
 
-def resolved_digits():
-  """The digits config as a run records it: the model's function and
-  architecture options filled in as resolve fills them for no init_from."""
+def resolved_digits(**changes):
+  """The digits config's Settings as a run records them: the model's
+  function and architecture options filled in as resolve fills them for
+  no init_from; `changes` as dotted keys."""
   config = digits.get_config()
   config.model.update(layer_norm_epsilon=1e-6, gelu="tanh",
                       final_norm="tokens", classifier="token",
                       num_registers=0, qk_norm=False)
   config.input_shares = 4
-  return config
-
-
-def test_a_run_recorded_before_the_added_keys_resumes_unchanged(tmp_path):
-  config = resolved_digits()
-  recorded = json.loads(config.to_json_best_effort())
-  # Such a run recorded a key added since where the config set it (a
-  # model's sizes), not where it did what the key's `before` does.
-  for dotted, before in settings.added_keys().items():
-    *sections, name = dotted.split(".")
-    parent = recorded
-    for part in sections:
-      parent = parent[part]
-    if before is settings.RESOLVED or parent[name] == before:
-      del parent[name]
-  assert "loss" not in recorded and "qk_norm" not in recorded["model"]
-  assert store.differences_allowed(config, ml_collections.ConfigDict(recorded),
-                                   Workdir(tmp_path)) == {}
+  config.update_from_flattened_dict(changes)
+  return settings.of(config)
 
 
 def test_a_restart_changes_only_what_the_keys_allow(tmp_path):
   recorded = resolved_digits()
-  allowed = resolved_digits()
-  allowed.update_from_flattened_dict({
+  allowed = resolved_digits(**{
       "total_steps": 2000, "mesh.data": 4, "evaluators.test.every": 7,
       "model.remat_policy": "minimal"})
   assert set(store.differences_allowed(allowed, recorded,
@@ -134,7 +122,57 @@ def test_a_restart_changes_only_what_the_keys_allow(tmp_path):
       "model.remat_policy"}
   for change in ({"model.posemb": "sincos2d"}, {"optimizer.b1": 0.8},
                  {"mixup.prob": 0.5}, {"seed": 1}):
-    refused = resolved_digits()
-    refused.update_from_flattened_dict(change)
     with pytest.raises(errors.ConfigError, match=next(iter(change))):
-      store.differences_allowed(refused, recorded, Workdir(tmp_path))
+      store.differences_allowed(resolved_digits(**change), recorded,
+                                Workdir(tmp_path))
+
+
+def test_settings_read_back_from_config_json_as_they_were_written(tmp_path):
+  keys = resolved_digits(**{"model.resnet_stages": (3, 4, 9),
+                            "optimizer.lr_mults": (("head", 10.0),)})
+  Workdir(tmp_path).write_config(keys)
+  assert Workdir(tmp_path).read_config() == keys
+
+
+# config.json files of earlier versions: digits.json and finetune.json as
+# vit_jax 39e603b wrote them for these configs; first_runs.json is
+# digits.json less every key added since runs were first recorded (where
+# it held what the key's `before` says), as the first runs wrote it.
+RECORDED = os.path.join(os.path.dirname(__file__), "recorded_configs")
+FINETUNE = {"init_from": "gap.npz", "image_size": 16,
+            "mesh.data": 2, "mesh.fsdp": 2, "model.scan_layers": True,
+            "optimizer.lr_mults": (("head", 10.0),), "randaugment": "2,10",
+            "evaluators.test.every": 2}
+
+
+@pytest.mark.parametrize("name, overrides, input_shares", [
+    ("digits", {}, 16), ("finetune", FINETUNE, 16),
+    # One share per data-parallel device (data 4 x fsdp 1), as such runs
+    # read their data.
+    ("first_runs", {}, 4)])
+def test_a_run_recorded_by_an_earlier_version_resumes_unchanged(
+    name, overrides, input_shares, digits_data_dir, tmp_path):
+  with open(os.path.join(RECORDED, f"{name}.json")) as f:
+    recorded = json.load(f)
+  # The paths of this session: its digits, and the fine-tune's source (a
+  # "gap" model's release .npz, as the run was started from).
+  recorded["data_dir"] = digits_data_dir
+  if "init_from" in overrides:
+    overrides = {**overrides, "init_from": str(tmp_path / "gap.npz")}
+    recorded["init_from"] = overrides["init_from"]
+    model = models.create("Ti/2", 10, hidden_size=32, num_layers=2,
+                          mlp_dim=64, num_heads=4, classifier="gap")
+    weights.save_npz(model.init(jax.random.key(0), np.zeros((1, 8, 8, 3)),
+                                train=False)["params"], recorded["init_from"])
+  (tmp_path / "config.json").write_text(json.dumps(recorded))
+  read = Workdir(tmp_path).read_config()
+  run = resolve.run(small_config(digits_data_dir, **overrides), str(tmp_path))
+  assert run.changes == {}
+  assert run.settings.input_shares == input_shares
+  assert run.settings == dataclasses.replace(read, input_shares=input_shares)
+  # What a new run of the same config records today, but for what the run
+  # recorded in its own time (the shares it read its data in).
+  new = resolve.run(small_config(digits_data_dir, **overrides),
+                    str(tmp_path / "new"))
+  assert new.settings == dataclasses.replace(
+      read, input_shares=new.settings.input_shares)

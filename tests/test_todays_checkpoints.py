@@ -36,6 +36,7 @@ from tests.test_torch_interchange import (
 )
 from tests.util import as_siglip_tower, metric_rows, run_training, small_config
 from vit_jax import errors, models
+from vit_jax.runs import settings
 from vit_jax.weights import exports, pretrained
 
 # The digits model's side and patch (configs/digits.py), for the fine-tunes.
@@ -454,10 +455,11 @@ def test_todays_sources_fine_tune_on_digits_with_no_other_flag(
       digits_data_dir, init_from=path, total_steps=STEPS, log_every=1,
       checkpoint_every=STEPS, **{"model.dropout_rate": 0.0,
                                  "evaluators.test.every": 0})
-  resolved = pretrained.with_source(config)
+  resolved = pretrained.with_source(settings.of(config))
   loaded = flat(pretrained.load(path, HEADS).params)
   architecture = models.architecture_of(loaded)
-  assert {key: resolved.model[key] for key in architecture} == architecture
+  assert {key: getattr(resolved.model, key)
+          for key in architecture} == architecture
   state, _ = start_of(resolved)
   started = flat(state.params)
   assert set(started) == set(loaded) | {"head/kernel", "head/bias"}
@@ -484,7 +486,7 @@ def test_a_config_that_sets_the_classifier_against_its_source_is_refused(
   config = small_config(digits_data_dir, init_from=source,
                         **{"model.classifier": "token"})
   with pytest.raises(errors.ConfigError, match="classifier"):
-    pretrained.with_source(config)
+    pretrained.with_source(settings.of(config))
 
 
 def test_a_siglip2_tower_is_written_back_as_transformers_lays_it_out(

@@ -20,6 +20,7 @@ from tests import reference_vit
 from tests.test_finetune import POSEMB, flat, start_of
 from tests.util import run_training, small_config
 from vit_jax import errors, models
+from vit_jax.runs import settings
 from vit_jax.runs.workdir import Workdir
 from vit_jax.weights import (
   adaptation,
@@ -381,7 +382,7 @@ def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
   with pytest.raises(errors.InputError, match="no classification head"):
     pretrained.for_inference(source)
   config = pretrained.with_source(
-      small_config(digits_data_dir, init_from=source))
+      settings.of(small_config(digits_data_dir, init_from=source)))
   assert (config.model.layer_norm_epsilon, config.model.gelu) == (1e-12,
                                                                   "exact")
   state, program = start_of(config)
@@ -426,8 +427,8 @@ def test_init_from_a_timm_file_at_a_new_resolution_and_class_count(
   tensors = random_tensors(timm_shapes(class_token=False, fc_norm=True))
   path = str(tmp_path / "timm.safetensors")
   save_file(tensors, path)
-  config = pretrained.with_source(small_config(
-      digits_data_dir, init_from=path, **{"model.classifier": "gap"}))
+  config = pretrained.with_source(settings.of(small_config(
+      digits_data_dir, init_from=path, **{"model.classifier": "gap"})))
   assert (config.model.gelu, config.model.final_norm) == ("exact", "pooled")
   state, program = start_of(config)
   assert program.model.config.final_norm == "pooled"

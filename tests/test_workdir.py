@@ -21,7 +21,7 @@ from tests.util import (
 )
 from vit_jax import errors, paths
 from vit_jax.data import conversion, image_files, sources
-from vit_jax.runs import store, workdir as workdir_lib, writers
+from vit_jax.runs import settings, store, workdir as workdir_lib, writers
 from vit_jax.runs.workdir import Workdir
 from vit_jax.training import resolve
 
@@ -111,7 +111,7 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
     digits_data_dir, tmp_path):
   workdir = str(tmp_path)
   config = small_config(digits_data_dir)
-  resolved = resolve.run(config, workdir).config
+  resolved = resolve.run(config, workdir).settings
   assert resolved.input_shares == 16  # 1,437 examples: 16 shares of 89.
   # remat_policy "auto", resolved off TPUs: every activation kept.
   assert config.model.remat_policy == "auto"
@@ -134,7 +134,7 @@ def test_other_input_shares_are_refused_and_older_runs_keep_theirs(
   with open(path, "w") as f:
     json.dump(older, f)
   resumed = resolve.run(config, workdir)
-  assert resumed.config.input_shares == 4  # data 4 x fsdp 1.
+  assert resumed.settings.input_shares == 4  # data 4 x fsdp 1.
   assert resumed.changes == {}
 
 
@@ -176,7 +176,7 @@ def test_metrics_that_do_not_fit_leave_the_file_as_it_was(tmp_path,
 def test_tools_write_in_a_workdir_only_under_its_exports_and_figures(
     tmp_path):
   run = Workdir(tmp_path / "run")
-  run.write_config({"model": {"name": "Ti/2"}})
+  run.write_config(settings.Settings(model=settings.Model(name="Ti/2")))
   recorded = (tmp_path / "run" / "config.json").read_bytes()
   for inside in (tmp_path / "run", tmp_path / "run" / "config.json",
                  tmp_path / "run" / "checkpoints" / "model.npz"):

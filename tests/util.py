@@ -239,14 +239,25 @@ def wait_for_step(workdir, step, process, timeout=300):
   raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-def program_of(config, num_classes=10, mesh=None):
-  """The program (vit_jax.training.step's) that a run of `config` builds,
-  over `mesh` (default: config.mesh over every device)."""
-  from vit_jax import sharding
+def typed(config):
+  """The Settings of `config`: a ConfigDict's, or Settings as they are
+  (what pretrained.with_source gives)."""
   from vit_jax.runs import settings
+  return (config if isinstance(config, settings.Settings)
+          else settings.of(config))
+
+
+def program_of(config, num_classes=10, mesh=None):
+  """The program (vit_jax.training.step's) that a run of `config` (a
+  ConfigDict or Settings) builds, over `mesh` (default: config.mesh over
+  every device)."""
+  import dataclasses
+
+  from vit_jax import sharding
   from vit_jax.training import step as step_lib
-  keys = settings.of(config)
-  mesh = sharding.make_mesh(config.mesh) if mesh is None else mesh
+  keys = typed(config)
+  if mesh is None:
+    mesh = sharding.make_mesh(dataclasses.asdict(keys.mesh))
   return step_lib.build(keys, mesh, step_lib.parts(keys, num_classes))
 
 

@@ -36,8 +36,8 @@ def main(argv):
           f"{workdir}; run the same command to resume")
     return
   # What the evaluators measured last: their names prefix their metrics.
-  prefixes = tuple(f"{name}{sep}" for name, _, _, _ in resolved.evaluations
-                   for sep in "_/")
+  prefixes = tuple(f"{evaluation.name}{sep}" for evaluation in
+                   resolved.evaluations for sep in "_/")
   scores = progress_lib.scores({key: value for key, value in
                                 sorted(result.items())
                                 if key.startswith(prefixes)})

@@ -24,7 +24,6 @@ description (tests/test_readme.py, tests/test_settings.py).
 """
 
 import dataclasses
-import json
 import types
 from typing import Optional
 
@@ -280,18 +279,69 @@ def changeable_keys():
       if field.metadata.get("changeable"))
 
 
-def added_keys():
-  """{dotted key: what a run recorded without it did (as JSON holds it),
-  or RESOLVED} of the keys added since runs were first recorded."""
-  added = {}
-  for name, field, value in _fields(Settings()):
-    before = field.metadata.get("before", ORIGINAL)
-    if before is AS_DEFAULT:
-      before = value
-    if before is not ORIGINAL:
-      added[name] = (before if before is RESOLVED
-                     else json.loads(json.dumps(before)))
-  return added
+def resolved_keys():
+  """{dotted key: its default, as JSON holds it} of the keys whose `before`
+  is RESOLVED: a run recorded without one holds the default, and the
+  restart resolves it (training/resolve.py)."""
+  return {name: as_json(value) for name, field, value in _fields(Settings())
+          if field.metadata.get("before") is RESOLVED}
+
+
+def as_json(values):
+  """`values` (Settings, a section or a value) as config.json holds it:
+  dicts, lists and JSON's scalars."""
+  if dataclasses.is_dataclass(values):
+    return {field.name: as_json(getattr(values, field.name))
+            for field in dataclasses.fields(values)}
+  if isinstance(values, (dict, types.MappingProxyType)):
+    return {name: as_json(value) for name, value in values.items()}
+  if isinstance(values, (list, tuple)):
+    return [as_json(value) for value in values]
+  return values
+
+
+def from_record(recorded, where="config.json"):
+  """The Settings that a run's config.json (`recorded`, a dict read from
+  `where`) holds. A key added since the run started takes what the run did
+  without it (its `before`); an unset key and a RESOLVED one, its default
+  (a restart resolves it)."""
+  return _recorded(Settings(), recorded, "", where)
+
+
+def _recorded(defaults, recorded, prefix, where):
+  if not isinstance(recorded, dict):
+    raise errors.InputError(f"{where} records {prefix[:-1] or 'the config'} "
+                            f"as {recorded!r}, not a section of keys")
+  unknown = sorted(set(recorded) - {field.name for field in
+                                    dataclasses.fields(defaults)})
+  if unknown:
+    raise errors.InputError(
+        f"{where} records the key {prefix}{unknown[0]}, which this "
+        "vit_jax does not know: it was written by another version")
+  values = {}
+  for field in dataclasses.fields(defaults):
+    default = getattr(defaults, field.name)
+    if dataclasses.is_dataclass(default):
+      value = _recorded(default, recorded.get(field.name, {}),
+                        f"{prefix}{field.name}.", where)
+    elif field.name in recorded:
+      value = _typed(recorded[field.name])
+    else:
+      before = field.metadata.get("before", ORIGINAL)
+      value = (default if before in (ORIGINAL, AS_DEFAULT, RESOLVED)
+               else before)
+    values[field.name] = value
+  return type(defaults)(**values)
+
+
+def _typed(value):
+  """A value as JSON held it, in the form `of` gives: tuples for lists (a
+  hybrid's stages, lr_mults), a read-only dict for a dict."""
+  if isinstance(value, list):
+    return tuple(_typed(item) for item in value)
+  if isinstance(value, dict):
+    return types.MappingProxyType(value)
+  return value
 
 
 def _fields(section, prefix=""):

@@ -1,15 +1,14 @@
 """A workdir guards its run: a restart must use the config it was started with.
 
-`config.json` in the workdir (read and written by runs/workdir.py) is the
-config of the run. A restart with a config that differs in
-anything but CHANGEABLE_KEYS is refused (`differences_allowed`, called by
+`config.json` in the workdir (read and written by runs/workdir.py) holds
+the run's settings. A restart whose settings differ in anything but
+CHANGEABLE_KEYS is refused (`differences_allowed`, called by
 vit_jax/training/resolve.py) before anything in the workdir is written;
 allowed changes are appended to `config_changes.jsonl` and `config.json`
 is updated (`record`).
 """
 
 import fnmatch
-import json
 import math
 import time
 
@@ -22,20 +21,18 @@ from vit_jax.runs import settings
 # What may change between restarts of one run, as runs/settings.py marks
 # it (and says why): fnmatch patterns of dotted keys.
 CHANGEABLE_KEYS = settings.changeable_keys()
-# Keys added since runs were first recorded, with the value that does what
-# a run recorded without them did, or settings.RESOLVED: whatever the
-# restart resolves the key to. input_shares: such a run read one share per
-# data-parallel device, which vit_jax/training/resolve.py resolves.
-ADDED_KEYS = settings.added_keys()
+# Keys a restart resolves, with the default that a run recorded without
+# them holds (runs/settings.py).
+RESOLVED_KEYS = settings.resolved_keys()
 
 
-def differences_allowed(config, recorded, workdir):
-  """Refuses `config` unless it is `recorded`, the config of the run in
-  `workdir` (None: there is none yet), but for CHANGEABLE_KEYS; returns
-  those changes."""
+def differences_allowed(keys, recorded, workdir):
+  """Refuses the Settings `keys` unless they are `recorded`, those of the
+  run in `workdir` (None: there is none yet), but for CHANGEABLE_KEYS;
+  returns those changes."""
   if recorded is None:
     return {}
-  changes = differences(_as_json(recorded), _as_json(config))
+  changes = differences(recorded, keys)
   refused = {k: v for k, v in changes.items() if not changeable(k)}
   if refused:
     raise errors.ConfigError(refusal(workdir, refused))
@@ -46,8 +43,8 @@ def changeable(key):
   return any(fnmatch.fnmatchcase(key, pattern) for pattern in CHANGEABLE_KEYS)
 
 
-def record(config, workdir, changes):
-  """Writes `config` as the run's config.json in `workdir` (a Workdir),
+def record(keys, workdir, changes):
+  """Writes the Settings `keys` as the run's config.json in `workdir`,
   logging `changes` (from `differences_allowed`) to config_changes.jsonl.
   Only process 0 writes."""
   if jax.process_index() > 0:
@@ -58,7 +55,7 @@ def record(config, workdir, changes):
     workdir.add_change({"time": time.time(), "changes": {
         key: {"old": old, "new": new} for key, (old, new) in
         changes.items()}})
-  workdir.write_config(_as_json(config))
+  workdir.write_config(keys)
 
 
 def devices_change(saved_mesh, mesh):
@@ -77,16 +74,13 @@ def _describe_devices(shape):
   return f"{math.prod(shape.values())} ({sharding.describe_mesh(shape)})"
 
 
-def _as_json(config):
-  return json.loads(config.to_json_best_effort())
-
-
 def differences(old, new):
-  """{dotted key: (old value, new value)} for every leaf that differs."""
-  old, new = _flatten(old), _flatten(new)
-  old.update({key: new[key] if value is settings.RESOLVED else value
-              for key, value in ADDED_KEYS.items()
-              if key in new and key not in old})
+  """{dotted key: (old value, new value)} for every leaf of the Settings
+  `old` and `new` that differs; a resolved key that `old` holds at its
+  default (unrecorded) is what `new` resolved it to."""
+  old, new = (_flatten(settings.as_json(keys)) for keys in (old, new))
+  old.update({key: new[key] for key, default in RESOLVED_KEYS.items()
+              if old.get(key) == default})
   return {key: (old.get(key, "<absent>"), new.get(key, "<absent>"))
           for key in sorted(old.keys() | new.keys())
           if old.get(key, "<absent>") != new.get(key, "<absent>")}

@@ -22,10 +22,8 @@ whole (docs/runs.md, "Workdirs on Cloud Storage").
 import json
 import os
 
-import ml_collections
-
 from vit_jax import errors, paths
-from vit_jax.runs import checkpoints, lock
+from vit_jax.runs import checkpoints, lock, settings
 
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
@@ -62,26 +60,27 @@ class Workdir:
     return self._file(CONFIG_FILE).exists()
 
   def read_config(self):
-    """The run's config as recorded; an InputError when there is none, or
-    when it does not read."""
+    """The run's Settings as recorded (settings.from_record); an
+    InputError when there is none, or when it does not read."""
     path = self._file(CONFIG_FILE)
     if not path.exists():
       what = ("is a file, not a workdir" if self.path.exists() and
               not self.path.is_dir() else f"has no {CONFIG_FILE}")
       raise errors.InputError(f"{self} holds no run: it {what}")
     try:
-      return ml_collections.ConfigDict(json.loads(path.read_text()))
+      recorded = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
       raise errors.InputError(
           f"{paths.shown(path)} is damaged ({type(e).__name__}: "
           f"{str(e)[:120]}): restore it from a copy, or start the run in a "
           "new workdir") from e
+    return settings.from_record(recorded, paths.shown(path))
 
-  def write_config(self, config_json):
-    """Replaces config.json with `config_json` (a dict)."""
+  def write_config(self, keys):
+    """Replaces config.json with the Settings `keys`."""
     self.path.mkdir(parents=True, exist_ok=True)
     paths.write_atomically(self._file(CONFIG_FILE),
-                           json.dumps(config_json, indent=2))
+                           json.dumps(settings.as_json(keys), indent=2))
 
   def add_change(self, row):
     """Adds `row` (a dict) to config_changes.jsonl."""

@@ -55,7 +55,7 @@ def train(run, program, accounts):
   total = keys.total_steps
   manager = run.workdir.checkpoint_manager(keys.keep_checkpoints)
   state, saved, resumed = resume_or_start(manager, program, keys, accounts)
-  store.record(run.config, run.workdir, {
+  store.record(keys, run.workdir, {
       **run.changes, **store.devices_change(saved.get("mesh"), run.mesh)})
   evaluate = evaluators.Evaluators(run, program)
   start_step = int(state.step)

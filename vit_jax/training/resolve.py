@@ -1,15 +1,18 @@
 """A run resolved once: its config checked and completed, its mesh, its data.
 
 `run(config, workdir)` is where a training run is put together, before
-anything is compiled or written:
+anything is compiled or written. The config (an ml-collections ConfigDict)
+becomes typed Settings first, and from then on the Settings are the run's
+only config:
 
-  1. the workdir (vit_jax/runs/workdir.py, local or gs://) and the run it
-     already holds, if any (its config.json);
-  2. the model's function options (LayerNorm epsilon, GELU, final norm):
-     as the run recorded them, else its init_from's, else the release's
-     (weights/pretrained.py, `with_source`);
-  3. every value of the config checked: a user's slip is one ConfigError
+  1. every value of the config checked: a user's slip is one ConfigError
      naming the key;
+  2. the workdir (vit_jax/runs/workdir.py, local or gs://) and the run it
+     already holds, if any (the Settings its config.json records);
+  3. the model's source options (LayerNorm epsilon, GELU, final norm, the
+     parts of the architecture a checkpoint fixes): as the run recorded
+     them, else its init_from's (read, and fetched from the hub, only
+     now), else the release's (weights/pretrained.py, `with_source`);
   4. the mesh over this process's devices;
   5. the datasets it reads, each looked up once (data/sources.py), with the
      evaluators' splits and the broken-image policy checked against them;
@@ -21,7 +24,7 @@ anything is compiled or written:
      TPUs the step is compiled to choose the remat policy that fits);
   7. the input shares the training split is read in: as recorded, else as
      set, else chosen for the data-parallel size (data/shares.py);
-  8. what differs from the workdir's recorded config: a change that a
+  8. what differs from the workdir's recorded Settings: a change that a
      restart may not make is refused here (runs/store.py).
 
 The training loop, the evaluators and the VTAB suite take the `Run`;
@@ -32,7 +35,6 @@ checkpoint, no workdir).
 import dataclasses
 from typing import Any, NamedTuple
 
-import ml_collections
 from jax.sharding import Mesh
 
 from vit_jax import errors, sharding
@@ -47,17 +49,16 @@ class Checked(NamedTuple):
   """What the config's values give, each parsed once (`check_values`)."""
   settings: settings.Settings  # the config's keys, typed
   augmentation: preprocess.Augmentation  # what training does to an image
-  evaluations: tuple  # (name, kind, every, settings) of each evaluator run
+  evaluations: tuple  # the evaluators.Evaluation of each evaluator run
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
   """What every part of a training run is told."""
-  config: ml_collections.ConfigDict  # as config.json records it (only
-  #                                     runs/store.py reads it)
-  settings: settings.Settings  # the config's keys, typed, resolved
+  settings: settings.Settings  # the config's keys, typed, resolved (what
+  #                               config.json records)
   augmentation: preprocess.Augmentation  # what training does to an image
-  evaluations: tuple  # (name, kind, every, settings) of each evaluator run
+  evaluations: tuple  # the evaluators.Evaluation of each evaluator run
   workdir: workdir_lib.Workdir
   mesh: Mesh
   sources: sources.Sources  # its datasets, each looked up once
@@ -82,14 +83,15 @@ class Run:
 
 
 def run(config, workdir, devices=None):
-  """The Run of `config` in `workdir` (a path or URL) over `devices`
-  (default: all)."""
+  """The Run of `config` (a ConfigDict) in `workdir` (a path or URL) over
+  `devices` (default: all)."""
+  checked = check_values(config)
   workdir = workdir_lib.Workdir(workdir)
   recorded = workdir.read_config() if workdir.has_run() else None
-  config = pretrained.with_source(config, recorded)  # The run's own copy.
-  checked = check_values(config)
+  checked = checked._replace(
+      settings=pretrained.with_source(checked.settings, recorded))
   keys = checked.settings
-  mesh = sharding.make_mesh(config.mesh, devices)
+  mesh = sharding.make_mesh(dataclasses.asdict(keys.mesh), devices)
   data = sources.Sources(keys.dataset, keys.data_dir)
   keys = dataclasses.replace(
       keys, folder_contents=folder_contents(keys, recorded, data, workdir))
@@ -100,19 +102,12 @@ def run(config, workdir, devices=None):
         "config.model.remat_policy='auto': the step does not fit the "
         f"devices' memory with any remat policy ({fitted.tried_text()}); "
         "`python -m vit_jax.plan` says what else would make it fit")
-  built = fitted.parts
   keys = dataclasses.replace(
       keys, model=fitted.settings.model,
       input_shares=input_shares(keys, recorded, mesh, data))
-  # The run store records and compares the config with what it resolved.
-  with config.unlocked():
-    config.folder_contents = keys.folder_contents
-    config.input_shares = keys.input_shares
-    config.model.remat_policy = keys.model.remat_policy
-    config.model.attention = keys.model.attention
-  changes = store.differences_allowed(config, recorded, workdir)
-  return Run(config, keys, checked.augmentation, checked.evaluations,
-             workdir, mesh, data, changes, built)
+  changes = store.differences_allowed(keys, recorded, workdir)
+  return Run(keys, checked.augmentation, checked.evaluations, workdir, mesh,
+             data, changes, fitted.parts)
 
 
 class Fitted(NamedTuple):
@@ -162,7 +157,9 @@ def program(config, devices=None, num_classes=1):
   read (vit_jax.plan stops here: what a run computes, its function options,
   costs the same)."""
   checked = check_values(config)
-  return fit(checked, sharding.make_mesh(config.mesh, devices), num_classes)
+  mesh = sharding.make_mesh(dataclasses.asdict(checked.settings.mesh),
+                            devices)
+  return fit(checked, mesh, num_classes)
 
 
 def check_values(config):
@@ -202,7 +199,7 @@ def check_program(checked, mesh, num_classes):
         f"config.batch_size={keys.batch_size} is not divisible by the "
         f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
         f" x fsdp={mesh.shape['fsdp']}) times accum_steps={keys.accum_steps}")
-  classifying = [name for name, _, _, _ in checked.evaluations]
+  classifying = [evaluation.name for evaluation in checked.evaluations]
   if keys.model.mpp and classifying:
     raise errors.ConfigError(
         f"config.model.mpp pre-trains without labels, but evaluators "
@@ -283,7 +280,7 @@ def folder_contents(keys, recorded, data, workdir):
     raise errors.ConfigError(
         f"config.folder_contents={wanted!r}, but the folder {found.root} "
         f"holds {found.name!r} now")
-  before = recorded.get("folder_contents") if recorded else None
+  before = recorded.folder_contents if recorded else None
   if before and before != found.name and not wanted:
     changed = data.folder_changes(before)
     listed = (f" ({len(changed)}: {', '.join(changed[:3])}"
@@ -308,7 +305,7 @@ def input_shares(keys, recorded, mesh, data):
     # As recorded (a run recorded before there were input shares read one
     # per data-parallel device); a set value that differs is refused by
     # the run store.
-    count = recorded.get("input_shares", data_parallel)
+    count = recorded.input_shares or data_parallel
   elif count is None:
     count = shares.default(keys.batch_size,
                            data().num_examples(keys.train_split),

@@ -13,10 +13,11 @@ A source is any of
 `load` reads any of them to host memory as numpy in the release layout,
 with the function it computes (models.FUNCTION_OPTIONS) and, where the
 source names them, its classes; `with_source` gives a fine-tune its
-source's function and architecture (models.SOURCE_OPTIONS). `config.init_from` takes a source
-(`initial_params`, then `adaptation.adapt` fits it to the new model; the
-new run's optimizer starts fresh), and so does `for_inference`
-(vit_jax.predict, vit_jax.figures, vit_jax.export).
+source's function and architecture (models.SOURCE_OPTIONS).
+`config.init_from` takes a source (`initial_params`, then
+`adaptation.adapt` fits it to the new model; the new run's optimizer
+starts fresh), and so does `for_inference` (vit_jax.predict,
+vit_jax.figures, vit_jax.export).
 """
 
 import dataclasses
@@ -25,12 +26,11 @@ import re
 import flax
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
 from vit_jax import errors, models
-from vit_jax.runs import checkpoints
+from vit_jax.runs import checkpoints, settings
 from vit_jax.runs.workdir import Workdir
 from vit_jax.weights import adaptation, hub, npz, torch_files
 
@@ -67,7 +67,7 @@ class Checkpoint:
   what: str  # where they came from, for messages
   function: dict  # models.FUNCTION_OPTIONS values the source computes with
   class_names: list | None = None  # an HF config's id2label
-  config: ml_collections.ConfigDict | None = None  # a run's
+  config: settings.Settings | None = None  # a run's
 
 
 def local(source):
@@ -125,9 +125,9 @@ def run_function(config):
   return _options_of_run(config, models.FUNCTION_OPTIONS)
 
 
-def _options_of_run(config, options):
-  return {key: config.model.get(key) if config.model.get(key) is not None
-          else default for key, default in options.items()}
+def _options_of_run(keys, options):
+  return {key: default if getattr(keys.model, key) is None
+          else getattr(keys.model, key) for key, default in options.items()}
 
 
 def source_options(source):
@@ -149,26 +149,26 @@ def source_options(source):
                          models.SOURCE_OPTIONS)
 
 
-def with_source(config, recorded=None):
-  """`config` with its model's SOURCE_OPTIONS made explicit: those it
-  leaves unset (None) are the ones the run `recorded` when it started (its
-  config, or None for a new run: a resumed run does not read init_from
+def with_source(keys, recorded=None):
+  """The Settings `keys` with their model's SOURCE_OPTIONS made explicit:
+  those they leave unset (None) are the ones of the run's `recorded`
+  Settings (None for a new run: a resumed run does not read init_from
   again), else its init_from's, so that a fine-tune computes its source's
   function with its source's architecture, else the defaults.
 
-  A new run whose config sets a part of the architecture against its
-  init_from (a classifier, registers, layer scale or query/key norms the
-  source does not have) is refused, naming the keys; a function option it
-  sets wins, with a warning where the source differs.
+  A new run that sets a part of the architecture against its init_from (a
+  classifier, registers, layer scale or query/key norms the source does
+  not have) is refused, naming the keys; a function option it sets wins,
+  with a warning where the source differs.
 
   A hub name is made the commit it resolves to, `hf://ORG/NAME@COMMIT`, as
   the run records it and `initial_params` reads it; a resumed run's name
   of the same repository is the one it recorded (hub.as_recorded).
   """
-  init_from = config.init_from
+  init_from = keys.init_from
   if recorded is not None:
     source = _options_of_run(recorded, models.SOURCE_OPTIONS)
-    init_from = hub.as_recorded(init_from, recorded.get("init_from", ""))
+    init_from = hub.as_recorded(init_from, recorded.init_from)
   elif init_from:
     try:
       found = local(init_from)
@@ -178,27 +178,26 @@ def with_source(config, recorded=None):
     init_from = found.name
   else:
     source = {}
-  config = config.copy_and_resolve_references()
-  config.init_from = init_from
-  against = []
+  filled, against = {}, []
   for key, default in models.SOURCE_OPTIONS.items():
-    value = config.model.get(key)
+    value = getattr(keys.model, key)
     if value is None:
-      with config.unlocked():
-        config.model[key] = source.get(key, default)
+      filled[key] = source.get(key, default)
     elif key in source and not _agrees(key, value, source[key]):
       if key in models.FUNCTION_OPTIONS:
         logging.warning("config.model.%s=%r, but init_from %s computes with "
-                        "%r", key, value, config.init_from, source[key])
+                        "%r", key, value, init_from, source[key])
       elif recorded is None:  # A restart's changes are store.py's to judge.
         against.append(f"config.model.{key}={value!r} (the source's: "
                        f"{source[key]!r})")
   if against:
     raise errors.ConfigError(
-        f"config.init_from={config.init_from!r} has another architecture "
+        f"config.init_from={init_from!r} has another architecture "
         f"than the config sets: {'; '.join(against)}. Leave them unset to "
         "take the source's")
-  return config
+  return dataclasses.replace(
+      keys, init_from=init_from,
+      model=dataclasses.replace(keys.model, **filled))
 
 
 def _agrees(key, value, source_value):
@@ -269,7 +268,7 @@ class Inference:
   params: dict  # numpy arrays in the release layout
   image_size: int  # the side its position embedding was trained at
   what: str  # where the params came from, for messages
-  config: ml_collections.ConfigDict | None  # a run's; None for a file
+  config: settings.Settings | None  # a run's; None for a file
   class_names: list | None = None  # an HF config's
 
   def __iter__(self):
@@ -315,7 +314,7 @@ def inference_of(loaded, features=False):
   if "head" not in params:
     params = {**params, "head": placeholder_head(params)}
   model, image_size = models.from_params(
-      params, config.model.get("posemb") if config else None,
+      params, config.model.posemb if config else None,
       layer_norm_epsilon=loaded.function["layer_norm_epsilon"],
       gelu=loaded.function["gelu"])
   image_size = image_size or config.image_size

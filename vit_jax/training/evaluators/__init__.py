@@ -13,6 +13,8 @@ refuses what its data cannot give before anything is compiled, and the
 loop calls `run_due` once per step.
 """
 
+from typing import NamedTuple
+
 import ml_collections
 
 from vit_jax import errors
@@ -22,6 +24,15 @@ from vit_jax.training.evaluators import accuracy, fewshot, real
 KINDS = {"accuracy": (accuracy.Accuracy, accuracy.DEFAULTS),
          "real": (real.Real, real.DEFAULTS),
          "fewshot": (fewshot.FewShot, fewshot.DEFAULTS)}
+
+
+class Evaluation(NamedTuple):
+  """One evaluator that a run runs."""
+  name: str  # what prefixes its metrics
+  kind: str  # a key of KINDS
+  every: int  # steps between evaluations (and at the last step)
+  settings: ml_collections.FrozenConfigDict  # its kind's defaults, then the
+  #                                            config's
 
 
 def settings(name, entry):
@@ -47,20 +58,20 @@ def settings(name, entry):
 
 
 def enabled(keys):
-  """(name, kind, every, settings) of each evaluator that a run's `keys`
-  (runs/settings.py) run, every evaluator's settings checked (an
-  InputError names the key)."""
-  parsed = [(name, *settings(name, entry))
+  """The Evaluation of each evaluator that a run's `keys` (runs/settings.py)
+  run, every evaluator's settings checked (an InputError names the key)."""
+  parsed = [Evaluation(name, *settings(name, entry))
             for name, entry in keys.evaluators.items()]
-  return tuple(entry for entry in parsed if entry[2])
+  return tuple(entry for entry in parsed if entry.every)
 
 
-def check(entries, data):
-  """An InputError for the settings of `entries` (`enabled`'s) that the
-  data (`data`: the run's Sources) cannot give."""
-  for name, kind, _, values in entries:
+def check(evaluations, data):
+  """An InputError for the settings of `evaluations` (`enabled`'s) that
+  the data (`data`: the run's Sources) cannot give."""
+  for evaluation in evaluations:
+    name = evaluation.name
     try:
-      KINDS[kind][0].check(values, data)
+      KINDS[evaluation.kind][0].check(evaluation.settings, data)
     except errors.InputError as e:
       raise errors.InputError(f"config.evaluators.{name}: {e} (or turn it off: "
                               f"--config.evaluators.{name}.every=0)") from None
@@ -71,8 +82,10 @@ class Evaluators:
 
   def __init__(self, run, program):
     self.total_steps = run.settings.total_steps
-    self.scheduled = [(every, KINDS[kind][0](name, values, run, program))
-                      for name, kind, every, values in run.evaluations]
+    self.scheduled = [
+        (evaluation.every, KINDS[evaluation.kind][0](
+            evaluation.name, evaluation.settings, run, program))
+        for evaluation in run.evaluations]
 
   def _due(self, step):
     return [evaluator for every, evaluator in self.scheduled
