@@ -59,11 +59,81 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
+# Each Python process that the session starts costs seconds of imports
+# (TensorFlow, JAX): tests call a tool in their own process
+# (tests/util.py, call_tool) unless the process is what is tested. Every
+# Python process started under the session, children's children too
+# (launch/local_pod.sh's) and pytest's xdist workers, records itself at its
+# start in the directory PROCESSES names, through a sitecustomize put first
+# on PYTHONPATH; the session's summary counts them. A process named by its
+# pid and start time: a pid may be reused, and a process that re-executes
+# itself (vit_jax/runtime.py) is one process.
+PROCESSES = "VIT_JAX_TEST_PROCESSES"
+SITECUSTOMIZE = """\
+import os
+if os.environ.get("VIT_JAX_TEST_PROCESSES"):
+  try:
+    with open("/proc/self/stat") as stat:
+      started = stat.read().rsplit(")", 1)[1].split()[19]
+  except (OSError, IndexError):
+    started = ""
+  try:
+    open(os.path.join(os.environ["VIT_JAX_TEST_PROCESSES"],
+                      f"{os.getpid()}-{started}"), "a").close()
+  except OSError:
+    pass
+"""
+# Set by the session's first process alone, which counts.
+_processes_started = None
+if PROCESSES not in os.environ:
+  _counter = tempfile.mkdtemp(prefix="vit_jax_processes_")
+  atexit.register(shutil.rmtree, _counter, ignore_errors=True)
+  _processes_started = os.path.join(_counter, "started")
+  os.mkdir(_processes_started)
+  os.mkdir(os.path.join(_counter, "site"))
+  with open(os.path.join(_counter, "site", "sitecustomize.py"), "w") as f:
+    f.write(SITECUSTOMIZE)
+  os.environ[PROCESSES] = _processes_started
+  os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [
+      os.path.join(_counter, "site"), os.environ.get("PYTHONPATH")]))
+
 import signal  # pylint: disable=g-import-not-at-top
 import threading  # pylint: disable=g-import-not-at-top
 import warnings  # pylint: disable=g-import-not-at-top
 
 import pytest  # pylint: disable=g-import-not-at-top
+
+
+def pytest_terminal_summary(terminalreporter):
+  if _processes_started is not None:
+    terminalreporter.write_line(
+        f"{len(os.listdir(_processes_started))} Python processes started")
+
+
+def _failed_on_ci(report):
+  """`report`, a failure if it is a skip and this is CI (CI=true), where
+  every test must run: a test that skips there tests nothing."""
+  if (os.environ.get("CI") == "true" and report.skipped
+      and not hasattr(report, "wasxfail")):
+    where = report.longrepr
+    if isinstance(where, tuple):  # (path, line, "Skipped: reason")
+      where = f"{where[0]}:{where[1]}: {where[2]}"
+    report.outcome = "failed"
+    report.longrepr = f"skipped, which CI (CI=true) does not allow: {where}"
+  return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+  del item, call
+  return _failed_on_ci((yield))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+  del collector
+  return _failed_on_ci((yield))
+
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -1,17 +1,28 @@
 """Every tool answers a user's mistake the same way (vit_jax/cli/): exit
 status 2, `error: ...` naming what was wrong in at most 3 lines, no
-traceback; a bug keeps its traceback and exits 1."""
+traceback; a bug keeps its traceback and exits 1.
 
+The tools run in the test's process (tests/util.py, call_tool), as the
+wrapper's own cases do (call_main); a process of their own only where the
+process is what is tested: its exit handlers, a signal."""
+
+import asyncio
+import atexit
 import errno
+import logging as std_logging
 import os
+import signal
 import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
+import tensorstore as ts
+from absl import flags, logging
+from ml_collections import config_flags
 
-from tests.util import REPO, from_a_shell
+from tests.util import REPO, call_main, call_tool, from_a_shell
 from vit_jax import cli, errors, models, runtime
 from vit_jax.weights import npz as npz_lib
 
@@ -120,43 +131,30 @@ def scratch(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(MISTAKES))
 def test_a_mistake_gets_a_short_message_and_exit_status_2(scratch, name):
-  args, named = MISTAKES[name]
-  args = [arg.format(tmp=scratch) for arg in args]
-  done = subprocess.run([sys.executable, "-m", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=300)
-  assert done.returncode == cli.EXIT_USER_ERROR, done.stderr[-3000:]
-  assert "Traceback" not in done.stderr + done.stdout
-  lines = done.stderr.strip().splitlines()
-  assert 1 <= len(lines) <= cli.MAX_ERROR_LINES, done.stderr
+  (tool, *args), named = MISTAKES[name]
+  status, stdout, stderr = call_tool(
+      tool.removeprefix("vit_jax."), *[arg.format(tmp=scratch)
+                                       for arg in args])
+  assert status == cli.EXIT_USER_ERROR, stderr[-3000:]
+  assert "Traceback" not in stderr + stdout
+  lines = stderr.strip().splitlines()
+  assert 1 <= len(lines) <= cli.MAX_ERROR_LINES, stderr
   assert lines[0].startswith("error: ")
-  assert named.format(tmp=scratch) in done.stderr
+  assert named.format(tmp=scratch) in stderr
 
 
-# A tool of a few lines over the wrapper, whose main raises what its one
-# argument says.
-TOOL = """
-from vit_jax import cli, errors
-cli.prepare()
-import atexit, sys
-from absl import logging
-def main(argv):
-  if argv[1] == "ends":
-    # A library's exit handler, and its log (this file is not vit_jax's).
-    atexit.register(print, "an exit handler ran", flush=True)
-    logging.warning("a library's note")
-    logging.error("a library's error")
-    return 3
+def tool(argv):
+  """A tool's main that raises what its one argument says."""
   if argv[1] == "logs, then user":
+    # A library's error (this file is not vit_jax's).
     logging.error("a library's error")
     argv[1] = "user"
   if argv[1] == "user":
-    raise errors.ConfigError("config.batch_size=3 is bad\\nline 2\\nline 3"
-                             "\\nline 4")
+    raise errors.ConfigError("config.batch_size=3 is bad\nline 2\nline 3"
+                             "\nline 4")
   if argv[1] == "disk":
     raise OSError(28, "No space left on device", "/data/run")
   raise RuntimeError("a bug")
-cli.run(main, positional=True)
-"""
 
 
 @pytest.mark.parametrize("kind,code,traceback,message", [
@@ -166,50 +164,67 @@ cli.run(main, positional=True)
     ("bug", 1, True, "RuntimeError: a bug"),
 ])
 def test_the_wrapper_tells_mistakes_from_bugs(kind, code, traceback, message):
-  done = subprocess.run([sys.executable, "-c", TOOL, kind], cwd=REPO,
-                        capture_output=True, text=True, timeout=120)
-  assert done.returncode == code
-  assert ("Traceback" in done.stderr) == traceback
-  assert message in done.stderr
+  status, _, stderr = call_main(tool, "tool", kind, positional=True)
+  assert status == code
+  assert ("Traceback" in stderr) == traceback
+  assert message in stderr
+
+
+def test_a_user_mistake_is_all_that_is_shown():
+  # Not a library's error logged before it.
+  status, _, stderr = call_main(tool, "tool", "logs, then user",
+                                positional=True)
+  assert status == 2
+  assert stderr.startswith("error: config.batch_size=3 is bad")
+  assert "a library's error" not in stderr
+
+
+# A tool whose main registers an exit handler and logs (this file is not
+# vit_jax's): in a process of its own, whose end is what is tested.
+ENDING_TOOL = """
+from vit_jax import cli
+cli.prepare()
+import atexit
+from absl import logging
+def main(argv):
+  atexit.register(print, "an exit handler ran", flush=True)
+  logging.warning("a library's note")
+  logging.error("a library's error")
+  return 3
+cli.run(main)
+"""
 
 
 def test_a_tool_ends_with_mains_status_after_the_exit_handlers():
-  done = subprocess.run([sys.executable, "-c", TOOL, "ends"], cwd=REPO,
+  done = subprocess.run([sys.executable, "-c", ENDING_TOOL], cwd=REPO,
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 3
   assert done.stdout == "an exit handler ran\n"
   # A library's errors are shown as the tool ends, its warnings are not.
   assert "a library's error" in done.stderr
   assert "a library's note" not in done.stderr
-  # Where the tool ends with a user's mistake, its one line says it all.
-  done = subprocess.run([sys.executable, "-c", TOOL, "logs, then user"],
-                        cwd=REPO, capture_output=True, text=True,
-                        timeout=120)
-  assert done.returncode == 2
-  assert done.stderr.startswith("error: config.batch_size=3 is bad")
-  assert "a library's error" not in done.stderr
 
 
 def test_verbose_shows_a_mistakes_traceback_too():
-  done = subprocess.run([sys.executable, "-c", TOOL, "user", "--verbose"],
-                        cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert done.returncode == 2
-  assert "Traceback" in done.stderr and "error: config.batch_size" in (
-      done.stderr)
+  status, _, stderr = call_main(tool, "tool", "user", "--verbose",
+                                positional=True)
+  assert status == 2
+  assert "Traceback" in stderr and "error: config.batch_size" in stderr
 
 
-# A tool of a config file alone, so that what its message says about a file
-# that does not load is checked apart from training.
-CONFIG_TOOL = """
-from vit_jax import cli
-cli.prepare()
-from absl import flags
-from ml_collections import config_flags
-config_flags.DEFINE_config_file("config", None, "A config file.")
-def main(argv):
+@pytest.fixture
+def config_flag():
+  """--config, an ml_collections config file, for the test; a tool of it
+  alone checks what the wrapper says of a file that does not load apart
+  from training."""
+  config_flags.DEFINE_config_file("config", None, "A config file.")
+  yield
+  delattr(flags.FLAGS, "config")
+
+
+def config_tool(argv):
+  del argv
   print(flags.FLAGS.config.total_steps)
-cli.run(main)
-"""
 
 
 @pytest.mark.parametrize("args,message", [
@@ -222,14 +237,21 @@ cli.run(main)
     (["--config=configs/digits.py:x"], "--config=configs/digits.py:x: "
      "get_config() takes 0 positional arguments"),
 ])
-def test_a_config_file_that_does_not_load_is_named(args, message):
-  done = subprocess.run([sys.executable, "-c", CONFIG_TOOL, *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=120)
-  assert done.returncode == cli.EXIT_USER_ERROR, done.stderr
-  assert done.stderr.startswith(f"error: {message}"), done.stderr
+def test_a_config_file_that_does_not_load_is_named(config_flag, args,
+                                                     message):
+  status, _, stderr = call_main(config_tool, "tool", *args)
+  assert status == cli.EXIT_USER_ERROR, stderr
+  assert stderr.startswith(f"error: {message}"), stderr
 
 
-def test_configs_load_from_any_folder(tmp_path):
+def test_configs_load_from_any_folder(config_flag, tmp_path, monkeypatch):
+  # As a tool started outside the checkout: the checkout not on the path,
+  # and `configs` not imported yet.
+  monkeypatch.setattr(sys, "path", [
+      entry for entry in sys.path if os.path.abspath(entry) != REPO])
+  for name in [name for name in sys.modules
+               if name.partition(".")[0] == "configs"]:
+    monkeypatch.delitem(sys.modules, name)
   # A shipped config by its absolute path, and a user's own beside them
   # that builds on the shipped base.
   (tmp_path / "mine.py").write_text(
@@ -240,50 +262,50 @@ def test_configs_load_from_any_folder(tmp_path):
       "  return config\n")
   for config, total_steps in ((os.path.join(REPO, "configs", "digits.py"),
                                "1000"), ("mine.py", "7")):
-    done = subprocess.run(
-        [sys.executable, "-c", CONFIG_TOOL, f"--config={config}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [total_steps]
+    status, stdout, stderr = call_main(config_tool, "tool",
+                                       f"--config={config}", cwd=tmp_path)
+    assert status == 0, stderr
+    assert stdout.split() == [total_steps]
 
 
-# A tool whose main leaves a tensorstore future's callback to an event loop
-# that is closed, as a failed checkpoint write leaves orbax's, then raises
-# another error where nothing can catch it.
-CLOSED_LOOP_TOOL = """
-from vit_jax import cli
-cli.prepare()
-import asyncio
-import tensorstore as ts
 class Doomed:
+
   def __del__(self):
     raise KeyError("another unraisable error")
-def main(argv):
+
+
+def closed_loop_tool(argv):
+  """Leaves a tensorstore future's callback to an event loop that is
+  closed, as a failed checkpoint write leaves orbax's, then raises another
+  error where nothing can catch it."""
+  del argv
   promise, future = ts.Promise.new()
+
   async def wait():
     await future
   loop = asyncio.new_event_loop()
-  loop.create_task(wait())
+  task = loop.create_task(wait())
   loop.run_until_complete(asyncio.sleep(0.01))
   loop.close()
   promise.set_result(None)
+  # Pending for ever: asyncio would say so as pytest's process ends, which
+  # a tool's process, ended by the wrapper, does not live to see.
+  task._log_destroy_pending = False  # pylint: disable=protected-access
   Doomed()
-cli.run(main)
-"""
 
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_callbacks_to_a_closed_event_loop_are_quiet(verbose):
-  done = subprocess.run(
-      [sys.executable, "-c", CLOSED_LOOP_TOOL, *["--verbose"] * verbose],
-      cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert done.returncode == 0, done.stderr
-  assert ("Event loop is closed" in done.stderr) == verbose
-  assert "KeyError: 'another unraisable error'" in done.stderr
+  status, _, stderr = call_main(closed_loop_tool, "tool",
+                                *["--verbose"] * verbose)
+  assert status == 0, stderr
+  assert ("Event loop is closed" in stderr) == verbose
+  assert "KeyError: 'another unraisable error'" in stderr
 
 
 # A tool whose signal arrives while a garbage collector's callback runs (JAX
-# registers one), where Python prints the handler's exception and drops it.
+# registers one), where Python prints the handler's exception and drops it:
+# the signal handlers are the process's.
 SIGNAL_IN_A_GC_CALLBACK_TOOL = """
 from vit_jax import cli
 cli.prepare()
@@ -311,6 +333,42 @@ def test_a_signal_inside_a_gc_callback_still_stops_the_tool():
       "same command again"), done.stderr
 
 
+def process_state():
+  """What a tool run in the test's process could leave changed."""
+  handler = logging.get_absl_handler()
+  return {
+      "flags": {name: (flags.FLAGS[name].value, flags.FLAGS[name].present)
+                for name in flags.FLAGS},
+      "parsed": flags.FLAGS.is_parsed(),
+      "root handlers": list(std_logging.root.handlers),
+      "levels": [std_logging.getLogger(name).level
+                 for name in ("", "absl", "tensorflow")],
+      "absl handler": (list(handler.filters), handler.python_handler.stream),
+      "hooks": (sys.unraisablehook, sys.excepthook),
+      "signals": [signal.getsignal(s) for s in (signal.SIGINT,
+                                                 signal.SIGTERM)],
+      "path": list(sys.path), "argv": list(sys.argv), "cwd": os.getcwd(),
+      "exit status": cli._exit_status,  # pylint: disable=protected-access
+      "held errors": list(cli._held_errors),  # pylint: disable=protected-access
+      "compilation cache": (jax.config.jax_enable_compilation_cache,
+                            jax.config.jax_compilation_cache_dir),
+  }
+
+
+def test_a_tool_run_in_the_tests_process_leaves_it_as_found(scratch):
+  before = process_state()
+  for command, args in (
+      ("main", MISTAKES["warm-up longer than the run"][0][1:]),
+      ("export", MISTAKES["export with no source"][0][1:]),
+      ("predict", ["--from={tmp}/small.npz", "--verbose", "{tmp}/text.txt"])):
+    status, _, _ = call_tool(command, *[arg.format(tmp=scratch)
+                                        for arg in args])
+    assert status == cli.EXIT_USER_ERROR
+    assert process_state() == before
+  assert call_main(tool, "tool", "logs, then user", positional=True)[0] == 2
+  assert process_state() == before
+
+
 def test_user_errors_are_told_by_kind():
   assert cli.is_user_error(errors.InputError("x"))
   assert cli.is_user_error(FileNotFoundError(errno.ENOENT, "gone", "/a"))
@@ -322,6 +380,9 @@ def test_user_errors_are_told_by_kind():
 
 def test_prepare_quietens_the_libraries_but_keeps_the_users_settings(
     monkeypatch):
+  # The environment alone: the signal and exit handlers stay pytest's.
+  monkeypatch.setattr(cli, "_stop_quietly_on_signals", lambda: None)
+  monkeypatch.setattr(atexit, "register", lambda function: function)
   environ = {"VIT_JAX_CPU_DEFAULTS": "0",  # No re-execution here.
              "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "1"}
   monkeypatch.setattr(os, "environ", dict(environ))

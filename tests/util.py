@@ -1,16 +1,21 @@
-"""Small helpers shared by tests: random weights, small digits runs, and
-running `vit_jax.main` in processes of its own."""
+"""Small helpers shared by tests: random weights, small digits runs, the
+tools run in the test's own process, and `vit_jax.main` in processes of
+its own where the process is what is tested."""
 
 import contextlib
 import fcntl
+import io
 import json
 import os
 import re
+import runpy
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import unittest.mock
+import warnings
 
 import jax
 import numpy as np
@@ -158,12 +163,96 @@ FROM_A_SHELL = (
 
 
 def run_tool(tool, *args):
-  """The stdout of `python -m vit_jax.<tool> ARGS`, which must succeed."""
-  result = subprocess.run([sys.executable, "-m", f"vit_jax.{tool}", *args],
-                          cwd=REPO, capture_output=True, text=True,
-                          timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result.stdout
+  """The stdout of `python -m vit_jax.<tool> ARGS` (call_tool's, in this
+  process), which must succeed."""
+  status, stdout, stderr = call_tool(tool, *args)
+  assert status == 0, stderr[-3000:]
+  return stdout
+
+
+def call_tool(tool, *args):
+  """(exit status, stdout, stderr) of `python -m vit_jax.<tool> ARGS`, run
+  in this process: the module run as __main__, as `python -m` runs it, but
+  for cli.prepare, whose settings are the process's (tests/conftest.py
+  makes this one's), then its main by call_main. The flags it defines are
+  taken away after, for the next call to define its own (tools share
+  names such as --workdir)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import cli  # pylint: disable=g-import-not-at-top
+  given = {}
+
+  def run(main, positional=False):
+    given.update(main=main, positional=positional)
+
+  defined = set(flags.FLAGS)
+  try:
+    with unittest.mock.patch.object(cli, "prepare"), \
+        unittest.mock.patch.object(cli, "run", run):
+      runpy.run_module(f"vit_jax.{tool}", run_name="__main__")
+    return call_main(given["main"], f"vit_jax.{tool}", *args,
+                     positional=given["positional"])
+  finally:
+    for name in set(flags.FLAGS) - defined:
+      delattr(flags.FLAGS, name)
+
+
+def call_main(main, *argv, positional=False, cwd=REPO):
+  """(exit status, stdout, stderr) of `cli.run(main, positional)` given the
+  command line ARGV (the tool's name first), in this process
+  (vit_jax.cli.run_here), run in `cwd`, with Python's own warning filters
+  and unraisable hook (pytest's keep what a process would print). JAX's
+  compilation cache settings, which a tool that trains sets, are put back
+  after; glibc's malloc thresholds that it sets stay (runtime's
+  keep_freed_memory: how freed memory is kept, not what is computed; under
+  `make test`, whose GLIBC_TUNABLES keeps the whole heap, it sets none)."""
+  from vit_jax import cli  # pylint: disable=g-import-not-at-top
+  cache = {name: getattr(jax.config, name) for name in (
+      "jax_enable_compilation_cache", "jax_compilation_cache_dir")}
+  stdout, stderr = io.StringIO(), io.StringIO()
+  try:
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(stdout), \
+        contextlib.redirect_stderr(stderr), unittest.mock.patch.object(
+            sys, "unraisablehook", sys.__unraisablehook__), \
+        warnings.catch_warnings():
+      # Python's warnings filtered and shown as in a process of the tool's.
+      warnings.resetwarnings()
+      for action, category, module in PYTHONS_WARNING_FILTERS:
+        warnings.filterwarnings(action, category=category, module=module,
+                                append=True)
+      warnings.showwarning = _show_warning
+      status = cli.run_here(main, list(argv), positional)
+  finally:
+    for name, value in cache.items():
+      jax.config.update(name, value)
+  if status == 128 + signal.SIGINT:
+    # ^C stopped the tool, which no test sends to its own process: it was
+    # meant for pytest.
+    raise KeyboardInterrupt(stderr.getvalue())
+  return status, stdout.getvalue(), stderr.getvalue()
+
+
+# The warning filters Python starts with (its documentation, "Default
+# Warning Filter"), in their order, for a tool run in this process.
+PYTHONS_WARNING_FILTERS = (
+    ("default", DeprecationWarning, "__main__"),
+    ("ignore", DeprecationWarning, ""),
+    ("ignore", PendingDeprecationWarning, ""),
+    ("ignore", ImportWarning, ""),
+    ("ignore", ResourceWarning, ""))
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+  """Python's own warnings.showwarning: to sys.stderr as it is now."""
+  del file
+  sys.stderr.write(warnings.formatwarning(message, category, filename, lineno,
+                                          line))
+
+
+def python_path():
+  """PYTHONPATH for a process started from the checkout: the checkout
+  first, then the session's own (tests/conftest.py's process counter)."""
+  return os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
 
 
 def from_a_shell(python_args):
@@ -180,14 +269,14 @@ def start_main(args, devices=8, cwd=REPO):
   env = dict(os.environ, XLA_FLAGS=f"{others} "
              f"--xla_force_host_platform_device_count={devices}".strip())
   return subprocess.Popen(from_a_shell(["-m", "vit_jax.main", *args]),
-                          cwd=cwd, env=dict(env, PYTHONPATH=REPO),
+                          cwd=cwd, env=dict(env, PYTHONPATH=python_path()),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
 
 
 def start_pod(num_processes, devices, args, cwd=REPO):
   """launch/local_pod.sh with this interpreter, run in `cwd`."""
-  env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=REPO)
+  env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=python_path())
   return subprocess.Popen(
       [os.path.join(REPO, "launch", "local_pod.sh"), str(num_processes),
        str(devices), "--", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,

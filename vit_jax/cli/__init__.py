@@ -25,8 +25,11 @@ give every tool the same behaviour:
 - A quick end: once `main` has returned (or a signal stopped it), the exit
   handlers run (JAX's among them) and the last of them, registered first
   by `prepare`, ends the process without the interpreter's teardown, in
-  which TensorFlow's native code takes 1.1 to 1.4 s that no run's clock
+  which TensorFlow's native code would take time that no run's clock
   sees (docs/runs.md).
+
+Tests run a tool's main in their own process through `run_here`: what
+`run` does, its exit status returned instead of ending the process.
 
 A user's mistake is an `errors.UserError` (a bad config value, a file of the
 wrong kind, a checkpoint that does not fit, ...), an OSError naming a path
@@ -35,6 +38,7 @@ parse, or an app.UsageError.
 """
 
 import atexit
+import contextlib
 import errno
 import logging as std_logging
 import os
@@ -157,12 +161,107 @@ def run(main, positional=False):
   """absl's app.run of `main`, with the log and the exit status above.
   `positional`: main takes arguments other than flags (image paths); else
   any is refused."""
+  _shipped_configs_importable()
+  app.run(lambda argv: _end(_call(_checked(main, positional), argv)),
+          flags_parser=_parse_flags)
+
+
+def run_here(main, argv, positional=False):
+  """What `run(main, positional)` does with the command line `argv`, done
+  in this process and its exit status returned, for tests (DESIGN.md: a
+  tool runs in the test's own process).
+
+  The tool's output and log go to sys.stdout and sys.stderr as they are
+  now; a bug's traceback is printed and gives 1, as the interpreter would.
+  Every flag starts at its default, as in a new process. What `run`
+  changes is put back as it was: the flags' values (and the flags that
+  parsing defines, a config's overrides, taken away), the log's handlers,
+  levels and filters, the hooks, SIGINT's and SIGTERM's handlers,
+  sys.argv, sys.path and this module's state. Not done here: `prepare`'s
+  settings, which are the process's, and app.run's own flags (--helpfull,
+  --run_with_pdb, ...).
+  """
+  with _as_found():
+    sys.argv = list(argv)  # ml_collections reads a config's overrides there.
+    flags.FLAGS.unparse_flags()
+    # Where app.run has absl log: its handler on the root logger, which
+    # writes to stderr.
+    handler = logging.get_absl_handler()
+    handler.python_handler.stream = sys.stderr
+    if handler not in std_logging.root.handlers:
+      std_logging.root.addHandler(handler)
+    _shipped_configs_importable()
+    try:
+      _end(_call(_checked(main, positional), _parse_flags(argv)))
+    except SystemExit as e:  # _end's, always.
+      status = _exit_status_of(e)
+    except Exception:  # pylint: disable=broad-except
+      traceback.print_exc()  # A bug: the interpreter's own report.
+      status = 1
+  return status
+
+
+def _checked(main, positional):
+  """`main`, refusing arguments other than flags unless `positional`."""
   def checked(argv):
     if len(argv) > 1 and not positional:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     return main(argv)
-  _shipped_configs_importable()
-  app.run(lambda argv: _end(_call(checked, argv)), flags_parser=_parse_flags)
+  return checked
+
+
+def _exit_status_of(stop):
+  """The status a process ends with on the SystemExit `stop`."""
+  if stop.code is None or isinstance(stop.code, int):
+    return stop.code or 0
+  print(stop.code, file=sys.stderr)
+  return 1
+
+
+@contextlib.contextmanager
+def _as_found():
+  """Puts back, after the block, the process's state that `run` changes
+  (run_here's list)."""
+  global _exit_status
+  parsed = flags.FLAGS.is_parsed()
+  names = set(flags.FLAGS)
+  # Each flag once (a short name is a second key to the same flag).
+  flag_states = {id(flag): (flag, dict(vars(flag))) for flag in
+                 (flags.FLAGS[name] for name in flags.FLAGS)}
+  handler = logging.get_absl_handler()
+  levels = {name: std_logging.getLogger(name).level
+            for name in ("", "absl", "tensorflow")}
+  state = (list(std_logging.root.handlers), list(handler.filters),
+           handler.python_handler.stream, sys.unraisablehook, sys.argv,
+           list(sys.path), _exit_status, list(_held_errors))
+  in_main_thread = threading.current_thread() is threading.main_thread()
+  handlers = {number: signal.getsignal(number)
+              for number in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    yield
+  finally:
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for name in set(flags.FLAGS) - names:
+      delattr(flags.FLAGS, name)
+    # Unparsing sets --verbosity, whose setter moves log levels: first.
+    if parsed:
+      flags.FLAGS.mark_as_parsed()
+    else:
+      flags.FLAGS.unparse_flags()
+    for flag, values in flag_states.values():
+      vars(flag).clear()
+      vars(flag).update(values)
+    (std_logging.root.handlers[:], handler.filters[:],
+     handler.python_handler.stream, sys.unraisablehook, sys.argv,
+     sys.path[:], _exit_status, _held_errors[:]) = state
+    for name, level in levels.items():
+      std_logging.getLogger(name).setLevel(level)
+    if in_main_thread:
+      for number, previous in handlers.items():
+        if previous is not None:  # None: not set from Python.
+          signal.signal(number, previous)
 
 
 def _shipped_configs_importable():
