@@ -5,8 +5,6 @@ of it lands on the local disk under a folder named `gs:`."""
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from tests.util import (
   logged,
   main_flags,
   metric_rows,
+  run_tool,
   run_training,
   small_config,
   start_main,
@@ -61,15 +60,6 @@ def stored(url):
                 if name.startswith(prefix) and not name.endswith("/"))
 
 
-def tool(cwd, name, *args):
-  result = subprocess.run(
-      [sys.executable, "-m", f"vit_jax.{name}", *args], cwd=cwd,
-      env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
-      timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result.stdout
-
-
 def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
     gcs_bucket, digits_data_dir, tmp_path, away_from_repo):
   cwd = away_from_repo
@@ -85,8 +75,8 @@ def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
   assert f"checkpoint saved in {workdir};" in stdout
   assert max(r["step"] for r in metric_rows(workdir)) == stopped
 
-  code, stdout, stderr = finish(start_main(args, cwd=cwd))
-  assert code == 0, stderr[-3000:]
+  # The resume, in this process (the stop above is what needs one).
+  stdout = run_tool("main", *args, cwd=cwd)
   assert f"tensorboard --logdir {workdir} --load_fast=false" in stdout
   config = small_config(digits_data_dir, **RUN)
   local = str(tmp_path / "local")
@@ -110,7 +100,7 @@ def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
   # The tools take it: an export into the bucket holds the local run's
   # params.
   exported = f"{gcs_bucket}/exports/digits.npz"
-  tool(cwd, "export", f"--workdir={workdir}", f"--out={exported}")
+  run_tool("export", f"--workdir={workdir}", f"--out={exported}", cwd=cwd)
   assert_trees_equal(npz.load_npz(exported), pretrained.load(local).params)
 
   images = tmp_path / "images"
@@ -126,15 +116,16 @@ def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
         epath.Path(f"{gcs_bucket}/images/{i}.png"))
   # The same images from the bucket and from the disk, in one call (the
   # run's params are the local run's, above).
-  lines = tool(cwd, "predict", f"--workdir={workdir}",
-               f"--images={gcs_bucket}/images,{images}", "--json").splitlines()
+  lines = run_tool("predict", f"--workdir={workdir}",
+                   f"--images={gcs_bucket}/images,{images}", "--json",
+                   cwd=cwd).splitlines()
   assert len(lines) == 6
   on_gcs, on_disk = "\n".join(lines[:3]), "\n".join(lines[3:])
   assert f"{gcs_bucket}/images/0.png" in on_gcs
   assert on_gcs.replace(f"{gcs_bucket}/images", str(images)) == on_disk
 
-  tool(cwd, "figures", f"--workdir={workdir}", "--num_images=4",
-       "--rollout_images=2", "--split=test[:8]")
+  run_tool("figures", f"--workdir={workdir}", "--num_images=4",
+           "--rollout_images=2", "--split=test[:8]", cwd=cwd)
   figures = stored(f"{workdir}/figures")
   assert "training_curves.png" in figures and "attention_rollout.png" in (
       figures), figures

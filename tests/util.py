@@ -162,21 +162,22 @@ FROM_A_SHELL = (
     "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
 
 
-def run_tool(tool, *args):
-  """The stdout of `python -m vit_jax.<tool> ARGS` (call_tool's, in this
-  process), which must succeed."""
-  status, stdout, stderr = call_tool(tool, *args)
+def run_tool(tool, *args, cwd=REPO):
+  """The stdout of `python -m vit_jax.<tool> ARGS` run in `cwd`
+  (call_tool's, in this process), which must succeed."""
+  status, stdout, stderr = call_tool(tool, *args, cwd=cwd)
   assert status == 0, stderr[-3000:]
   return stdout
 
 
-def call_tool(tool, *args):
-  """(exit status, stdout, stderr) of `python -m vit_jax.<tool> ARGS`, run
-  in this process: the module run as __main__, as `python -m` runs it, but
-  for cli.prepare, whose settings are the process's (tests/conftest.py
-  makes this one's), then its main by call_main. The flags it defines are
-  taken away after, for the next call to define its own (tools share
-  names such as --workdir)."""
+def call_tool(tool, *args, cwd=REPO):
+  """(exit status, stdout, stderr) of `python -m vit_jax.<tool> ARGS` run
+  in `cwd`, in this process: the module run as __main__, as `python -m`
+  runs it, but for cli.prepare, whose settings are the process's
+  (tests/conftest.py makes this one's), then its main by call_main. The
+  flags that vit_jax defines for it are taken away after, for the next
+  call to define its own (tools share names such as --workdir); those of
+  the libraries it imports stay, as their modules do."""
   from absl import flags  # pylint: disable=g-import-not-at-top
 
   from vit_jax import cli  # pylint: disable=g-import-not-at-top
@@ -191,10 +192,12 @@ def call_tool(tool, *args):
         unittest.mock.patch.object(cli, "run", run):
       runpy.run_module(f"vit_jax.{tool}", run_name="__main__")
     return call_main(given["main"], f"vit_jax.{tool}", *args,
-                     positional=given["positional"])
+                     positional=given["positional"], cwd=cwd)
   finally:
     for name in set(flags.FLAGS) - defined:
-      delattr(flags.FLAGS, name)
+      module = flags.FLAGS.find_module_defining_flag(name) or ""
+      if module.startswith("vit_jax") or module not in sys.modules:
+        delattr(flags.FLAGS, name)
 
 
 def call_main(main, *argv, positional=False, cwd=REPO):
