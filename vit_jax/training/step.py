@@ -182,7 +182,8 @@ def initial_state(program, settings):
   if settings.init_from:  # Read and checked before anything is compiled.
     adapted = pretrained.initial_params(settings.init_from,
                                         program.state_shapes.params,
-                                        program.model.config.num_heads)
+                                        program.model.config.num_heads,
+                                        settings.dataset)
   state = program.init(jax.random.key(settings.seed))
   if adapted is None:
     return state

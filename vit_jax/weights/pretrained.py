@@ -229,20 +229,27 @@ def load_run(workdir, step=None):
   return params, f"{workdir} step {step} ({what})"
 
 
-def initial_params(source, param_shapes, num_heads):
+def initial_params(source, param_shapes, num_heads, dataset=None):
   """Loads `source` and adapts it to a model with `num_heads` heads whose
-  params have the shapes (jax.ShapeDtypeStructs) `param_shapes`.
+  params have the shapes (jax.ShapeDtypeStructs) `param_shapes`, for a run
+  on `dataset`.
 
   Returns a tree of numpy arrays, with the ShapeDtypeStructs of
   `param_shapes` left where the new model keeps its own initialisation (a
-  new head). Raises a ConfigError naming the key and both shapes when the
-  checkpoint cannot fit. Nothing is compiled.
+  new head). A run of ours on another dataset gives no head: its classes
+  are not the new run's, whatever their count, and a fine-tune starts from
+  a zero head as in the paper. Raises a ConfigError naming the key and
+  both shapes when the checkpoint cannot fit. Nothing is compiled.
   """
   try:
     loaded = load(source, num_heads)
     logging.info("init_from: %s, %d params", loaded.what,
                  sum(np.size(x) for x in jax.tree.leaves(loaded.params)))
-    return adaptation.adapt(loaded.params, param_shapes)
+    params = loaded.params
+    if (loaded.config is not None and dataset is not None
+        and loaded.config.dataset != dataset):
+      params = {key: value for key, value in params.items() if key != "head"}
+    return adaptation.adapt(params, param_shapes)
   except (errors.InputError, OSError) as e:  # What the user gave, named.
     raise errors.ConfigError(f"config.init_from={source!r}: {e}") from e
 
