@@ -30,8 +30,11 @@ train: $(VENV)/installed
 
 # Pre-train on digits 0-4 at 8x8, fine-tune on 5-9 at 16x16, and train the
 # same model on 5-9 from scratch with the same budget (configs/digits_transfer.py).
+# In bash with pipefail: a pipe's status is otherwise sed's, and a stage that
+# failed would go on to the next (dash, /bin/sh on Debian, has no pipefail).
+transfer: SHELL := /bin/bash
 transfer: $(VENV)/installed
-	for run in pretrain finetune scratch; do \
+	set -o pipefail; for run in pretrain finetune scratch; do \
 	  $(PYTHON) -m vit_jax.main --config=configs/digits_transfer.py:$$run \
 	    --workdir=workdir/transfer/$$run | sed "s/^/$$run: /" || exit 1; \
 	done

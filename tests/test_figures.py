@@ -209,12 +209,36 @@ def test_a_file_that_is_no_image_is_named(tmp_path):
     image_files.from_files([str(path)], 8)
 
 
+# What each figure draws, at least: the share of its pixels not near white
+# (panels, images, curves; titles and empty axes make a few percent), and
+# how many pixels are in colour (text, axes and grids are grey). About half
+# of what the figures of the tests' runs and random weights have; a
+# figure's width follows its title, which may name a path, hence a count.
+DRAWN = {
+    "embedding_filters.png": (0.2, 20_000),  # Each component an RGB patch.
+    "position_embedding_similarity.png": (0.2, 20_000),  # Viridis tiles.
+    # A dot per layer and head (the legend's own dots for 3 heads: 135).
+    "mean_attention_distance.png": (0.01, 250),
+    "attention_rollout.png": (0.15, 0),  # The images (digits are grey).
+    "training_curves.png": (0.04, 5_000),  # A line per metric.
+}
+
+
 def assert_pngs(out, names):
   import matplotlib.image  # pylint: disable=g-import-not-at-top
   for name in names:
     path = os.path.join(out, name)
     assert os.path.getsize(path) > 1000, name
-    assert matplotlib.image.imread(path).shape[0] > 100, name
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[0] > 100, name
+    assert pixels.ndim == 3 and pixels.shape[1] > 100, (name, pixels.shape)
+    assert pixels.shape[2] in (3, 4), (name, pixels.shape)
+    rgb = pixels[..., :3]
+    assert np.ptp(rgb) > 0.5, name  # Not one colour.
+    ink = (rgb < 0.9).any(axis=-1).mean()
+    colour = int((np.ptp(rgb, axis=-1) > 0.15).sum())
+    least_ink, least_colour = DRAWN[name]
+    assert ink >= least_ink and colour >= least_colour, (name, ink, colour)
 
 
 def test_figures_of_a_digits_run(digits_run):

@@ -10,11 +10,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from tests.test_random_access import full_disk
 from tests.util import (
   metric_rows,
   run_training,
   small_config,
-  small_disk,
   stored_examples,
 )
 from vit_jax import errors
@@ -188,6 +188,7 @@ def test_train_batches_are_rgb_in_range_with_random_crop(split_layout):
                                  augmentation=preprocess.augmentation(
                                      "random_crop,flip"),
                                  seed=1).take(2).as_numpy_iterator())
+  assert len(batches) == 2  # The checks below ran, on two batches.
   for batch in batches:
     assert batch["image"].shape == (7, 6, 6, 3)
     assert batch["image"].dtype == np.uint8
@@ -374,7 +375,7 @@ def test_a_disk_that_fills_while_preparing_stops_in_a_line_and_keeps_nothing(
       pixels = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
       os.makedirs(root / name, exist_ok=True)
       (root / name / f"{i}.png").write_bytes(tf.io.encode_png(pixels).numpy())
-  with small_disk(tmp_path / "disk", "150k") as data_dir:
+  with full_disk(tmp_path / "disk", "150k") as data_dir:
     message = folder_error(root, data_dir)
     assert message.startswith(
         f"could not prepare folder in {data_dir}/folder/noise-"), message

@@ -32,20 +32,43 @@ RUN = {"total_steps": 40, "log_every": 1, "checkpoint_every": 10,
 
 
 def test_compiles_are_taken_out_of_the_bucket_they_happen_in():
+  # Checked against clocks read around each switch and against JAX's own
+  # compile spans, not against windows that a slow or busy machine misses.
+  spans = []
+
+  def compiled(event, start, end, **_):
+    if event in goodput.COMPILE_EVENTS:
+      spans.append(end - start)
+
+  jax.monitoring.register_event_time_span_listener(compiled)
   accounts = goodput.Accounts()
   try:
+    before_train = time.time()
     accounts.switch("train")
+    after_train = time.time()
     time.sleep(0.2)
     # A program not compiled before in this process: its shape is new.
     jax.jit(lambda x: jnp.sin(x) * 3.0 + 1)(jnp.ones((7, 13, 5)))
+    before_eval = time.time()
     with accounts.counting("eval"):
+      after_eval = time.time()
       time.sleep(0.1)
+      before_back = time.time()
+    after_back = time.time()
     seconds = accounts.seconds()
   finally:
     accounts.close()
-  assert seconds["compile"] > 0.01
+    jax.monitoring.unregister_event_time_span_listener(compiled)
+  # The jit's trace, lowering and compile, one after another on this thread.
+  assert spans
+  assert seconds["compile"] == pytest.approx(sum(spans), rel=1e-6)
+  # The train bucket held from the switch to "train" to the switch to
+  # "eval", less the compile: counted twice, it would overshoot the bound.
   assert seconds["train"] >= 0.2
-  assert 0.1 <= seconds["eval"] < 0.2
+  assert (before_eval - after_train <= seconds["train"] + seconds["compile"]
+          <= after_eval - before_train)
+  assert 0.1 <= seconds["eval"] <= after_back - before_eval
+  assert before_back - after_eval <= seconds["eval"]
   assert seconds["lost"] == seconds["input"] == 0
 
 

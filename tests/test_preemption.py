@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.test_random_access import full_disk
 from tests.util import (
   REPO,
   assert_trees_equal,
@@ -23,7 +24,6 @@ from tests.util import (
   poison_step,
   run_training,
   small_config,
-  small_disk,
   start_main,
   wait_for_step,
 )
@@ -50,12 +50,14 @@ def uninterrupted(digits_data_dir, tmp_path_factory):
 
 
 def test_sigterm_saves_at_the_next_step_and_resumes_bitwise(
-    digits_data_dir, tmp_path, uninterrupted):
+    digits_data_dir, tmp_path, uninterrupted, request):
   """With RandAugment, Mixup, CutMix and label smoothing on."""
   config, expected = uninterrupted
   workdir = str(tmp_path)
   args = main_flags(workdir, digits_data_dir, **LONG)
-  signal_at = random.Random().randint(3, 45)
+  # Drawn from the test's name: the same step on every run, so that a
+  # failure at it can be run again.
+  signal_at = random.Random(request.node.name).randint(3, 45)
   run = start_main(args)
   wait_for_step(workdir, signal_at, run)
   run.send_signal(signal.SIGTERM)
@@ -248,7 +250,7 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(
   # tensorstore's and TensorBoard's own errors on a disk that is full.
   config, _ = uninterrupted
   # Room for the first checkpoint (about 0.5 MB) but not for a second one.
-  with small_disk(tmp_path / "disk", "800k") as disk:
+  with full_disk(tmp_path / "disk", "800k") as disk:
     workdir = os.path.join(disk, "run")
     args = main_flags(workdir, digits_data_dir, **SAVES_EVERY_20)
     code, _, stderr = finish(start_main(args))

@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
+import onnxruntime
 import pytest
 
 from tests import test_todays_checkpoints as todays
@@ -111,14 +113,12 @@ def test_predict_runs_a_stablehlo_export_as_it_runs_the_run(digits_export):
 
 def test_a_digits_run_runs_from_its_onnx_in_onnx_runtime(digits_export,
                                                          tmp_path):
-  onnx = pytest.importorskip("onnx")
-  runtime = pytest.importorskip("onnxruntime")
   inference, pixels, expected, _, _ = digits_export
   out = tmp_path / "digits.onnx"
   function_exports.write_onnx(inference, str(out), ["a"] * 10)
   proto = onnx.load(str(out))
   assert function_exports.onnx_signature(proto)["class_names"] == ["a"] * 10
-  session = runtime.InferenceSession(str(out))
+  session = onnxruntime.InferenceSession(str(out))
   assert [i.name for i in session.get_inputs()] == ["pixels"]
   assert [o.name for o in session.get_outputs()] == list(
       function_exports.OUTPUTS)
@@ -140,7 +140,6 @@ def dinov2_with_registers(directory):
 
 @pytest.mark.parametrize("make", [siglip2_tower, dinov2_with_registers])
 def test_todays_towers_export_to_both_formats(make, tmp_path):
-  onnx_runtime = pytest.importorskip("onnxruntime")
   loaded = pretrained.load(make(tmp_path / "hf"))
   # Towers come without a classifier: give them one, as a fine-tune would.
   loaded = dataclasses.replace(
@@ -163,7 +162,7 @@ def test_todays_towers_export_to_both_formats(make, tmp_path):
                              atol=1e-5)
 
   exports.write(loaded, "onnx", str(tmp_path / "m.onnx"))
-  session = onnx_runtime.InferenceSession(str(tmp_path / "m.onnx"))
+  session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"))
   got_logits, got_pre_logits, _ = session.run(None, {"pixels": pixels})
   np.testing.assert_allclose(got_logits, logits, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(got_pre_logits, pre_logits, rtol=1e-4,

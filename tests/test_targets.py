@@ -10,10 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from tests.util import check_config, program_of, small_config
+from tests.util import check_config, program_of, randomize, small_config
 from vit_jax import errors, sharding
 from vit_jax.runs import settings
 from vit_jax.training import losses, step as step_lib, targets
+from vit_jax.training.evaluators import accuracy
 
 LOGITS = np.array([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0]], np.float32)
 
@@ -188,6 +189,69 @@ def test_defaults_give_todays_step_bitwise(digits_data_dir):
   jax.tree.map(np.testing.assert_array_equal, state.params, expected)
 
 
+@pytest.mark.parametrize("accum_steps", [1, 2])
+def test_a_masked_row_adds_nothing_to_the_loss_or_the_gradients(
+    digits_data_dir, accum_steps):
+  """A row of mask 0 (a record whose image did not decode,
+  vit_jax/data/broken_records.py) weighs nothing: whatever its image and
+  label, the step's loss and gradients are the mean over the other rows,
+  with or without micro-batches. Plain SGD at rate 1 (the schedule's first
+  step) makes a step's update the gradient itself; no dropout, so that a
+  batch of the other rows alone draws nothing differently."""
+  config = small_config(digits_data_dir, accum_steps=accum_steps, **{
+      "model.dropout_rate": 0.0, "optimizer.name": "sgd",
+      "optimizer.momentum": 0.0, "optimizer.learning_rate": 1.0,
+      "optimizer.warmup_steps": 0, "optimizer.decay": "linear",
+      "optimizer.weight_decay": 0.0, "optimizer.grad_clip_norm": 0.0})
+  program = program_of(config)
+  rng = np.random.default_rng(0)
+  batch = {"image": rng.integers(0, 256, (32, 8, 8, 3), dtype=np.uint8),
+           "label": rng.integers(0, 10, 32).astype(np.int32),
+           "mask": np.ones(32, np.float32)}
+  batch["mask"][::4] = 0  # 8 rows masked, in each micro-batch and shard.
+  kept = batch["mask"] == 1
+
+  # Random weights: a fresh init's zero head gives every image the same
+  # loss, log(10), whatever its pixels and label.
+  start = randomize(jax.device_get(program.init(jax.random.key(0)).params))
+
+  def step(batch):
+    """(loss, grad norm, gradients) of one step from `start`."""
+    state = program.init(jax.random.key(0))  # Donated by each step.
+    state = state.replace(params=jax.device_put(
+        start, program.state_shardings.params))
+    state, metrics = program.train_step(
+        state, jax.device_put(batch, program.batch_sharding))
+    grads = jax.tree.map(np.subtract, start, jax.device_get(state.params))
+    return float(metrics["train_loss"]), float(metrics["grad_norm"]), grads
+
+  loss, grad_norm, grads = step(batch)
+  # The masked rows' images and labels changed: not a bit of it moves.
+  changed = {**batch, "image": batch["image"].copy(),
+             "label": batch["label"].copy()}
+  changed["image"][~kept] = 255 - changed["image"][~kept]
+  changed["label"][~kept] = (changed["label"][~kept] + 5) % 10
+  changed_loss, changed_norm, changed_grads = step(changed)
+  assert (changed_loss, changed_norm) == (loss, grad_norm)
+  jax.tree.map(np.testing.assert_array_equal, changed_grads, grads)
+  # The mean over the 24 other rows, as a batch of their own computes it.
+  alone = {key: value[kept] for key, value in batch.items()}
+  alone_loss, alone_norm, alone_grads = step(alone)
+  assert loss == pytest.approx(alone_loss, rel=1e-5)
+  assert grad_norm == pytest.approx(alone_norm, rel=1e-4)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3,
+                                                       atol=1e-6),
+               grads, alone_grads)
+  # Those rows do count when unmasked: the comparisons above are not empty.
+  unmasked = {**changed, "mask": np.ones(32, np.float32)}
+  assert step(unmasked)[0] != pytest.approx(loss, rel=1e-3)
+  # A batch masked whole (every record broken) trains nothing.
+  nothing = {**batch, "mask": np.zeros(32, np.float32)}
+  none_loss, none_norm, none_grads = step(nothing)
+  assert (none_loss, none_norm) == (0.0, 0.0)
+  assert not any(np.any(g) for g in jax.tree.leaves(none_grads))
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"loss": "hinge"}, "config.loss"),
     ({"label_smoothing": 1.0}, "config.label_smoothing"),
@@ -203,6 +267,26 @@ def test_bad_settings_are_refused_by_name(digits_data_dir, overrides,
     check_config(small_config(digits_data_dir, **overrides))
 
 
+def test_multi_label_accuracy_by_hand():
+  """The top class counts as right when it is any of an example's classes,
+  the first or another; masked rows count for nothing."""
+  logits = np.array([[0, 1, 5, 0],    # top 2, classes {0, 2}: right
+                     [4, 1, 0, 0],    # top 0, classes {1, 3}: wrong
+                     [0, 0, 1, 2],    # top 3, classes {3}: right
+                     [0, 9, 0, 0],    # top 1, classes {1}: masked
+                     [0, 3, 0, 0]],   # top 1, no class: wrong
+                    np.float32)
+  multi_hot = np.array([[1, 0, 1, 0], [0, 1, 0, 1], [0, 0, 0, 1],
+                        [0, 1, 0, 0], [0, 0, 0, 0]], np.float32)
+  mask = np.array([1, 1, 1, 0, 1], np.float32)
+  got = accuracy.counts(logits, {"label": multi_hot, "mask": mask})
+  assert (int(got["correct"]), int(got["count"])) == (2, 4)  # 0.5.
+  # Integer labels, the first of each set: row 0's top is not label 0.
+  got = accuracy.counts(logits, {"label": np.array([0, 1, 3, 1, 0]),
+                                 "mask": mask})
+  assert (int(got["correct"]), int(got["count"])) == (1, 4)
+
+
 def test_a_multi_label_dataset_trains_with_the_sigmoid_loss(tmp_path):
   """TFDS voc/2007's "labels" is a set of classes: its examples' labels
   are multi-hot rows, the sigmoid loss trains on them and accuracy counts
@@ -214,8 +298,12 @@ def test_a_multi_label_dataset_trains_with_the_sigmoid_loss(tmp_path):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   from tests.test_table2 import _split_dict  # pylint: disable=g-import-not-at-top
-  from tests.util import mocked_tfds, run_training  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
+  from tests.util import (  # pylint: disable=g-import-not-at-top
+    latest_checkpoint,
+    mocked_tfds,
+    run_training,
+  )
+  from vit_jax.data import preprocess, sources  # pylint: disable=g-import-not-at-top
 
   data_dir = str(tmp_path / "data")
   builder = tfds.builder("voc/2007", data_dir=data_dir)
@@ -243,5 +331,19 @@ def test_a_multi_label_dataset_trains_with_the_sigmoid_loss(tmp_path):
     with pytest.raises(errors.ConfigError, match="loss='sigmoid'"):
       check_config(small_config(data_dir, dataset="voc/2007"))
     result = run_training(config, str(tmp_path / "run"))
-  assert 0 <= result["test_accuracy"] <= 1
+    served = list(records(None, None).as_numpy_iterator())
   assert np.isfinite(result["train_loss"])
+  # The evaluator's accuracy, worked out again from the final weights: the
+  # share of the test examples whose top class is one of theirs. The split's
+  # 32 are read in an input share per data-parallel device (4), each served
+  # the same 16 records, of which it takes its 8: the first 8, 4 times.
+  assert result["test_examples"] == 32
+  served = served[:32 // config.mesh.data]
+  _, params, _ = latest_checkpoint(str(tmp_path / "run"), config,
+                                   num_classes=20)
+  pixels = np.stack([preprocess.eval_resize(preprocess.decode(e["image"]), 8)
+                     for e in served])
+  top = np.argmax(program_of(config, 20).model.apply(
+      {"params": params}, pixels, train=False), axis=-1)
+  right = [t in e["labels"] for t, e in zip(top, served)]
+  assert result["test_accuracy"] == pytest.approx(np.mean(right), abs=1e-6)

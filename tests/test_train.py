@@ -23,6 +23,7 @@ from tests.util import (
 from vit_jax import errors, runtime, sharding
 from vit_jax.data import pipeline
 from vit_jax.models import flops
+from vit_jax.training import throughput
 
 
 def first_losses(config, devices, num_steps=3):
@@ -186,6 +187,18 @@ def test_a_vit_learns_digits(digits_data_dir, tmp_path):
       logged["img_per_sec_per_device"] * logged["flops_per_step"] / 64 / 1e12)
   # Against the measured matmul rate of the CPUs the 8 devices share.
   assert 0 < logged["mfu"] < 1.5
+  # MFU by its definition, from the numbers the run logged: a step's FLOPs
+  # times the steps per second (its images per second over the batch, on
+  # all 8 devices), over the 8 devices' peak. The peak is the matmul rate
+  # this process measured once (throughput.py), which the run used.
+  peak, source = throughput.peak_flops_per_device()
+  assert source.startswith("measured")
+  assert peak == throughput.measured_matmul_flops() / 8
+  steps_per_sec = logged["img_per_sec_per_device"] * 8 / 64
+  assert logged["mfu"] == pytest.approx(
+      logged["flops_per_step"] * steps_per_sec / (8 * peak), rel=1e-9)
+  # Its window's 25 steps took no longer than the whole run.
+  assert logged["img_per_sec_per_device"] * 8 >= 25 * 64 / wall_seconds
   # Core-days: the run's wall time (its compiles, evaluations and saves
   # included) times the 8 devices, as saved for the next restart.
   _, _, progress = latest_checkpoint(str(tmp_path), config)
