@@ -4,11 +4,12 @@ TFRecord copy; the streaming reader's hint to convert."""
 
 import contextlib
 import os
+import re
 
 import numpy as np
 import pytest
 
-from tests.util import small_disk
+from tests.util import call_tool, run_tool, small_disk
 from vit_jax import errors
 from vit_jax.data import (
   conversion,
@@ -116,10 +117,16 @@ def test_a_late_resume_reads_only_the_batches_it_yields(digits_data_dir,
 
 def test_a_converted_tfrecord_dataset_reads_the_same_records_at_random(
     digits_data_dir, digits_tfrecord_data_dir, tmp_path):
-  builder = sources.get_builder("digits", digits_tfrecord_data_dir)
   out = str(tmp_path / "converted")
-  target, before, after = conversion.convert(builder, out, progress=lambda _: 0)
-  assert os.path.isdir(target) and before > 0 and after > 0
+  # As README's command does it, in this process.
+  printed = run_tool("convert_dataset", "--dataset=digits",
+                     f"--data_dir={digits_tfrecord_data_dir}",
+                     f"--out_data_dir={out}").splitlines()
+  assert printed[0].startswith("Converting digits 1.0.0 in ")
+  target, before, after = re.fullmatch(
+      r"written to (\S+): ([\d.,]+) MB of ArrayRecord for ([\d.,]+) MB of "
+      rf"TFRecord; train with --config.data_dir={out}", printed[-1]).groups()
+  assert os.path.isdir(target) and float(before) > 0 and float(after) > 0
   assert not [name for name in os.listdir(out + "/digits/all")
               if name.endswith(".incomplete")]
   converted = sources.lookup("digits", out)
@@ -136,8 +143,11 @@ def test_a_converted_tfrecord_dataset_reads_the_same_records_at_random(
                                      "train", **same).as_numpy_iterator())
   for key in want:
     np.testing.assert_array_equal(got[key], want[key])
-  with pytest.raises(errors.InputError, match="already holds a prepared"):
-    conversion.convert(builder, out)
+  status, _, stderr = call_tool(
+      "convert_dataset", "--dataset=digits",
+      f"--data_dir={digits_tfrecord_data_dir}", f"--out_data_dir={out}")
+  assert status == 2 and stderr.startswith("error: ")
+  assert "already holds a prepared" in stderr
   with pytest.raises(errors.InputError, match="is ArrayRecord already"):
     conversion.convert(converted.builder, str(tmp_path / "again"))
 
