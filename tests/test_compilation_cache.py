@@ -1,12 +1,15 @@
 """Compiled programs are kept between runs (JAX's persistent compilation
 cache): where --compilation_cache says, and not at all when it is ''."""
 
+import contextlib
 import glob
 import os
 import subprocess
 import sys
 
-from tests.util import REPO, finish, main_flags, start_main
+from jax.experimental.compilation_cache import compilation_cache
+
+from tests.util import REPO, call_tool, finish, main_flags, start_main
 
 # Compiles one program in a fresh process with the cache in argv[1]; prints
 # how many compiled programs it loaded from the cache.
@@ -25,6 +28,8 @@ print(len(hits))
 
 
 def cache_hits(directory):
+  # A process of its own: what a second process loads from the cache that a
+  # first one left, with nothing compiled in it before.
   done = subprocess.run([sys.executable, "-c", COMPILE_ONCE, directory],
                         cwd=REPO, capture_output=True, text=True,
                         timeout=300)
@@ -40,20 +45,35 @@ def test_a_second_process_loads_the_program_instead_of_compiling(tmp_path):
   assert cache_hits(directory) >= 1
 
 
+@contextlib.contextmanager
+def cache_opened_anew():
+  """JAX opens its persistent cache once in a process, where the first
+  program compiles: closed before the block, for the cache that the tool
+  sets to be the one opened, as in a process of the tool's, and after it,
+  for this process's own to be opened again."""
+  compilation_cache.reset_cache()
+  try:
+    yield
+  finally:
+    compilation_cache.reset_cache()
+
+
 def test_main_keeps_its_train_step_where_the_flag_says(digits_data_dir,
                                                        tmp_path):
   directory = tmp_path / "cache"
   args = main_flags(str(tmp_path / "run"), digits_data_dir,
                     total_steps=2, **{"optimizer.warmup_steps": 1})
-  code, _, stderr = finish(start_main(
-      [*args, f"--compilation_cache={directory}"]))
+  with cache_opened_anew():
+    code, _, stderr = call_tool(
+        "main", *args, f"--compilation_cache={directory}")
   assert code == 0, stderr[-3000:]
   assert glob.glob(str(directory / "jit_train_step-*"))
 
 
 def test_an_empty_flag_turns_the_cache_off(digits_data_dir, tmp_path,
                                            monkeypatch):
-  # Not even JAX's own variable is used then.
+  # Not even JAX's own variable is used then. A process of its own: JAX
+  # reads that variable once, as it is imported.
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "env"))
   args = main_flags(str(tmp_path / "run"), digits_data_dir,
                     total_steps=2, **{"optimizer.warmup_steps": 1})

@@ -186,6 +186,8 @@ def test_processes_tests_start(gcs_bucket):
                   + "/storage/v1/b/{bucket}/o/p%2Fy?alt=media")
             .read().decode())
   """)
+  # A process of its own: what a child of the test inherits is what is
+  # tested (the session's mount namespace, the environment).
   output = subprocess.run([sys.executable, "-c", script], check=True,
                           capture_output=True, text=True).stdout
   assert output.split("\n")[:2] == ["from test", "from child"]

@@ -12,8 +12,6 @@ import hashlib
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 from huggingface_hub import constants as hub_constants
@@ -36,7 +34,7 @@ from tests.test_torch_interchange import (
   random_tensors,
   write_hf_dir,
 )
-from tests.util import REPO, assert_trees_equal, program_of, small_config
+from tests.util import assert_trees_equal, call_tool, program_of, small_config
 from vit_jax import cli, errors
 from vit_jax.runs import settings, store
 from vit_jax.runs.workdir import Workdir
@@ -251,19 +249,16 @@ def test_pickles_and_what_is_no_model_are_refused_by_name(cache, tmp_path):
     assert "\n" not in str(raised.value) and repr(name) in str(raised.value)
 
 
-def test_a_tool_names_the_missing_model_and_its_fetch(tmp_path):
-  env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
-  for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-    env.pop(name, None)
-  # An image that is there: predict looks for the images first.
-  done = subprocess.run(
-      [sys.executable, "-m", "vit_jax.predict", "--from=hf://nobody/missing",
-       "--images=docs/digits_attention_rollout.png"], cwd=REPO, env=env,
-      capture_output=True, text=True, timeout=300)
-  assert done.returncode == cli.EXIT_USER_ERROR, done.stderr[-3000:]
-  assert "Traceback" not in done.stderr + done.stdout
-  lines = done.stderr.strip().splitlines()
-  assert len(lines) == 1, done.stderr
+def test_a_tool_names_the_missing_model_and_its_fetch(cache, tmp_path):
+  # The cache fixture's Hugging Face home, tmp_path/hf, the hub off. An
+  # image that is there: predict looks for the images first.
+  code, stdout, stderr = call_tool(
+      "predict", "--from=hf://nobody/missing",
+      "--images=docs/digits_attention_rollout.png")
+  assert code == cli.EXIT_USER_ERROR, stderr[-3000:]
+  assert "Traceback" not in stderr + stdout
+  lines = stderr.strip().splitlines()
+  assert len(lines) == 1, stderr
   assert lines[0].startswith("error: hf://nobody/missing is not in the "
                              f"Hugging Face cache ({tmp_path}/hf/hub)")
   assert "hf download nobody/missing" in lines[0]

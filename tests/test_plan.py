@@ -3,8 +3,6 @@ generation by libtpu on this CPU, and what it will cost."""
 
 import dataclasses
 import json
-import subprocess
-import sys
 import types
 
 import jax
@@ -12,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs.table2 import pretrain
-from tests.util import REPO
+from tests.util import run_tool
 from vit_jax import errors, models
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, cost as cost_lib, report, work
@@ -27,15 +25,11 @@ def test_a_small_pretraining_config_on_v3_8_from_the_command_line():
   64-pixel images (4 patches; 224 compiles twice as long), planned by the
   command as a user types it."""
   # Plain data parallelism: every core holds all of the state.
-  command = [sys.executable, "-m", "vit_jax.plan",
-             "--config=configs/table2/pretrain.py:B/32,jft",
-             "--config.model.num_layers=1", "--config.batch_size=256",
-             "--config.mesh.fsdp=1", "--config.model.scan_layers=False",
-             "--config.image_size=64", "--topology=v3-8", "--json"]
-  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
-                        timeout=600)
-  assert done.returncode == 0, done.stderr[-3000:]
-  got = json.loads(done.stdout)  # One JSON object, nothing else.
+  stdout = run_tool("plan", "--config=configs/table2/pretrain.py:B/32,jft",
+                    "--config.model.num_layers=1", "--config.batch_size=256",
+                    "--config.mesh.fsdp=1", "--config.model.scan_layers=False",
+                    "--config.image_size=64", "--topology=v3-8", "--json")
+  got = json.loads(stdout)  # One JSON object, nothing else.
   assert got["config"] == "configs/table2/pretrain.py:B/32,jft"
   assert got["batch_size"] == 256 and got["compile_seconds"] > 0
 

@@ -51,6 +51,8 @@ needs_tcmalloc = pytest.mark.skipif(
 
 
 def run(program=PROGRAM, **env):
+  # A process of its own: runtime.apply re-executes the process, and the
+  # loader and glibc read LD_PRELOAD and GLIBC_TUNABLES only as one starts.
   environment = {k: v for k, v in os.environ.items() if k not in (
       "GLIBC_TUNABLES", "XLA_FLAGS", "VIT_JAX_CPU_DEFAULTS", "LD_PRELOAD",
       *runtime.TCMALLOC_SETTINGS)}
@@ -136,32 +138,51 @@ def test_one_device_per_core_in_a_power_of_two(monkeypatch, cores, devices):
   assert runtime.cpu_device_count() == devices
 
 
-def test_what_the_user_set_wins_and_no_second_run_when_set():
+def applied(monkeypatch, **env):
+  """runtime.apply() called in this process with the environment of `run`'s
+  program: the four variables that PROGRAM prints, each None where unset,
+  after it. Where it would run the process again (os.execv) the test fails:
+  these cases are those where it must not."""
+  for name in ("GLIBC_TUNABLES", "XLA_FLAGS", "VIT_JAX_CPU_DEFAULTS",
+               "LD_PRELOAD", *runtime.TCMALLOC_SETTINGS):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+
+  def execv(*args):
+    raise AssertionError(f"runtime.apply ran the process again: {args}")
+  monkeypatch.setattr(runtime.os, "execv", execv)
+  runtime.apply()
+  return [os.environ.get(name) for name in (
+      "GLIBC_TUNABLES", "XLA_FLAGS", "LD_PRELOAD", "TCMALLOC_RELEASE_RATE")]
+
+
+def test_what_the_user_set_wins_and_no_second_run_when_set(monkeypatch):
   own = ("--xla_cpu_use_xnnpack=true "
          "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE "
          "--xla_force_host_platform_device_count=1")
   mine = ("glibc.malloc.hugetlb=0:glibc.malloc.arena_max=8:"
           "glibc.malloc.mmap_max=1:glibc.malloc.trim_threshold=1")
-  assert run(JAX_PLATFORMS="cpu", GLIBC_TUNABLES=mine, XLA_FLAGS=own,
-             LD_PRELOAD=NOT_AN_ALLOCATOR)[:3] == ["started", mine, own]
+  assert applied(monkeypatch, JAX_PLATFORMS="cpu", GLIBC_TUNABLES=mine,
+                 XLA_FLAGS=own, LD_PRELOAD=NOT_AN_ALLOCATOR)[:2] == [mine, own]
   # One flag of the user's leaves the others to be added.
-  assert run(JAX_PLATFORMS="cpu", GLIBC_TUNABLES=TUNABLES,
-             LD_PRELOAD=NOT_AN_ALLOCATOR,
-             XLA_FLAGS="--xla_cpu_use_xnnpack=true")[2].split() == [
-                 "--xla_cpu_use_xnnpack=true",
-                 "--xla_cpu_experimental_ynn_fusion_type="
-                 "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
-                 f"{runtime.DEVICES_FLAG}="
-                 f"{runtime.cpu_device_count()}"]
-  assert run(VIT_JAX_CPU_DEFAULTS="0") == ["started"] + ["None"] * 4
+  assert applied(monkeypatch, JAX_PLATFORMS="cpu", GLIBC_TUNABLES=TUNABLES,
+                 LD_PRELOAD=NOT_AN_ALLOCATOR,
+                 XLA_FLAGS="--xla_cpu_use_xnnpack=true")[1].split() == [
+                     "--xla_cpu_use_xnnpack=true",
+                     "--xla_cpu_experimental_ynn_fusion_type="
+                     "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
+                     f"{runtime.DEVICES_FLAG}="
+                     f"{runtime.cpu_device_count()}"]
+  assert applied(monkeypatch, VIT_JAX_CPU_DEFAULTS="0") == [None] * 4
 
 
-def test_no_cpu_flags_where_an_accelerator_computes():
+def test_no_cpu_flags_where_an_accelerator_computes(monkeypatch):
   """A GPU's jaxlib may be another XLA that stops at a CPU flag it does not
   know: XLA_FLAGS stays as the user set it."""
-  out = run(JAX_PLATFORMS="cuda", GLIBC_TUNABLES=TUNABLES,
-            LD_PRELOAD=NOT_AN_ALLOCATOR)
-  assert out[:3] == ["started", TUNABLES, "None"]
-  out = run(JAX_PLATFORMS="tpu", GLIBC_TUNABLES=TUNABLES,
-            LD_PRELOAD=NOT_AN_ALLOCATOR, XLA_FLAGS="--xla_dump_to=/tmp/x")
-  assert out[:3] == ["started", TUNABLES, "--xla_dump_to=/tmp/x"]
+  out = applied(monkeypatch, JAX_PLATFORMS="cuda", GLIBC_TUNABLES=TUNABLES,
+                LD_PRELOAD=NOT_AN_ALLOCATOR)
+  assert out[:2] == [TUNABLES, None]
+  out = applied(monkeypatch, JAX_PLATFORMS="tpu", GLIBC_TUNABLES=TUNABLES,
+                LD_PRELOAD=NOT_AN_ALLOCATOR, XLA_FLAGS="--xla_dump_to=/tmp/x")
+  assert out[:2] == [TUNABLES, "--xla_dump_to=/tmp/x"]

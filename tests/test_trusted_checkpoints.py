@@ -9,15 +9,14 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from tests.util import (
-  REPO,
   assert_trees_equal,
+  call_tool,
   finish,
   latest_checkpoint,
   made_once,
@@ -228,9 +227,12 @@ def test_a_second_run_started_later_loses_no_save_and_no_row(
   args = main_flags(workdir, digits_data_dir, **{
       **LONGER, "total_steps": 40, "checkpoint_every": 1,
       "keep_checkpoints": 40, "log_every": 1})
+  # The first run in a process of its own: the lock holds one writer per
+  # process, and this process would take over a lock of its own pid as
+  # one left by a dead run. The second, refused, runs here.
   first = start_main(args)
   wait_for_step(workdir, 20, first)
-  code, _, stderr = finish(start_main(args), timeout=120)
+  code, _, stderr = call_tool("main", *args)
   assert code == 2 and "is in use by process" in stderr, stderr[-3000:]
   code, _, stderr = finish(first)
   assert code == 0, stderr[-3000:]
@@ -305,12 +307,11 @@ def every_data_file_flipped(step_dir):
 
 
 def tool(name, *args):
-  """(stdout, stderr) of `python -m vit_jax.NAME ARGS`, which must succeed."""
-  done = subprocess.run([sys.executable, "-m", f"vit_jax.{name}", *args],
-                        cwd=REPO, capture_output=True, text=True, timeout=300,
-                        check=False)
-  assert done.returncode == 0, done.stderr[-3000:]
-  return done.stdout, done.stderr
+  """(stdout, stderr) of `python -m vit_jax.NAME ARGS` (in this process),
+  which must succeed."""
+  code, stdout, stderr = call_tool(name, *args)
+  assert code == 0, stderr[-3000:]
+  return stdout, stderr
 
 
 def test_read_only_tools_name_a_damaged_step_and_read_the_one_before(

@@ -5,8 +5,6 @@ random examples."""
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ import tensorflow_datasets as tfds
 from configs import vtab as vtab_config
 from tests.test_table2 import TINY_MODEL, _split_dict
 from tests.test_vtab_registry import SPLIT_SIZES
-from tests.util import REPO, check_config, mocked_tfds
+from tests.util import call_tool, check_config, mocked_tfds
 from vit_jax import errors
 from vit_jax.data import vtab_tasks as registry
 from vit_jax.training import finetune_suite
@@ -137,10 +135,9 @@ def test_runner_tabulates_two_shrunk_tasks(vtab_data_dir, tmp_path,
 
 
 def test_command_line_names_the_tasks_it_knows(tmp_path):
-  done = subprocess.run(
-      [sys.executable, "-m", "vit_jax.vtab", "--config=configs/vtab.py:L/16",
-       f"--workdir={tmp_path}", "--tasks=natural,imagenet"],
-      cwd=REPO, capture_output=True, text=True, timeout=300)
-  assert done.returncode == 2
-  assert "Unknown VTAB task 'imagenet'; valid: caltech101" in done.stderr
+  code, _, stderr = call_tool("vtab", "--config=configs/vtab.py:L/16",
+                              f"--workdir={tmp_path}",
+                              "--tasks=natural,imagenet")
+  assert code == 2
+  assert "Unknown VTAB task 'imagenet'; valid: caltech101" in stderr
   assert not os.listdir(tmp_path)  # Nothing trained, nothing written.

@@ -4,20 +4,16 @@ import errno
 import io
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.util import (
-  REPO,
-  finish,
+  call_tool,
   latest_checkpoint,
   main_flags,
   run_training,
   small_config,
   small_disk,
-  start_main,
 )
 from vit_jax import errors, paths
 from vit_jax.data import conversion, image_files, sources
@@ -44,9 +40,9 @@ def test_a_changed_model_is_refused_before_anything_is_written(
   run_training(small_config(digits_data_dir), workdir)
   before = snapshot(workdir)
 
-  code, stdout, stderr = finish(start_main(main_flags(
+  code, stdout, stderr = call_tool("main", *main_flags(
       workdir, digits_data_dir, **{"model.hidden_size": 48,
-                                   "optimizer.learning_rate": 0.001})))
+                                   "optimizer.learning_rate": 0.001}))
   assert code == 2  # A mistake of the user's (vit_jax/cli/__init__.py).
   last_lines = stderr.strip().splitlines()[-6:]
   assert any("model.hidden_size: 32 -> 48" in line for line in last_lines)
@@ -187,12 +183,10 @@ def test_tools_write_in_a_workdir_only_under_its_exports_and_figures(
     workdir_lib.check_output(allowed, "--out")
   # The command of issue "Every tool as careful": the run's config.json was
   # replaced by the HF one.
-  result = subprocess.run(
-      [sys.executable, "-m", "vit_jax.export", f"--workdir={run}",
-       f"--out={run}", "--format=hf"], cwd=REPO, capture_output=True,
-      text=True, timeout=120, check=False)
-  assert result.returncode == 2, result.stderr[-2000:]
-  assert result.stderr.startswith(f"error: --out={run} is inside")
+  code, _, stderr = call_tool("export", f"--workdir={run}", f"--out={run}",
+                              "--format=hf")
+  assert code == 2, stderr[-2000:]
+  assert stderr.startswith(f"error: --out={run} is inside")
   assert (tmp_path / "run" / "config.json").read_bytes() == recorded
 
 
@@ -260,15 +254,13 @@ def test_an_export_onto_a_full_disk_keeps_the_file_it_replaces(tmp_path):
     kept = open(previous, "rb").read()
     for out, extra in ((previous, []), (os.path.join(disk, "hf"),
                                         ["--format=hf"])):
-      done = subprocess.run(
-          [sys.executable, "-m", "vit_jax.export", f"--from={source}",
-           f"--out={out}", *extra], cwd=REPO, capture_output=True,
-          text=True, timeout=300, check=False)
-      assert done.returncode == 2, done.stderr[-3000:]
-      assert "Traceback" not in done.stderr, done.stderr[-3000:]
-      assert done.stderr.startswith("error: "), done.stderr
-      assert "No space left on device" in done.stderr, done.stderr
-      assert disk in done.stderr, done.stderr  # The path is named.
+      code, _, stderr = call_tool("export", f"--from={source}",
+                                  f"--out={out}", *extra)
+      assert code == 2, stderr[-3000:]
+      assert "Traceback" not in stderr, stderr[-3000:]
+      assert stderr.startswith("error: "), stderr
+      assert "No space left on device" in stderr, stderr
+      assert disk in stderr, stderr  # The path is named.
     assert open(previous, "rb").read() == kept
     # No part left.
     assert [name for _, _, names in os.walk(disk) for name in names] == [
