@@ -65,8 +65,12 @@ def test_compiles_are_taken_out_of_the_bucket_they_happen_in():
   # The train bucket held from the switch to "train" to the switch to
   # "eval", less the compile: counted twice, it would overshoot the bound.
   assert seconds["train"] >= 0.2
-  assert (before_eval - after_train <= seconds["train"] + seconds["compile"]
-          <= after_eval - before_train)
+  # Within a millisecond: JAX times its compile spans with a clock of its
+  # own, which the train bucket gives back.
+  slack = 1e-3
+  assert (before_eval - after_train - slack
+          <= seconds["train"] + seconds["compile"]
+          <= after_eval - before_train + slack)
   assert 0.1 <= seconds["eval"] <= after_back - before_eval
   assert before_back - after_eval <= seconds["eval"]
   assert seconds["lost"] == seconds["input"] == 0

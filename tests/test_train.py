@@ -281,7 +281,8 @@ def compiles_during(fn):
     (dict(eval_crop_fraction=1.5), "config.eval_crop_fraction must be in"),
     (dict(**{"optimizer.b2": 1.0}), "config.optimizer.b2 must be a number in "
      "[0.0, 1.0)"),
-    (dict(**{"model.mlp_dim": 0}), "config.model: mlp_dim must be a whole"),
+    (dict(**{"model.mlp_dim": 0}), "config.model.mlp_dim must be a whole "
+     "number >= 1, got 0"),
     (dict(**{"model.dtype": "float8"}), "config.model: dtype must be a float"),
     (dict(**{"model.layer_norm_epsilon": -1.0}),
      "config.model: layer_norm_epsilon must be > 0"),
