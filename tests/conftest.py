@@ -78,8 +78,9 @@ if os.environ.get("VIT_JAX_TEST_PROCESSES"):
   except (OSError, IndexError):
     started = ""
   try:
-    open(os.path.join(os.environ["VIT_JAX_TEST_PROCESSES"],
-                      f"{os.getpid()}-{started}"), "a").close()
+    with open(os.path.join(os.environ["VIT_JAX_TEST_PROCESSES"],
+                           f"{os.getpid()}-{started}"), "w") as record:
+      record.write(os.environ.get("PYTEST_CURRENT_TEST", "pytest"))
   except OSError:
     pass
 """
@@ -104,10 +105,19 @@ import warnings  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 
-def pytest_terminal_summary(terminalreporter):
-  if _processes_started is not None:
-    terminalreporter.write_line(
-        f"{len(os.listdir(_processes_started))} Python processes started")
+def pytest_terminal_summary(terminalreporter, config):
+  if _processes_started is None:
+    return
+  names = os.listdir(_processes_started)
+  if config.getoption("verbose") > 0:  # Which tests started them (-v).
+    by_test = {}
+    for name in names:
+      with open(os.path.join(_processes_started, name)) as record:
+        test = record.read().rsplit(" (", 1)[0] or "pytest"
+      by_test[test] = by_test.get(test, 0) + 1
+    for test, count in sorted(by_test.items()):
+      terminalreporter.write_line(f"{count:3d} {test}")
+  terminalreporter.write_line(f"{len(names)} Python processes started")
 
 
 def _failed_on_ci(report):

@@ -16,6 +16,7 @@ from tests.test_random_access import full_disk
 from tests.util import (
   REPO,
   assert_trees_equal,
+  call_tool,
   finish,
   latest_checkpoint,
   made_once,
@@ -69,7 +70,8 @@ def test_sigterm_saves_at_the_next_step_and_resumes_bitwise(
   assert f"stopped at step {stopped}" in stdout
   assert max(r["step"] for r in metric_rows(workdir)) == stopped
 
-  code, stdout, stderr = finish(start_main(args))
+  # The resume, in this process: the stop above is what needs one.
+  code, stdout, stderr = call_tool("main", *args)
   assert code == 0, stderr[-3000:]
   step, params, _ = latest_checkpoint(workdir, config)
   assert step == LONG["total_steps"]
@@ -129,7 +131,7 @@ def test_kill_9_during_a_save_keeps_the_previous_checkpoint(
   step, _, _ = latest_checkpoint(workdir, config)
   assert step == 25
 
-  code, _, stderr = finish(start_main(args))
+  code, _, stderr = call_tool("main", *args)  # The resume, in this process.
   assert code == 0, stderr[-3000:]
   step, params, _ = latest_checkpoint(workdir, config)
   assert step == LONG["total_steps"]
@@ -214,7 +216,8 @@ def assert_stopped_by_a_full_disk(stderr):
 
 
 def assert_resumes_to_the_end(workdir, args, config, expected):
-  code, stdout, stderr = finish(start_main(args))
+  # The resume, in this process: the stop before it is what needs one.
+  code, stdout, stderr = call_tool("main", *args)
   assert code == 0, stderr[-3000:]
   assert "Resuming at step 20 of 60" in stdout
   step, params, _ = latest_checkpoint(workdir, config)

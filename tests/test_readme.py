@@ -2,9 +2,9 @@
 
 A code block preceded by `<!-- test -->` runs line by line; one preceded by
 `<!-- test: ARGS -->` runs with ARGS appended to each command, to shorten
-it (a later flag wins). The first command of each tool runs as typed, in
-a shell; the tool's later commands run in the test's own process, from
-the same words. Blocks run in the README's order, in one scratch
+it (a later flag wins). Shell scripts, and the first training and the
+first prediction, run as typed, in a shell; the other `python -m
+vit_jax.X` commands run in the test's own process, from the same words. Blocks run in the README's order, in one scratch
 directory that links the checkout's configs/, launch/ and docs/, with this
 interpreter's bin/ (the venv's) first on PATH: later blocks use what
 earlier ones made, as a reader's commands do.
@@ -62,19 +62,18 @@ def test_the_readme_commands_run_as_written(tmp_path):
   # The venv's bin/ names this interpreter `python` and `python3`.
   bin_dir = os.path.dirname(sys.executable)
   env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-  typed = set()
+  typed = {"main", "predict"}  # Each tool's first command, as typed.
   for commands, appended in marked_blocks(readme()):
     for command in commands:
       words = shlex.split(f"{command} {appended}")
       tool = (words[2].removeprefix("vit_jax.")
               if words[:2] == ["python", "-m"] else None)
-      if tool is not None and tool in typed:
-        # A tool that already ran as typed: in this process, from the same
-        # words (tests/util.py, call_tool).
+      if tool is not None and tool not in typed:
+        # In this process, from the same words (tests/util.py, call_tool).
         status, _, stderr = call_tool(tool, *words[3:], cwd=tmp_path)
         assert status == 0, (command, stderr[-3000:])
         continue
-      typed.add(tool)
+      typed.discard(tool)
       done = subprocess.run(["bash", "-c", f"{command} {appended}"],
                             cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=600)
