@@ -105,18 +105,19 @@ import warnings  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 
-def pytest_terminal_summary(terminalreporter, config):
+def pytest_terminal_summary(terminalreporter):
+  """The Python processes the session started, by the test that started
+  them ("pytest": its own workers), then their count."""
   if _processes_started is None:
     return
   names = os.listdir(_processes_started)
-  if config.getoption("verbose") > 0:  # Which tests started them (-v).
-    by_test = {}
-    for name in names:
-      with open(os.path.join(_processes_started, name)) as record:
-        test = record.read().rsplit(" (", 1)[0] or "pytest"
-      by_test[test] = by_test.get(test, 0) + 1
-    for test, count in sorted(by_test.items()):
-      terminalreporter.write_line(f"{count:3d} {test}")
+  by_test = {}
+  for name in names:
+    with open(os.path.join(_processes_started, name)) as record:
+      test = record.read().rsplit(" (", 1)[0] or "pytest"
+    by_test[test] = by_test.get(test, 0) + 1
+  for test, count in sorted(by_test.items()):
+    terminalreporter.write_line(f"{count:3d} {test}")
   terminalreporter.write_line(f"{len(names)} Python processes started")
 
 
