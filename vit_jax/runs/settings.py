@@ -300,9 +300,9 @@ def as_json(values):
   return values
 
 
-def from_record(recorded, where="config.json"):
-  """The Settings that a run's config.json (`recorded`, a dict read from
-  `where`) holds. A key added since the run started takes what the run did
+def from_record(recorded, where):
+  """The Settings that a run's recorded config (`recorded`, a dict read
+  from the file `where`) holds. A key added since the run started takes what the run did
   without it (its `before`); an unset key and a RESOLVED one, its default
   (a restart resolves it)."""
   return _recorded(Settings(), recorded, "", where)
