@@ -78,8 +78,7 @@ class Optimizer:
   name: str = key("", "adam or sgd")
   learning_rate: float = key(0.0, "the peak learning rate", at_least=0.0)
   warmup_steps: int = key(0, "steps of linear warm-up from 0", at_least=0)
-  decay: str = key("", "after the warm-up: linear or cosine to 0; '': "
-                   "constant")
+  decay: str = key("", "after the warm-up: linear or cosine to 0")
   weight_decay: float = key(0.0, "decoupled weight decay, of the kernels "
                             "only", at_least=0.0)
   grad_clip_norm: float = key(0.0, "the global gradient norm clipped to "
