@@ -124,10 +124,13 @@ def test_runner_tabulates_two_shrunk_tasks(vtab_data_dir, tmp_path,
     summary = finetune_suite.run(config, str(tmp_path), tasks)
   assert set(summary["tasks"]) == {"caltech101", "dsprites_location"}
   for name, result in summary["tasks"].items():
-    assert 0.0 <= result["accuracy"] <= 1.0
     metrics = [json.loads(line) for line in
                open(tmp_path / name / "metrics.jsonl")]
     assert metrics[-1]["test_accuracy"] == result["accuracy"]
+    # Scored on the 64 examples of the shrunk test split ("[-64:]"), each
+    # once: a whole number of them right.
+    assert metrics[-1]["test_examples"] == 64
+    assert result["accuracy"] * 64 in range(65)
     assert metrics[-1]["step"] == 2
   finetune_suite.write(summary, str(tmp_path))
   assert json.load(open(tmp_path / "vtab.json")) == summary
