@@ -30,7 +30,21 @@ elif [[ -x .venv/bin/python ]]; then
 else
   python=python3
 fi
-port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# The coordinator's port: one that nothing here listens on (bash connects
+# through /dev/tcp; a refused connection leaves the port free), below Linux's
+# ephemeral range, where outgoing connections take theirs.
+port=""
+for _ in {1..100}; do
+  candidate=$((20000 + RANDOM % 12000))
+  if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then
+    port=$candidate
+    break
+  fi
+done
+if [[ -z $port ]]; then
+  echo "error: no free port for the coordinator in 20000-31999" >&2
+  exit 1
+fi
 # Keep the caller's other XLA flags; the device count is this script's.
 xla_flags="$(echo "${XLA_FLAGS:-}" | sed -E 's/--xla_force_host_platform_device_count=[0-9]+//g') --xla_force_host_platform_device_count=$devices"
 

@@ -1,5 +1,6 @@
 """Restarts are safe: SIGTERM, kill -9 mid-save and a NaN lose nothing."""
 
+import errno
 import os
 import random
 import re
@@ -188,21 +189,19 @@ def test_a_blown_up_run_is_told_so_before_and_after_a_resume(
 # Runs vit_jax.main through the tools' entry wrapper with orbax's final
 # rename of one step's checkpoint failing as on a full disk. The rename runs
 # in orbax's background thread, as the failure of a real save does.
-FAIL_SAVE = """
-import errno, os, sys
-from orbax.checkpoint._src.path import atomicity
-step = sys.argv[1]
-real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
-async def finalize(self):
-  if os.path.basename(str(self._final_path)) == step:
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
-                  str(self._final_path))
-  return await real_finalize(self)
-atomicity.AtomicRenameTemporaryPath.finalize = finalize
-from vit_jax import cli, main
-sys.argv = ["vit_jax.main"] + sys.argv[2:]
-cli.run(main.main)
-"""
+def fail_save_of(monkeypatch, step):
+  """Makes the save of checkpoint `step` fail as on a full disk, as it is
+  made whole (orbax's rename of its temporary folder)."""
+  from orbax.checkpoint._src.path import atomicity  # pylint: disable=g-import-not-at-top
+  real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+  async def finalize(self):
+    if os.path.basename(str(self._final_path)) == str(step):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                    str(self._final_path))
+    return await real_finalize(self)
+  monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize",
+                      finalize)
 
 # Saves at 20, 40 and 60; the params at 60 are those of `uninterrupted`.
 SAVES_EVERY_20 = {**LONG, "checkpoint_every": 20}
@@ -228,18 +227,18 @@ def assert_resumes_to_the_end(workdir, args, config, expected):
 
 
 def test_a_save_that_fails_stops_the_run_at_once_and_it_resumes(
-    digits_data_dir, tmp_path, uninterrupted):
+    digits_data_dir, tmp_path, uninterrupted, monkeypatch):
+  # In this process (the real full disk, below, is a process's).
   config, expected = uninterrupted
   workdir = str(tmp_path / "run")
   args = main_flags(workdir, digits_data_dir, **SAVES_EVERY_20)
-  failed = subprocess.run([sys.executable, "-c", FAIL_SAVE, "40", *args],
-                          cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
-  assert failed.returncode == 2, failed.stderr[-3000:]
-  assert_stopped_by_a_full_disk(failed.stderr)
-  assert (f"could not save a checkpoint in {workdir}/checkpoints" in
-          failed.stderr)
-  assert "the checkpoint of step 20 is complete" in failed.stderr
+  with monkeypatch.context() as failing:
+    fail_save_of(failing, 40)
+    code, _, stderr = call_tool("main", *args)
+  assert code == 2, stderr[-3000:]
+  assert_stopped_by_a_full_disk(stderr)
+  assert f"could not save a checkpoint in {workdir}/checkpoints" in stderr
+  assert "the checkpoint of step 20 is complete" in stderr
   # Within steps of the failure, not at the next save (60) as before.
   assert 40 <= max(r["step"] for r in metric_rows(workdir)) < 60
   step, _, _ = latest_checkpoint(workdir, config)

@@ -88,22 +88,32 @@ def test_the_command_runs_again_with_tcmalloc_and_the_flags(library,
   assert run(program, JAX_PLATFORMS="cpu") == [
       "started", "started", "None",
       f"{runtime.kernel_flags('')} {devices}", preloaded, "0"]
-  assert run(program, JAX_PLATFORMS="cpu", TCMALLOC_RELEASE_RATE="1",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8") == [
-                 "started", "started", "None",
-                 f"--xla_force_host_platform_device_count=8 "
-                 f"{runtime.kernel_flags('')}", preloaded, "1"]
+
+
+def test_the_users_own_settings_go_into_the_run_again(monkeypatch, tmp_path):
+  # In this process: the run again itself is the test above's.
+  preloaded = stand_in_tcmalloc(tmp_path)
+  monkeypatch.setattr(runtime, "tcmalloc_library", lambda: preloaded)
+  assert applied_again(
+      monkeypatch, JAX_PLATFORMS="cpu", TCMALLOC_RELEASE_RATE="1",
+      XLA_FLAGS="--xla_force_host_platform_device_count=8") == [
+          None, f"--xla_force_host_platform_device_count=8 "
+          f"{runtime.kernel_flags('')}", preloaded, "1"]
 
 
 @needs_huge_pages
-def test_without_tcmalloc_glibc_gets_the_tunables():
+def test_without_tcmalloc_glibc_gets_the_tunables(monkeypatch):
   out = run(JAX_PLATFORMS="cpu", LD_PRELOAD=NOT_AN_ALLOCATOR)
   assert out[:3] == ["started", "started", TUNABLES]
   assert out[4:] == [NOT_AN_ALLOCATOR, "None"]
-  assert run(JAX_PLATFORMS="cpu", LD_PRELOAD=NOT_AN_ALLOCATOR,
-             GLIBC_TUNABLES="glibc.malloc.trim_threshold=1")[2] == (
-                 "glibc.malloc.trim_threshold=1:glibc.malloc.hugetlb=1:"
-                 "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0")
+  # The user's own tunables come first (in this process: the run again is
+  # the one above's).
+  assert applied_again(monkeypatch, JAX_PLATFORMS="cpu",
+                       LD_PRELOAD=NOT_AN_ALLOCATOR,
+                       GLIBC_TUNABLES="glibc.malloc.trim_threshold=1")[0] == (
+                           "glibc.malloc.trim_threshold=1:"
+                           "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1:"
+                           "glibc.malloc.mmap_max=0")
 
 
 @needs_huge_pages
@@ -157,22 +167,41 @@ def test_one_device_per_core_in_a_power_of_two(monkeypatch, cores, devices):
   assert runtime.cpu_device_count() == devices
 
 
-def applied(monkeypatch, **env):
+def applied(monkeypatch, execv=None, **env):
   """runtime.apply() called in this process with the environment of `run`'s
   program: the four variables that PROGRAM prints, each None where unset,
   after it. Where it would run the process again (os.execv) the test fails:
-  these cases are those where it must not."""
+  these cases are those where it must not. A copy of the environment: what
+  it sets stays out of this process's."""
+  monkeypatch.setattr(os, "environ", dict(os.environ))
   for name in ("GLIBC_TUNABLES", "XLA_FLAGS", "VIT_JAX_CPU_DEFAULTS",
                "LD_PRELOAD", *runtime.TCMALLOC_SETTINGS):
     monkeypatch.delenv(name, raising=False)
   for name, value in env.items():
     monkeypatch.setenv(name, value)
 
-  def execv(*args):
+  def ran_again(*args):
     raise AssertionError(f"runtime.apply ran the process again: {args}")
-  monkeypatch.setattr(runtime.os, "execv", execv)
+  monkeypatch.setattr(runtime.os, "execv", execv or ran_again)
   runtime.apply()
   return [os.environ.get(name) for name in (
+      "GLIBC_TUNABLES", "XLA_FLAGS", "LD_PRELOAD", "TCMALLOC_RELEASE_RATE")]
+
+
+class RanAgain(Exception):
+  """runtime.apply's os.execv, with the environment the process would
+  start again with."""
+
+
+def applied_again(monkeypatch, **env):
+  """`applied`'s four variables as the process would start again with them,
+  where runtime.apply runs it again; the test fails where it would not."""
+  def execv(*args):
+    raise RanAgain(dict(os.environ))
+  with pytest.raises(RanAgain) as again:
+    applied(monkeypatch, execv=execv, **env)
+  environment = again.value.args[0]
+  return [environment.get(name) for name in (
       "GLIBC_TUNABLES", "XLA_FLAGS", "LD_PRELOAD", "TCMALLOC_RELEASE_RATE")]
 
 
