@@ -18,6 +18,7 @@ from tests.util import (
   latest_checkpoint,
   logged,
   logging_batches,
+  made_once,
   main_flags,
   pid_of_process,
   run_training,
@@ -26,6 +27,7 @@ from tests.util import (
 )
 from vit_jax import errors
 from vit_jax.data import shares as shares_lib
+from vit_jax.runs.workdir import Workdir
 from vit_jax.training import loop, resolve
 
 # Pure data parallelism, so that 8, 4 and 2 x 2 devices all run it; the
@@ -84,26 +86,35 @@ def global_batches(batch_log, num_processes=1):
 @pytest.fixture(scope="module")
 def uninterrupted(digits_data_dir, tmp_path_factory):
   """(losses, batch fingerprints, workdir) of the run on 8 devices of one
-  slice, data 8, without a break."""
-  tmp = str(tmp_path_factory.mktemp("uninterrupted"))
+  slice, data 8, without a break (once for both pytest workers)."""
   config = small_config(digits_data_dir, **ELASTIC)
-  log = os.path.join(tmp, "batches")
-  real = loop.train_batches
-  loop.train_batches = logging_batches(log, real)
-  try:
-    run_training(config, os.path.join(tmp, "run"))
-  finally:
-    loop.train_batches = real
+
+  def make(tmp):
+    real = loop.train_batches
+    loop.train_batches = logging_batches(os.path.join(tmp, "batches"), real)
+    try:
+      run_training(config, os.path.join(tmp, "run"))
+    finally:
+      loop.train_batches = real
+  tmp = made_once(tmp_path_factory, "elastic_uninterrupted", make)
   workdir = os.path.join(tmp, "run")
-  return logged(workdir), global_batches(log), workdir
+  return logged(workdir), global_batches(os.path.join(tmp, "batches")), workdir
 
 
 @pytest.fixture(scope="module")
 def stopped(digits_data_dir, tmp_path_factory, uninterrupted):
   """A workdir of the run on 8 devices, 2 hosts of 4 standing for 2
   slices, stopped after step 12 by SIGTERM to one host (as when it is
-  preempted), and the step it saved."""
-  tmp = str(tmp_path_factory.mktemp("stopped"))
+  preempted), the step it saved and its data_dir (once for both pytest
+  workers: the worker that made it read its own digits_data_dir)."""
+  tmp = made_once(tmp_path_factory, "elastic_stopped",
+                  lambda tmp: stop_on_two_slices(digits_data_dir, tmp,
+                                                 uninterrupted))
+  workdir = os.path.join(tmp, "run")
+  return workdir, max(logged(workdir)), Workdir(workdir).read_config().data_dir
+
+
+def stop_on_two_slices(digits_data_dir, tmp, uninterrupted):
   workdir = os.path.join(tmp, "run")
   log = os.path.join(tmp, "batches")
   pod = start_fingerprinted_pod(
@@ -130,7 +141,6 @@ def stopped(digits_data_dir, tmp_path_factory, uninterrupted):
   np.testing.assert_allclose([losses[s] for s in batches],
                              [uninterrupted[0][s] for s in batches],
                              rtol=1e-5)
-  return workdir, step
 
 
 def resumed_copy(stopped, tmp_path):
@@ -163,9 +173,10 @@ def assert_continues(workdir, batch_log, num_processes, stopped_at,
 def test_a_run_stopped_on_2_slices_resumes_on_1_of_4_devices(
     digits_data_dir, tmp_path, stopped, uninterrupted):
   workdir = resumed_copy(stopped, tmp_path)
+  data_dir = stopped[2]
   log = str(tmp_path / "batches")
   code, _, stderr = finish(start_fingerprinted(main_flags(
-      workdir, digits_data_dir, **{**TWO_SLICES, "mesh.slices": -1}), 4,
+      workdir, data_dir, **{**TWO_SLICES, "mesh.slices": -1}), 4,
       log))
   assert code == 0, stderr[-3000:]
   changes = assert_continues(workdir, log, 1, stopped[1], uninterrupted)
@@ -186,11 +197,12 @@ def test_a_run_stopped_on_2_slices_resumes_on_1_of_4_devices(
 
 
 def test_a_run_stopped_on_8_devices_resumes_on_2_hosts_of_2(
-    digits_data_dir, tmp_path, stopped, uninterrupted):
+    tmp_path, stopped, uninterrupted):
   workdir = resumed_copy(stopped, tmp_path)
+  data_dir = stopped[2]
   log = str(tmp_path / "batches")
   code, _, stderr = finish(start_fingerprinted_pod(
-      2, 2, main_flags(workdir, digits_data_dir, **ELASTIC), log,
+      2, 2, main_flags(workdir, data_dir, **ELASTIC), log,
       str(tmp_path)))
   assert code == 0, stderr[-3000:]
   changes = assert_continues(workdir, log, 2, stopped[1], uninterrupted)

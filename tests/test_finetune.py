@@ -15,6 +15,8 @@ from tests.util import (
   SMALL,
   assert_trees_equal,
   latest_checkpoint,
+  made_once,
+  metric_rows,
   program_of,
   run_tool,
   run_training,
@@ -37,13 +39,16 @@ def flat(tree):
 
 @pytest.fixture(scope="module")
 def pretrained_run(digits_data_dir, tmp_path_factory):
-  """A digits run at 8x8 with a pre-logits layer, and its export."""
-  workdir = str(tmp_path_factory.mktemp("pretrained"))
+  """A digits run at 8x8 with a pre-logits layer, and its export (once for
+  both pytest workers)."""
   config = small_config(digits_data_dir, **{"model.representation_size": 32})
-  run_training(config, workdir)
-  npz = os.path.join(workdir, "exports", "export.npz")
-  run_tool("export", f"--workdir={workdir}", f"--out={npz}")
-  return workdir, npz, config
+
+  def make(workdir):
+    run_training(config, workdir)
+    run_tool("export", f"--workdir={workdir}",
+             f"--out={os.path.join(workdir, 'exports', 'export.npz')}")
+  workdir = made_once(tmp_path_factory, "finetune_pretrained", make)
+  return workdir, os.path.join(workdir, "exports", "export.npz"), config
 
 
 def start_of(config):
@@ -301,24 +306,28 @@ def short_transfer(digits_data_dir, arg, **overrides):
 
 @pytest.fixture(scope="module")
 def transfer_chain(digits_data_dir, tmp_path_factory):
-  """(the shortened fine-tune's test accuracy, its workdir's parent):
-  pretrain on digits 0-4 for 200 steps, then fine-tune from it on 5-9 for
-  20 (a fresh head: the source's dataset is another)."""
-  root = tmp_path_factory.mktemp("transfer")
-  run_training(short_transfer(digits_data_dir, "pretrain", total_steps=200,
-                              checkpoint_every=200,
-                              **{"evaluators.test.every": 200}),
-               str(root / "pretrain"))
-  result = run_training(
-      short_transfer(digits_data_dir, "finetune",
-                     init_from=str(root / "pretrain")), str(root / "finetune"))
-  return result["test_accuracy"], root
+  """The shortened fine-tune's test accuracy: pretrain on digits 0-4 for 200 steps, then fine-tune from it on 5-9 for
+  20 (a fresh head: the source's dataset is another); once for both pytest
+  workers."""
+  def make(root):
+    run_training(short_transfer(digits_data_dir, "pretrain", total_steps=200,
+                                checkpoint_every=200,
+                                **{"evaluators.test.every": 200}),
+                 os.path.join(root, "pretrain"))
+    run_training(short_transfer(digits_data_dir, "finetune",
+                                init_from=os.path.join(root, "pretrain")),
+                 os.path.join(root, "finetune"))
+  root = made_once(tmp_path_factory, "transfer_chain", make)
+  accuracy = [row["test_accuracy"] for row in
+              metric_rows(os.path.join(root, "finetune"))
+              if "test_accuracy" in row][-1]
+  return accuracy
 
 
 def test_the_transfer_configs_chain(transfer_chain):
   """configs/digits_transfer.py, shortened: pretrain feeds finetune."""
   from configs import digits_transfer  # pylint: disable=g-import-not-at-top
-  accuracy, _ = transfer_chain
+  accuracy = transfer_chain
   assert accuracy > 0.4  # Twice chance, of 5 classes.
   # "scratch" trains the fine-tune's model and budget from random weights
   # (its training is what every other digits test does).
@@ -333,12 +342,12 @@ def test_the_transfer_configs_chain(transfer_chain):
 
 
 def test_fine_tuning_beats_training_from_scratch(digits_data_dir,
-                                                 transfer_chain):
+                                                 transfer_chain, tmp_path):
   """The point of `make transfer` (the README: 0.994 against 0.800 at 100
   steps), in 20: what pre-training on 0-4 learned helps on 5-9."""
-  tuned, root = transfer_chain
+  tuned = transfer_chain
   scratch = run_training(short_transfer(digits_data_dir, "scratch"),
-                         str(root / "scratch"))["test_accuracy"]
+                         str(tmp_path))["test_accuracy"]
   assert tuned > 0.5  # Of 5 classes: chance is 0.2.
   assert tuned > scratch + 0.1
 

@@ -3,6 +3,7 @@ generation by libtpu on this CPU, and what it will cost."""
 
 import dataclasses
 import json
+import os
 import types
 
 import jax
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs.table2 import pretrain
-from tests.util import run_tool
+from tests.util import made_once, run_tool
 from vit_jax import errors, models
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, cost as cost_lib, report, work
@@ -85,11 +86,17 @@ LATER_SLICES = {"v4-8": ("v4", 32), "v5litepod-4": ("v5e", 16),
 
 
 @pytest.fixture(scope="module")
-def later_generations():
+def later_generations(tmp_path_factory):
   """A 1-block Ti/16 on one patch planned on LATER_SLICES: one compile
-  each."""
-  return cost_lib.compare(tiny_pretraining(batch_size=64, image_size=16),
-                          list(LATER_SLICES), classes=10)
+  each, once for both pytest workers (their plans as JSON in between)."""
+  def plan(folder):
+    plans = cost_lib.compare(tiny_pretraining(batch_size=64, image_size=16),
+                             list(LATER_SLICES), classes=10)
+    with open(os.path.join(folder, "plans.json"), "w") as f:
+      json.dump([dataclasses.asdict(p) for p in plans], f)
+  folder = made_once(tmp_path_factory, "later_generations", plan)
+  with open(os.path.join(folder, "plans.json")) as f:
+    return [cost_lib.Plan(**fields) for fields in json.load(f)]
 
 
 def test_every_generation_is_planned(later_generations):
