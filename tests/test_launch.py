@@ -466,7 +466,8 @@ def test_gke_without_dry_run_a_missing_xpk_is_named(env, tmp_path):
 
 # launch/local_pod.sh, with stand-in interpreters in a scratch copy of the
 # checkout's layout: the script cds to the directory above its own.
-PORT = 12345
+# The range local_pod.sh picks the coordinator's port from.
+PORTS = range(20000, 32000)
 
 
 def pod_checkout(tmp_path):
@@ -479,18 +480,15 @@ def pod_checkout(tmp_path):
 
 
 def write_python(path, log, name, behaviour=None):
-  """A stand-in interpreter called `name`. With -c (the port query) it
-  prints PORT; with -m vit_jax.main ... --process_id=I it records its
-  arguments, environment and pid under `log`, says hello, then runs
-  behaviour[I] (a shell snippet; default: exit 0)."""
+  """A stand-in interpreter called `name`. With -m vit_jax.main ...
+  --process_id=I it records its arguments, environment and pid under `log`,
+  says hello, then runs behaviour[I] (a shell snippet; default: exit 0).
+  Any call is recorded in `log`/calls, by its last argument."""
   cases = "".join(f"  {i}) {body};;\n"
                   for i, body in (behaviour or {}).items())
   path.parent.mkdir(parents=True, exist_ok=True)
   write_script(path, f"""
 log={shlex.quote(str(log))}
-if [[ $1 == -c ]]; then
-  echo "{name} -c" >> "$log/calls"; echo {PORT}; exit 0
-fi
 i=${{@: -1}}; i=${{i#--process_id=}}
 echo "{name} $i" >> "$log/calls"
 printf '%s\\0' "$@" > "$log/argv_$i"
@@ -502,14 +500,26 @@ esac
 """)
 
 
-def main_argv(num_processes, i, *args):
+def main_argv(num_processes, i, *args, port):
   return ["-m", "vit_jax.main", *args,
-          f"--coordinator_address=127.0.0.1:{PORT}",
+          f"--coordinator_address=127.0.0.1:{port}",
           f"--num_processes={num_processes}", f"--process_id={i}"]
 
 
 def recorded_argv(log, i):
   return (log / f"argv_{i}").read_text().split("\0")[:-1]
+
+
+def coordinator_port(log, num_processes):
+  """The port every process of the pod was given (one for all, in PORTS)."""
+  ports = set()
+  for i in range(num_processes):
+    (address,) = [a for a in recorded_argv(log, i)
+                  if a.startswith("--coordinator_address=")]
+    ports.add(int(address.rsplit(":", 1)[1]))
+  (port,) = ports
+  assert port in PORTS
+  return port
 
 
 def pod_env(fake_bin=None, python=None):
@@ -564,10 +574,12 @@ def test_local_pod_interpreter(tmp_path, venv, python_env, expected):
       checkout, 2, ["--config=c.py"], pod_env(fake_bin, python))
   assert code == 0, stderr
   calls = (log / "calls").read_text().splitlines()
-  assert sorted(calls) == sorted([f"{expected} -c", f"{expected} 0",
-                                  f"{expected} 1"])
+  # The processes alone: the port is found without an interpreter.
+  assert sorted(calls) == [f"{expected} 0", f"{expected} 1"]
+  port = coordinator_port(log, 2)
   for i in range(2):
-    assert recorded_argv(log, i) == main_argv(2, i, "--config=c.py")
+    assert recorded_argv(log, i) == main_argv(2, i, "--config=c.py",
+                                              port=port)
     assert f"[{i}] hello from {i}" in stdout.splitlines()
 
 
@@ -583,9 +595,10 @@ def test_local_pod_all_exit_0(tmp_path):
   assert "[pod]" not in stderr
   assert sorted(stdout.splitlines()) == [f"[{i}] hello from {i}"
                                          for i in range(3)]
+  port = coordinator_port(log, 3)
   for i in range(3):
     assert recorded_argv(log, i) == main_argv(3, i, "--config=c.py",
-                                              "--workdir=w")
+                                              "--workdir=w", port=port)
     platforms, flags = (log / f"env_{i}").read_text().strip().split("|")
     assert platforms == "cpu"
     assert flags.split() == ["--xla_foo=1",
@@ -606,7 +619,8 @@ def test_local_pod_a_process_that_exits_at_once_sets_the_code(tmp_path):
                                                 pod_env())
   assert code == 3, stderr
   assert elapsed < 20
-  assert recorded_argv(log, 2) == main_argv(3, 2, "--x")
+  argv = recorded_argv(log, 2)
+  assert argv == main_argv(3, 2, "--x", port=int(argv[-3].rsplit(":")[1]))
   assert "[2] hello from 2" in stdout.splitlines()
   [line] = [x for x in stderr.splitlines() if x.startswith("[pod]")]
   assert line.startswith("[pod] process 2 (pid ")
@@ -636,7 +650,8 @@ def test_local_pod_forwards_a_signal_and_exits_with_the_processes(
   stdout, stderr = pod.communicate(timeout=30)
   assert pod.returncode == 0, stderr
   assert sorted((log / "told").read_text().split()) == ["0", "1"]
+  port = coordinator_port(log, 2)
   for i in range(2):
-    assert recorded_argv(log, i) == main_argv(2, i, "--x")
+    assert recorded_argv(log, i) == main_argv(2, i, "--x", port=port)
     assert f"[{i}] hello from {i}" in stdout.splitlines()
 
