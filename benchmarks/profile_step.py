@@ -108,14 +108,15 @@ def profile(step, state, batch, top):
   import jax  # pylint: disable=g-import-not-at-top
   # Run the very program whose HLO is read, so that every thunk is found
   # (and the step compiles once, not twice).
-  step = step.lower(state, batch).compile()
-  computations, instructions = parse_hlo(step.as_text())
+  compiled = step.lower(state, batch).compile()
+  numbers = step.numbers_on_devices()  # The schedule's, an argument.
+  computations, instructions = parse_hlo(compiled.as_text())
   for _ in range(2):  # Warm up: first-touch allocations, thread pools.
-    state, metrics = step(state, batch)
+    state, metrics = compiled(state, batch, numbers)
     jax.block_until_ready((state, metrics))
   with tempfile.TemporaryDirectory() as directory:
     jax.profiler.start_trace(directory, create_perfetto_trace=True)
-    state, metrics = step(state, batch)
+    state, metrics = compiled(state, batch, numbers)
     jax.block_until_ready((state, metrics))
     jax.profiler.stop_trace()
     path, = glob.glob(f"{directory}/**/*.trace.json.gz", recursive=True)

@@ -111,8 +111,8 @@ def poison_step(monkeypatch, at_step):
   def poisoned(*args, **kwargs):
     train_step = real_make_train_step(*args, **kwargs)
 
-    def step(state, batch):
-      state, metrics = train_step(state, batch)
+    def step(state, batch, numbers):
+      state, metrics = train_step(state, batch, numbers)
       poison = jnp.where(state.step == at_step, jnp.nan, 1.0)
       state = state.replace(
           params=jax.tree.map(lambda p: p * poison, state.params))

@@ -34,19 +34,17 @@ MU_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 
 def learning_rate_schedule(base_lr, total_steps, warmup_steps, decay):
   """Linear warm-up from 0 to base_lr, then `decay` ("linear" or "cosine")
-  to 0."""
+  to 0. The three numbers may be traced: the train step takes them as data
+  (`schedule_numbers`), so that runs differing only in them share one
+  compiled step."""
   if decay not in ("linear", "cosine"):
     raise errors.InputError(
         f"config.optimizer.decay must be 'linear' or 'cosine', "
         f"got {decay!r}")
-  if not 0 <= warmup_steps < total_steps:
-    raise errors.InputError(
-        f"config.optimizer.warmup_steps ({warmup_steps}) must be "
-        f"below total_steps ({total_steps})")
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
-    warmup = base_lr * step / max(warmup_steps, 1)
+    warmup = base_lr * step / jnp.maximum(warmup_steps, 1)
     progress = jnp.clip((step - warmup_steps) / (total_steps - warmup_steps),
                         0.0, 1.0)
     if decay == "linear":
@@ -56,6 +54,18 @@ def learning_rate_schedule(base_lr, total_steps, warmup_steps, decay):
     return jnp.where(step < warmup_steps, warmup, decayed)
 
   return schedule
+
+
+def schedule_numbers(opt, total_steps):
+  """The schedule's numbers as the train step takes them: float32
+  [learning_rate, warmup_steps, total_steps] (whole step counts are exact in
+  float32 below 2**24)."""
+  if not 0 <= opt.warmup_steps < total_steps:
+    raise errors.InputError(
+        f"config.optimizer.warmup_steps ({opt.warmup_steps}) must be "
+        f"below total_steps ({total_steps})")
+  return np.array([opt.learning_rate, opt.warmup_steps, total_steps],
+                  np.float32)
 
 
 def _is_kernel(params):
@@ -131,11 +141,15 @@ def scale_per_parameter(opt, num_layers):
                                       update)
 
 
-def create(opt, total_steps, num_layers=0):
+def create(opt, total_steps, num_layers=0, numbers=None):
   """(optax transformation, schedule) for the optimizer settings `opt`
-  (runs/settings.py's Optimizer) of a model of `num_layers` blocks."""
-  schedule = learning_rate_schedule(opt.learning_rate, total_steps,
-                                    opt.warmup_steps, opt.decay)
+  (runs/settings.py's Optimizer) of a model of `num_layers` blocks.
+  `numbers`: the schedule's (`schedule_numbers`), traced inside the train
+  step; by default `opt`'s and `total_steps`, as constants."""
+  if numbers is None:
+    numbers = schedule_numbers(opt, total_steps)
+  schedule = learning_rate_schedule(numbers[0], numbers[2], numbers[1],
+                                    opt.decay)
   check_multipliers(opt)
   if opt.name == "adam":
     if opt.mu_dtype not in MU_DTYPES:

@@ -9,12 +9,14 @@ explicit in and out shardings (sharding.py's rules table). The loop
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
@@ -57,11 +59,13 @@ def abstract_state(model, tx, image_size, polyak_decay, mesh,
   return shapes, shardings
 
 
-def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
+def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
                     recipe, unroll=False):
-  """state, batch -> state, metrics; the gradient of the batch's mean loss,
-  summed over micro-batches. `recipe` (targets.py) makes the batch's
-  targets, smoothed and mixed, before it is split.
+  """state, batch, numbers -> state, metrics; the gradient of the batch's
+  mean loss, summed over micro-batches. `recipe` (targets.py) makes the
+  batch's targets, smoothed and mixed, before it is split. The optimizer is
+  `optimizer_of(numbers)`: the schedule's numbers come in as data
+  (optimizer.schedule_numbers), not as constants of the compiled step.
 
   unroll: trace the micro-batch loop unrolled, for vit_jax.plan (XLA's cost
   analysis counts a loop's body once); runs keep the loop, which compiles
@@ -74,7 +78,8 @@ def make_train_step(model, tx, schedule, accum_steps, seed, polyak_decay,
                              batch["target"], weights, key, recipe.loss)
     return jax.value_and_grad(loss)(params)
 
-  def train_step(state, batch):
+  def train_step(state, batch, numbers):
+    tx, schedule = optimizer_of(numbers)
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
     mix_key = jax.random.fold_in(
         jax.random.fold_in(jax.random.key(seed), targets.MIX_STREAM),
@@ -124,6 +129,8 @@ class Parts(NamedTuple):
   model: nn.Module
   tx: optax.GradientTransformation
   schedule: Callable     # step -> learning rate
+  numbers: np.ndarray    # the schedule's (optimizer.schedule_numbers)
+  optimizer_of: Callable  # numbers -> (tx, schedule), for the train step
 
 
 def parts(settings, num_classes):
@@ -135,9 +142,13 @@ def parts(settings, num_classes):
                                       num_classes)
   except errors.InputError as e:
     raise errors.ConfigError(f"config.model: {e}") from e
-  tx, schedule = optimizer.create(settings.optimizer, settings.total_steps,
-                                  model.config.num_layers)
-  return Parts(model, tx, schedule)
+  numbers = optimizer.schedule_numbers(settings.optimizer,
+                                       settings.total_steps)
+  optimizer_of = functools.partial(optimizer.create, settings.optimizer,
+                                   settings.total_steps,
+                                   model.config.num_layers)
+  tx, schedule = optimizer_of(numbers)
+  return Parts(model, tx, schedule, numbers, optimizer_of)
 
 
 class Program(NamedTuple):
@@ -147,14 +158,42 @@ class Program(NamedTuple):
   state_shardings: Any
   batch_sharding: NamedSharding
   init: Callable         # rng -> sharded TrainState
-  train_step: Callable   # state, batch -> state, metrics (state donated)
+  train_step: "BoundStep"  # state, batch -> state, metrics (state donated)
+
+
+class BoundStep:
+  """The jitted train step with its schedule's numbers bound: called, and
+  lowered, with (state, batch). The numbers go in as a replicated array,
+  placed once."""
+
+  def __init__(self, jitted, numbers, mesh):
+    self._jitted = jitted
+    self._numbers = numbers
+    self._sharding = sharding.replicated(mesh)
+    self._placed = None
+
+  def numbers_on_devices(self):
+    """The numbers, replicated over the mesh (placed on the first call)."""
+    if self._placed is None:
+      # Made on the devices by a program of its own: a pod's processes each
+      # hold the same numbers, which no host's array could give them.
+      self._placed = jax.jit(lambda: jnp.asarray(self._numbers),
+                             out_shardings=self._sharding)()
+    return self._placed
+
+  def __call__(self, state, batch):
+    return self._jitted(state, batch, self.numbers_on_devices())
+
+  def lower(self, state, batch):
+    return self._jitted.lower(state, batch, jax.ShapeDtypeStruct(
+        self._numbers.shape, self._numbers.dtype, sharding=self._sharding))
 
 
 def build(settings, mesh, built, unroll=False):
   """Builds the program of a run's `settings` and its Parts `built` from
   abstract shapes only: nothing is allocated or compiled until it is first
   called (or lowered, for a TPU topology). `unroll`: see make_train_step."""
-  model, tx, schedule = built
+  model, tx = built.model, built.tx
   state_shapes, state_shardings = abstract_state(
       model, tx, settings.image_size, settings.polyak_decay, mesh,
       settings.mesh.fsdp_min_bytes)
@@ -165,15 +204,16 @@ def build(settings, mesh, built, unroll=False):
       out_shardings=state_shardings)
   train_step = jax.jit(
       sharding.constrained(
-          make_train_step(model, tx, schedule, settings.accum_steps,
+          make_train_step(model, built.optimizer_of, settings.accum_steps,
                           settings.seed, settings.polyak_decay,
                           targets.Recipe.of(settings, model.num_classes),
                           unroll), mesh),
-      in_shardings=(state_shardings, batch_shard),
+      in_shardings=(state_shardings, batch_shard,
+                    sharding.replicated(mesh)),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)
   return Program(model, state_shapes, state_shardings, batch_shard, init,
-                 train_step)
+                 BoundStep(train_step, built.numbers, mesh))
 
 
 def initial_state(program, settings):
