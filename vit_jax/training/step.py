@@ -127,8 +127,7 @@ def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
 class Parts(NamedTuple):
   """What a run's program is built of, each built once (`parts`)."""
   model: nn.Module
-  tx: optax.GradientTransformation
-  schedule: Callable     # step -> learning rate
+  tx: optax.GradientTransformation  # for the state's structure
   numbers: np.ndarray    # the schedule's (optimizer.schedule_numbers)
   optimizer_of: Callable  # numbers -> (tx, schedule), for the train step
 
@@ -147,8 +146,8 @@ def parts(settings, num_classes):
   optimizer_of = functools.partial(optimizer.create, settings.optimizer,
                                    settings.total_steps,
                                    model.config.num_layers)
-  tx, schedule = optimizer_of(numbers)
-  return Parts(model, tx, schedule, numbers, optimizer_of)
+  tx, _ = optimizer_of(numbers)
+  return Parts(model, tx, numbers, optimizer_of)
 
 
 class Program(NamedTuple):
