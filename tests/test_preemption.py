@@ -186,12 +186,10 @@ def test_a_blown_up_run_is_told_so_before_and_after_a_resume(
     assert "suspect" not in message
 
 
-# Runs vit_jax.main through the tools' entry wrapper with orbax's final
-# rename of one step's checkpoint failing as on a full disk. The rename runs
-# in orbax's background thread, as the failure of a real save does.
 def fail_save_of(monkeypatch, step):
   """Makes the save of checkpoint `step` fail as on a full disk, as it is
-  made whole (orbax's rename of its temporary folder)."""
+  made whole (orbax's rename of its temporary folder, in orbax's background
+  thread, where the failure of a real save happens too)."""
   from orbax.checkpoint._src.path import atomicity  # pylint: disable=g-import-not-at-top
   real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
