@@ -174,10 +174,9 @@ class BoundStep:
   def numbers_on_devices(self):
     """The numbers, replicated over the mesh (placed on the first call)."""
     if self._placed is None:
-      # Made on the devices by a program of its own: a pod's processes each
-      # hold the same numbers, which no host's array could give them.
-      self._placed = jax.jit(lambda: jnp.asarray(self._numbers),
-                             out_shardings=self._sharding)()
+      # As the batches are placed: in a pod each process gives its copy.
+      self._placed = sharding.to_global({"numbers": self._numbers},
+                                        self._sharding)["numbers"]
     return self._placed
 
   def __call__(self, state, batch):
