@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import pathlib
+import socket
 
 import flax
 import flax.linen as nn
@@ -27,8 +28,8 @@ from tests.test_torch_interchange import (
   timm_shapes,
   write_hf_dir,
 )
-from tests.util import randomize, stored_examples
-from vit_jax import errors, models
+from tests.util import call_tool, main_flags, randomize, stored_examples
+from vit_jax import errors, models, paths
 from vit_jax.analysis import attention as attention_lib
 from vit_jax.data import folder, image_files, random_access, sources
 from vit_jax.weights import exports, npz as npz_lib, pretrained, torch_files
@@ -340,3 +341,64 @@ def test_a_write_that_fails_keeps_the_old_file_whole(tmp_path, monkeypatch,
   else:
     for key, value in load_file(path).items():
       np.testing.assert_array_equal(value, tensors[key])
+
+
+def missing_bucket(gcs_bucket):
+  """A bucket name of the local Cloud Storage that holds no bucket."""
+  return f"{gcs_bucket}-not-created"
+
+
+def test_a_missing_bucket_is_one_line_from_each_tool(gcs_bucket,
+                                                     digits_data_dir,
+                                                     digits_run):
+  """TensorFlow's client would ask for the bucket for ever (`main`) or the
+  write would end in a traceback (`export`): each tool asks once, first,
+  and names the path and its bucket."""
+  missing = missing_bucket(gcs_bucket)
+  bucket = missing[len("gs://"):]
+  run = digits_run[0]
+  for tool, args, flag, given in (
+      ("main", main_flags(f"{missing}/run", digits_data_dir),
+       "--workdir", f"{missing}/run"),
+      ("main", main_flags(run + "-resumed", f"{missing}/data"),
+       "config.data_dir", f"{missing}/data"),
+      ("export", [f"--workdir={run}", f"--out={missing}/x.npz"],
+       "--out", f"{missing}/x.npz"),
+      ("export", [f"--workdir={missing}/run", "--out=x.npz"],
+       "--workdir", f"{missing}/run"),
+      ("predict", [f"--workdir={run}", f"--images={missing}/images"],
+       "--images", f"{missing}/images"),
+      ("figures", [f"--workdir={run}", f"--out={missing}/figures"],
+       "--out", f"{missing}/figures"),
+      ("convert_dataset", ["--dataset=digits", f"--data_dir={missing}/d",
+                           "--out_data_dir=unused"],
+       "--data_dir", f"{missing}/d"),
+  ):
+    status, stdout, stderr = call_tool(tool, *args)
+    assert (status, stdout) == (2, ""), (tool, stderr[-2000:])
+    assert stderr == (f"error: {flag}={given}: there is no bucket "
+                      f"gs://{bucket}\n"), tool
+  assert not os.path.exists(run + "-resumed")
+  assert not os.path.exists("x.npz")
+
+
+def test_storage_that_does_not_answer_is_named_after_bounded_retries(
+    gcs_bucket, digits_data_dir, monkeypatch):
+  """No network to Cloud Storage: retried for paths.REACH_SECONDS, said
+  once, then one line."""
+  monkeypatch.setattr(paths, "REACH_SECONDS", 2)
+  # A local port where nothing listens: every connection is refused.
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+  workdir = f"{gcs_bucket}/run"
+  status, stdout, stderr = call_tool(
+      "main", *main_flags(workdir, digits_data_dir))
+  assert (status, stdout) == (2, "")
+  retrying, error = stderr.splitlines()
+  assert retrying.startswith(f"Cloud Storage did not answer for "
+                             f"{gcs_bucket} (")
+  assert retrying.endswith("retrying for up to 2 s")
+  assert error.startswith(f"error: --workdir={workdir}: Cloud Storage did "
+                          f"not answer for {gcs_bucket} within 2 s (")

@@ -17,7 +17,7 @@ if __name__ == "__main__":
 
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli
+from vit_jax import cli, paths
 from vit_jax.data import conversion, sources
 
 flags.DEFINE_string("dataset", None, "The TFDS dataset, as config.dataset "
@@ -32,6 +32,8 @@ flags.DEFINE_string("out_data_dir", None, "Where the ArrayRecord copy goes.",
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
+  for flag in ("data_dir", "out_data_dir"):
+    paths.check_reachable(f[flag].value, f"--{flag}")
   builder = sources.get_builder(f.dataset, f.data_dir)
   print(f"Converting {builder.name} {builder.version} in {builder.data_dir}")
   target, before, after = conversion.convert(builder, f.out_data_dir)

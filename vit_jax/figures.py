@@ -58,6 +58,9 @@ flags.register_multi_flags_validator(
 
 def main(argv):
   f = flags.FLAGS
+  shared_flags.check_reachable([("--out", f.out),
+                                ("--images", f.images + argv[1:]),
+                                ("--data_dir", f.data_dir)])
   if f.out:
     workdir.check_output(f.out, "--out")
   inference = shared_flags.model_from_flags()

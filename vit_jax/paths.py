@@ -14,9 +14,12 @@ import errno
 import os
 import re
 import shutil
+import sys
 import tempfile
 
 from etils import epath
+
+from vit_jax import errors
 
 
 def is_url(path):
@@ -32,6 +35,84 @@ def path(p):
 def join(base, *parts):
   """`base` joined with `parts`, as a str; a URL stays a URL."""
   return os.fspath(epath.Path(base).joinpath(*parts))
+
+
+# How long a tool waits for Cloud Storage to answer before it says that it
+# cannot reach it (transient failures retried within it).
+REACH_SECONDS = 30
+
+
+def check_reachable(p, flag):
+  """Refuses `p`, a path the user gave as `flag`, when it is a `gs://` URL
+  whose bucket does not exist, may not be listed with this host's
+  credentials, or does not answer within REACH_SECONDS; a local path
+  passes, as does None (a flag not given). Asked once, before anything
+  reads or writes there: TensorFlow's client asks again and again for a
+  bucket that is not there."""
+  p = os.fspath(p or "")
+  if not p.startswith("gs://"):
+    return
+  bucket, _, prefix = p[len("gs://"):].partition("/")
+  problem = _bucket_problem(bucket, prefix)
+  if problem:
+    raise errors.InputError(f"{flag}={p}: {problem}")
+
+
+def _bucket_problem(bucket, prefix):
+  """What stops this host from listing `prefix` in gs://`bucket`, in a few
+  words; None when nothing does."""
+  # Imported here: a tool given no gs:// path does without them.
+  # pylint: disable=g-import-not-at-top
+  from google.api_core import exceptions, retry as retries
+  from google.auth import exceptions as auth_exceptions
+  from google.cloud import storage
+  from google.cloud.storage import retry as storage_retry
+  # pylint: enable=g-import-not-at-top
+
+  said = []
+
+  def say_retrying(error):
+    if not said:
+      said.append(error)
+      print(f"Cloud Storage did not answer for gs://{bucket} "
+            f"({type(error).__name__}); retrying for up to "
+            f"{REACH_SECONDS} s", file=sys.stderr, flush=True)
+
+  retry = retries.Retry(predicate=storage_retry._should_retry,  # pylint: disable=protected-access
+                        initial=1.0, maximum=8.0, timeout=REACH_SECONDS,
+                        on_error=say_retrying)
+  anonymous = False
+  try:
+    client = storage.Client()
+  except auth_exceptions.DefaultCredentialsError:
+    # As TensorFlow's client does without credentials: a public bucket.
+    client, anonymous = storage.Client.create_anonymous_client(), True
+  try:
+    next(iter(client.list_blobs(bucket, prefix=prefix, max_results=1,
+                                timeout=min(10, REACH_SECONDS),
+                                retry=retry)), None)
+  except exceptions.NotFound:
+    return f"there is no bucket gs://{bucket}"
+  except (exceptions.Forbidden, exceptions.Unauthorized) as e:
+    if anonymous:
+      return (f"this host has no credentials for Cloud Storage (`gcloud "
+              f"auth application-default login`, or a service account), "
+              f"and gs://{bucket} may not be listed without ({e.code})")
+    return (f"these credentials may not list gs://{bucket} "
+            f"({e.code}: {e.message})")
+  except exceptions.RetryError as e:
+    return (f"Cloud Storage did not answer for gs://{bucket} within "
+            f"{REACH_SECONDS} s ({_innermost(e.cause)})")
+  except exceptions.GoogleAPICallError as e:
+    return f"Cloud Storage refused to list gs://{bucket} ({e})"
+  return None
+
+
+def _innermost(error):
+  """The last cause that `error`'s message names (urllib3 nests them as
+  "Caused by ..."), cut to a line's length."""
+  text = str(error).rsplit("Caused by ", 1)[-1].rstrip(")")
+  return text if len(text) <= 200 else text[:197] + "..."
 
 
 def shown(p):

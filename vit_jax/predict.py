@@ -49,6 +49,8 @@ def main(argv):
   paths = f.images + argv[1:]
   if not paths:
     raise app.UsageError("no images: give --images=PATH,... or paths")
+  shared_flags.check_reachable([("--images", paths),
+                                ("--data_dir", f.data_dir)])
   files = image_files.expand(paths)
   source = shared_flags.source_from_flags()
   exported_model = source.endswith(function_exports.STABLEHLO_SUFFIX)

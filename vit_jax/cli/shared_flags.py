@@ -8,7 +8,7 @@ and never read flags.
 from absl import flags
 from ml_collections import config_flags
 
-from vit_jax import errors, runtime
+from vit_jax import errors, paths, runtime
 from vit_jax.weights import pretrained
 
 
@@ -68,7 +68,9 @@ def source_from_flags():
   """The source (pretrained.load's) that define_model_source's flags name."""
   f = flags.FLAGS
   if f.workdir:
+    paths.check_reachable(f.workdir, "--workdir")
     return f.workdir if f.step is None else f"{f.workdir}:{f.step}"
+  paths.check_reachable(f["from"].value, "--from")
   return f["from"].value
 
 
@@ -77,6 +79,14 @@ def model_from_flags(features=False):
   name (`features`: a headless one too, for its features only)."""
   return pretrained.for_inference(source_from_flags(), flags.FLAGS.num_heads,
                                   features)
+
+
+def check_reachable(flag_values):
+  """paths.check_reachable of each (flag, value or list of values); a
+  value of None: the flag not given."""
+  for flag, values in flag_values:
+    for value in values if isinstance(values, list) else [values]:
+      paths.check_reachable(value, flag)
 
 
 def floats(values, flag):

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 from jax.sharding import Mesh
 
-from vit_jax import errors, sharding
+from vit_jax import errors, paths, sharding
 from vit_jax.data import preprocess, shares, sources
 from vit_jax.models import naflex as naflex_lib
 from vit_jax.runs import settings, store, workdir as workdir_lib
@@ -86,6 +86,10 @@ def run(config, workdir, devices=None):
   """The Run of `config` (a ConfigDict) in `workdir` (a path or URL) over
   `devices` (default: all)."""
   checked = check_values(config)
+  for value, flag in ((workdir, "--workdir"),
+                      (checked.settings.data_dir, "config.data_dir"),
+                      (checked.settings.init_from, "config.init_from")):
+    paths.check_reachable(value, flag)
   workdir = workdir_lib.Workdir(workdir)
   recorded = workdir.read_config() if workdir.has_run() else None
   checked = checked._replace(
