@@ -143,6 +143,22 @@ def test_a_mistake_gets_a_short_message_and_exit_status_2(scratch, name):
   assert named.format(tmp=scratch) in stderr
 
 
+@pytest.mark.parametrize("given,key,suggested", [
+    ("--config.total_step=5", "total_step", "total_steps"),
+    ("--config.model.hiden_size=5", "hiden_size", "hidden_size")])
+def test_a_misspelled_key_gets_its_suggestion_in_one_clean_line(
+    scratch, given, key, suggested):
+  """ml_collections puts its suggestion in the KeyError's quoted key (it
+  showed as a literal \\' and \\n, and twice)."""
+  status, stdout, stderr = call_tool(
+      "main", "--config=configs/digits.py", f"--workdir={scratch}/w", given)
+  assert (status, stdout) == (2, "")
+  assert stderr.splitlines() == [
+      f"error: {given}: the config has no key {key!r}; did you mean "
+      f"{suggested!r}? (its keys: vit_jax/runs/settings.py)",
+      "(--helpfull lists every flag)"]
+
+
 def tool(argv):
   """A tool's main that raises what its one argument says."""
   if argv[1] == "logs, then user":

@@ -42,6 +42,7 @@ import contextlib
 import errno
 import logging as std_logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -454,11 +455,15 @@ def _flag_error_message(e, argv):
   causes = [e, e.__cause__, e.__context__]
   key_error = next((c for c in causes if isinstance(c, KeyError)), None)
   if key_error is not None:  # ml_collections: an override of no config key.
-    key = str(key_error.args[0] if key_error.args else "").strip("'\"")
+    # Its message: the key quoted, then maybe a line with a suggestion.
+    text = str(key_error.args[0] if key_error.args else "")
+    key = text.splitlines()[0].strip("'\"") if text else ""
+    suggested = re.search(r'Did you mean "([^"]+)"', text)
     given = [arg for arg in argv[1:] if arg.startswith("--config.")
              and key in arg.split("=")[0]]
     message = (f"{given[0] if given else key}: the config has no key {key!r}"
-               " (its keys: vit_jax/runs/settings.py)")
+               + (f"; did you mean {suggested.group(1)!r}?" if suggested
+                  else "") + " (its keys: vit_jax/runs/settings.py)")
   return f"{message}\n(--helpfull lists every flag)"
 
 
