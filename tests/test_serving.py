@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import onnx
@@ -16,7 +17,7 @@ import pytest
 
 from tests import test_todays_checkpoints as todays
 from tests.test_torch_interchange import random_tensors, write_hf_dir
-from tests.util import REPO, made_once, run_tool
+from tests.util import REPO, call_tool, made_once, run_tool
 from vit_jax import errors, serving
 from vit_jax.analysis import classify
 from vit_jax.data import image_files, preprocess
@@ -212,6 +213,24 @@ def test_a_missing_or_foreign_stablehlo_is_one_line(tmp_path):
   (tmp_path / "x.stablehlo").write_bytes(b"not a zip")
   with pytest.raises(errors.InputError, match="x.stablehlo"):
     function_exports.load_stablehlo(str(tmp_path / "x.stablehlo"))
+
+
+def test_a_stablehlo_export_cut_short_is_one_line(digits_export, tmp_path):
+  """Its module cut short inside a whole archive (the archive itself cut
+  short is not a zip: above)."""
+  with zipfile.ZipFile(digits_export[3]) as archive:
+    members = {name: archive.read(name) for name in archive.namelist()}
+  cut = tmp_path / "cut.stablehlo"
+  with zipfile.ZipFile(cut, "w") as archive:
+    for name, data in members.items():
+      archive.writestr(name, data[:len(data) // 2] if name == serving.MODULE
+                       else data)
+  status, stdout, stderr = call_tool("predict", f"--from={cut}",
+                                     digits_export[4])
+  assert (status, stdout) == (2, "")
+  assert stderr.startswith(f"error: {cut}: its {serving.MODULE} does not "
+                           "read: cut short or damaged (")
+  assert len(stderr.splitlines()) == 1
 
 
 def test_onnx_without_jax2onnx_says_how_to_install_it(digits_export,

@@ -20,6 +20,7 @@ XLA may fuse and reorder float operations (docs/exports.md).
 
 import io
 import json
+import struct
 import zipfile
 
 import numpy as np
@@ -98,7 +99,11 @@ def load(file):
                        f"{signature.get('format')!r} version "
                        f"{signature.get('format_version')!r}; this loader "
                        f"reads {FORMAT!r} up to version {FORMAT_VERSION}")
-    exported = export.deserialize(bytearray(archive.read(MODULE)))
+    try:
+      exported = export.deserialize(bytearray(archive.read(MODULE)))
+    except (struct.error, IndexError) as e:
+      raise ValueError(f"its {MODULE} does not read: cut short or damaged "
+                       f"({e})") from e
   platform = export.default_export_platform()  # "cuda", where JAX says "gpu"
   if platform not in exported.platforms:
     raise ValueError(f"exported for {', '.join(exported.platforms)}, not "
