@@ -233,6 +233,26 @@ def test_a_stablehlo_export_cut_short_is_one_line(digits_export, tmp_path):
   assert len(stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize("format_,out,named", [
+    ("stablehlo", "x.npz", "name it x.stablehlo"),
+    ("npz", "x.stablehlo", "name it x.npz"),
+    ("timm", "x.bin", "name it x.safetensors"),
+    ("onnx", "x", "name it x.onnx"),
+    ("hf", "x.npz", "writes a folder; a name ending in .npz says another "
+     "format (--format=npz)")])
+def test_an_out_whose_name_says_another_format_is_refused(
+    digits_run, tmp_path, format_, out, named):
+  """A .npz holding StableHLO was written, and the predict command that
+  export printed for it failed in a traceback."""
+  out = str(tmp_path / out)
+  status, stdout, stderr = call_tool("export", f"--workdir={digits_run[0]}",
+                                     f"--format={format_}", f"--out={out}")
+  assert (status, stdout) == (2, "")
+  assert stderr.startswith(f"error: --out={out}: ") and named in stderr
+  assert len(stderr.splitlines()) == 1
+  assert os.listdir(tmp_path) == []
+
+
 def test_onnx_without_jax2onnx_says_how_to_install_it(digits_export,
                                                       monkeypatch, tmp_path):
   inference = digits_export[0]

@@ -64,6 +64,7 @@ flags.register_multi_flags_validator(
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
+  exports.check_out(f.format, f.out)
   paths.check_reachable(f.out, "--out")
   workdir.check_output(f.out, "--out")
   loaded = pretrained.load(shared_flags.source_from_flags(), f.num_heads)

@@ -23,8 +23,29 @@ from vit_jax.weights import (
 )
 
 FORMATS = ("npz", "hf", "timm", "stablehlo", "onnx")
+# The ending of each format's file name, by which it is read back ("hf"
+# writes a folder).
+SUFFIXES = {"npz": ".npz", "timm": ".safetensors", "stablehlo": ".stablehlo",
+            "onnx": ".onnx"}
 # The formats that hold the model's function rather than its params.
 FUNCTIONS = ("stablehlo", "onnx")
+
+
+def check_out(format_, out):
+  """Refuses `out` (--out) whose name does not say what `format_` writes:
+  the readers of vit_jax and of other libraries go by the name."""
+  name = paths.path(out).name
+  wanted = SUFFIXES.get(format_)
+  if wanted and not name.endswith(wanted):
+    raise errors.InputError(
+        f"--out={out}: --format={format_} writes a {wanted} file, which is "
+        f"read back by that ending: name it {name.rsplit('.', 1)[0]}{wanted}"
+        f" (or give the --format its name says)")
+  if not wanted and name.endswith(tuple(SUFFIXES.values())):
+    raise errors.InputError(
+        f"--out={out}: --format={format_} writes a folder; a name ending in "
+        f".{name.rsplit('.', 1)[1]} says another format (--format=" +
+        next(f for f, s in SUFFIXES.items() if name.endswith(s)) + ")")
 
 
 def function_warnings(loaded, format_):
