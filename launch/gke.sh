@@ -55,8 +55,11 @@ while (( $# )); do
     --workload=*) WORKLOAD=${arg#*=} ;;
     --docker-image=*) DOCKER_IMAGE=${arg#*=} ;;
     --max-restarts=*) MAX_RESTARTS=${arg#*=} ;;
-    --spot) CAPACITY=(--spot) ;;
-    --reservation=*) CAPACITY=(--reservation="${arg#*=}") ;;
+    --spot | --reservation=*)
+      [[ "${CAPACITY[0]}" == --on-demand ]] ||
+        usage_error "${CAPACITY[0]%%=*} and ${arg%%=*} exclude each other"
+      if [[ "$arg" == --spot ]]; then CAPACITY=(--spot)
+      else CAPACITY=(--reservation="${arg#*=}"); fi ;;
     --cluster | --tpu-type | --num-slices | --workload | --docker-image | \
       --max-restarts | --reservation)
       usage_error "$arg takes a value: $arg=VALUE" ;;
@@ -81,6 +84,11 @@ if [[ "$ACTION" == create || "$ACTION" == run ]]; then
   [[ "$NUM_SLICES" =~ ^[1-9][0-9]{0,3}$ ]] ||
     usage_error "--num-slices=$NUM_SLICES: give a whole number from 1"
 fi
+# As xpk checks it, after the cluster is up: a lowercase letter, then
+# lowercase letters, digits and dashes, not ending in a dash; 40 at most.
+[[ -z "$WORKLOAD" || ( "$WORKLOAD" =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ &&
+                       ${#WORKLOAD} -le 40 ) ]] ||
+  usage_error "--workload=$WORKLOAD: a lowercase letter, then lowercase letters, digits or dashes, not ending in a dash; 40 characters at most"
 [[ -z "$MAX_RESTARTS" || "$MAX_RESTARTS" =~ ^(0|[1-9][0-9]{0,2})$ ]] ||
   usage_error "--max-restarts=$MAX_RESTARTS: give a whole number"
 if [[ "$ACTION" != run && ${#MAIN_ARGS[@]} -gt 0 ]]; then

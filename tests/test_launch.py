@@ -444,6 +444,13 @@ def test_gke_runs_main_on_every_host_of_two_slices(env):
       "--workdir=/tmp/w"], "the workdir must be a gs:// path"),
     (["run", *GKE, "--tpu-type=v5p-8", "--workload=w", "--max-restarts=x",
       "--", "--workdir=gs://b/w"], "--max-restarts=x: give a whole number"),
+    (["create", *GKE, "--tpu-type=v5p-8", "--spot", "--reservation=r"],
+     "--spot and --reservation exclude each other"),
+    (["create", *GKE, "--tpu-type=v5p-8", "--reservation=r", "--spot"],
+     "--reservation and --spot exclude each other"),
+    (["stop", *GKE, "--workload=H14_run"], "--workload=H14_run: a lowercase"),
+    (["stop", *GKE, "--workload=h14-"], "--workload=h14-: a lowercase"),
+    (["stop", *GKE, f"--workload=w{'x' * 40}"], "40 characters at most"),
 ])
 def test_gke_refuses_bad_usage_in_one_line(env, args, message):
   result = run(env, "gke.sh", "--dry-run", *args)
