@@ -118,7 +118,12 @@ def test_a_digits_run_runs_from_its_onnx_in_onnx_runtime(digits_export,
   out = tmp_path / "digits.onnx"
   function_exports.write_onnx(inference, str(out), ["a"] * 10)
   proto = onnx.load(str(out))
-  assert function_exports.onnx_signature(proto)["class_names"] == ["a"] * 10
+  described = function_exports.onnx_signature(proto)
+  assert described["class_names"] == ["a"] * 10
+  # Labelled as what it is: it once said "vit_jax.stablehlo", platforms and
+  # all.
+  assert described["format"] == "vit_jax.onnx"
+  assert "platforms" not in described
   session = onnxruntime.InferenceSession(str(out))
   assert [i.name for i in session.get_inputs()] == ["pixels"]
   assert [o.name for o in session.get_outputs()] == list(
@@ -250,6 +255,19 @@ def test_an_out_whose_name_says_another_format_is_refused(
   assert (status, stdout) == (2, "")
   assert stderr.startswith(f"error: --out={out}: ") and named in stderr
   assert len(stderr.splitlines()) == 1
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("format_,out", [("npz", "x.npz"), ("onnx", "x.onnx")])
+def test_platforms_are_refused_where_the_format_has_none(digits_run, tmp_path,
+                                                         format_, out):
+  status, stdout, stderr = call_tool(
+      "export", f"--workdir={digits_run[0]}", f"--format={format_}",
+      f"--out={tmp_path / out}", "--platforms=tpu")
+  assert (status, stdout) == (2, "")
+  assert stderr == (f"error: --platforms: only --format=stablehlo is lowered "
+                    f"for platforms; --format={format_} runs wherever its "
+                    f"reader does\n")
   assert os.listdir(tmp_path) == []
 
 

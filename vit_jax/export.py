@@ -34,7 +34,7 @@ if __name__ == "__main__":
 from absl import flags, logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jax import export as jax_export  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli, paths
+from vit_jax import cli, errors, paths
 from vit_jax.cli import shared_flags
 from vit_jax.runs import workdir
 from vit_jax.weights import exports, pretrained
@@ -65,6 +65,10 @@ def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
   exports.check_out(f.format, f.out)
+  if f.platforms and f.format != "stablehlo":
+    raise errors.InputError(
+        f"--platforms: only --format=stablehlo is lowered for platforms; "
+        f"--format={f.format} runs wherever its reader does")
   paths.check_reachable(f.out, "--out")
   workdir.check_output(f.out, "--out")
   loaded = pretrained.load(shared_flags.source_from_flags(), f.num_heads)

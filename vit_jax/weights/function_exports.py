@@ -55,14 +55,20 @@ def inference_function(inference):
   return infer
 
 
+# What an ONNX export's signature says it is (a StableHLO one's:
+# serving.FORMAT).
+ONNX_FORMAT = "vit_jax.onnx"
+
+
 def signature(inference, class_names, platforms=None):
-  """What the exported function takes and gives, for its reader."""
+  """What the exported function takes and gives, for its reader;
+  `platforms`: those a StableHLO module was lowered for, None for ONNX."""
   size = inference.image_size
   widths = jax.eval_shape(inference_function(inference),
                           jax.ShapeDtypeStruct((1, size, size, 3),
                                                jnp.uint8))
   return {
-      "format": serving.FORMAT,
+      "format": serving.FORMAT if platforms is not None else ONNX_FORMAT,
       "format_version": serving.FORMAT_VERSION,
       "source": inference.what,
       "image_size": size,
@@ -78,7 +84,7 @@ def signature(inference, class_names, platforms=None):
                          "shape": ["batch", shape.shape[-1]],
                          "meaning": OUTPUTS[name]}
                   for name, shape in zip(OUTPUTS, widths)},
-      "platforms": list(platforms or []),
+      **({"platforms": list(platforms)} if platforms is not None else {}),
       "jax_version": jax.__version__,
       "class_names": list(class_names) if class_names else None,
   }
