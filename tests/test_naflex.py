@@ -213,3 +213,26 @@ def test_what_naflex_refuses():
                 train=False)
   with pytest.raises(errors.InputError, match="at least 1"):
     naflex.grid_for(0, 10, 16, 256)
+
+
+def test_a_budget_whose_attention_cannot_fit_is_refused_before_allocating(
+    digits_run):
+  """`predict --max_num_patches=100000` asked XLA for 325 GB and failed in
+  a traceback."""
+  from tests.util import call_tool  # pylint: disable=g-import-not-at-top
+  config = models.create("B/16", 10).config
+  # 12 heads, the class token: 2 x 4 bytes x 12 x 257^2.
+  assert naflex.attention_bytes(config, 256) == 8 * 12 * 257 ** 2
+  naflex.check_budget(config, 1024)  # SigLIP 2's largest.
+  budget = 10 ** 6  # 96 TB for B/16: more than any device.
+  with pytest.raises(errors.InputError, match=r"--max_num_patches=1000000: "
+                     r"one image's attention alone would take 96,000 GB"):
+    naflex.check_budget(config, budget)
+  workdir, pngs, _, _ = digits_run
+  for tool, images in (("predict", pngs), ("figures", f"--images={pngs}")):
+    status, stdout, stderr = call_tool(tool, f"--workdir={workdir}",
+                                       f"--max_num_patches={budget}", images)
+    assert (status, stdout) == (2, ""), stderr[-2000:]
+    assert stderr.startswith(f"error: --max_num_patches={budget}: one "
+                             "image's attention alone would take")
+    assert len(stderr.splitlines()) == 1

@@ -30,6 +30,7 @@ from vit_jax import cli, errors
 from vit_jax.analysis import classify, features
 from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
+from vit_jax.models import naflex
 from vit_jax.weights import function_exports
 
 shared_flags.define_model_source("run")
@@ -91,6 +92,7 @@ def model_inputs(files, inference):
   aspect ratio (a NaFlex batch)."""
   budget = flags.FLAGS.max_num_patches
   if budget:
+    naflex.check_budget(inference.model.config, budget)
     return image_files.naflex_from_files(
         files, inference.model.config.patch_size, budget)
   return image_files.from_files(files, inference.image_size,

@@ -221,6 +221,8 @@ def sample_images(inference, paths, count, dataset, split, data_dir,
   own aspect ratio, a NaFlex batch."""
   size, crop = inference.image_size, inference.crop_fraction
   budget = naflex.budget_of(max_num_patches, inference.model)
+  if budget:
+    naflex.check_budget(inference.model.config, max_num_patches)
   if paths:
     files = images_lib.expand(paths)[:count]
     images = (images_lib.naflex_from_files(files, *budget) if budget else

@@ -16,6 +16,7 @@ image, and the data wing, which calls the rule, is above this floor.
 """
 
 import math
+import os
 from typing import NamedTuple
 
 import jax
@@ -113,6 +114,40 @@ class Budget(NamedTuple):
   @property
   def patch_values(self):
     return self.patch_size ** 2 * 3
+
+
+def attention_bytes(config, max_num_patches):
+  """The bytes one image's attention takes in one layer under the budget
+  `max_num_patches`: its float32 logits and their softmax, every head,
+  every token (the patches and the class and register tokens)."""
+  tokens = (max_num_patches + (config.classifier == "token")
+            + config.num_registers)
+  return 2 * 4 * config.num_heads * tokens ** 2
+
+
+def device_memory_bytes(device=None):
+  """The memory of `device` (default: the first): what its allocator may
+  use, or, for a CPU, which reports none, the host's."""
+  device = device or jax.devices()[0]
+  stats = device.memory_stats() or {}
+  if "bytes_limit" in stats:
+    return stats["bytes_limit"]
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_budget(config, max_num_patches, flag="--max_num_patches"):
+  """Refuses a budget under which one image's attention cannot fit the
+  device, before anything is allocated (XLA would ask for it all and
+  fail in a traceback)."""
+  needed, memory = attention_bytes(config, max_num_patches), (
+      device_memory_bytes())
+  if needed > memory:
+    raise errors.InputError(
+        f"{flag}={max_num_patches}: one image's attention alone would take "
+        f"{needed / 1e9:,.0f} GB ({config.num_heads} heads x "
+        f"{max_num_patches:,} patches squared, float32), more than the "
+        f"device's {memory / 1e9:,.0f} GB; give a smaller budget (SigLIP 2 "
+        f"reads up to 1024)")
 
 
 def budget_of(max_num_patches, model):
