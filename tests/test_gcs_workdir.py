@@ -2,9 +2,13 @@
 trains, stops, resumes and is read by every tool as a local one is; nothing
 of it lands on the local disk under a folder named `gs:`."""
 
+import json
 import os
 import re
 import signal
+import threading
+import time
+import unittest.mock
 
 import numpy as np
 import pytest
@@ -26,6 +30,7 @@ from tests.util import (
   start_pod,
   wait_for_step,
 )
+from vit_jax.runs import lock
 from vit_jax.weights import npz, pretrained
 
 # Long enough to be stopped between two saves.
@@ -166,3 +171,68 @@ def test_a_pod_on_gcs_sets_a_damaged_checkpoint_aside(
              for name in stored(f"{workdir}/checkpoints"))
   assert max(logged(workdir)) == 12
   assert not os.path.exists(os.path.join(REPO, "gs:"))
+
+
+RACERS = 4
+
+
+def race(workdir):
+  """What `_acquire` gave each of RACERS locks of runs on other hosts,
+  started together on `workdir`: None for the lock it took, else the
+  holder it found. The race is forced: every lock reads the workdir's
+  lock before any writes one."""
+  barrier = threading.Barrier(RACERS, timeout=60)
+  read = lock.WorkdirLock._read  # pylint: disable=protected-access
+  first_reads = set()
+
+  def read_then_wait(self):
+    holder = read(self)
+    if id(self) not in first_reads:
+      first_reads.add(id(self))
+      barrier.wait()
+    return holder
+  locks = [lock.WorkdirLock(workdir) for _ in range(RACERS)]
+  for i, racer in enumerate(locks):
+    racer._me["host"] = f"host-{i}"  # pylint: disable=protected-access
+  results = [None] * RACERS
+  errors_raised = []
+
+  def take(i):
+    try:
+      results[i] = locks[i]._acquire()  # pylint: disable=protected-access
+    except Exception as e:  # pylint: disable=broad-except
+      errors_raised.append(e)
+  threads = [threading.Thread(target=take, args=(i,))
+             for i in range(RACERS)]
+  with unittest.mock.patch.object(lock.WorkdirLock, "_read", read_then_wait):
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join()
+  assert not errors_raised, errors_raised
+  return locks, results
+
+
+@pytest.mark.parametrize("left_before", [False, True])
+def test_of_runs_starting_together_on_a_bucket_exactly_one_holds_it(
+    gcs_bucket, left_before):
+  """With no lock there, and with a stale one left by a run whose host is
+  gone (renewed before the lease), which each takes over."""
+  workdir = f"{gcs_bucket}/run"
+  lock_url = f"{workdir}/{lock.LOCK_FILE}"
+  for attempt in range(3):
+    if left_before:
+      epath.Path(lock_url).write_text(json.dumps({
+          "host": "gone", "pid": 1, "since": 0,
+          "renewed": time.time() - lock.LEASE_SECONDS - 1}))
+    locks, results = race(workdir)
+    winners = [i for i, result in enumerate(results) if result is None]
+    assert len(winners) == 1, (attempt, results)
+    holder = json.loads(epath.Path(lock_url).read_text())
+    assert holder["host"] == f"host-{winners[0]}"
+    assert all(result["host"] == holder["host"] for result in results
+               if result is not None)
+    # (A removal on the condition of another generation is not shown: the
+    # emulator ignores preconditions on deletes.)
+    locks[winners[0]]._remove()  # pylint: disable=protected-access
+    assert not epath.Path(lock_url).exists()

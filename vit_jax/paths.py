@@ -58,14 +58,27 @@ def check_reachable(p, flag):
     raise errors.InputError(f"{flag}={p}: {problem}")
 
 
+def storage_client():
+  """(a google-cloud-storage Client with this host's credentials, whether
+  it is anonymous): without credentials, anonymous, as TensorFlow's client
+  is (a public bucket reads)."""
+  # Imported here: a tool given no gs:// path does without them.
+  # pylint: disable=g-import-not-at-top
+  from google.auth import exceptions as auth_exceptions
+  from google.cloud import storage
+  # pylint: enable=g-import-not-at-top
+  try:
+    return storage.Client(), False
+  except auth_exceptions.DefaultCredentialsError:
+    return storage.Client.create_anonymous_client(), True
+
+
 def _bucket_problem(bucket, prefix):
   """What stops this host from listing `prefix` in gs://`bucket`, in a few
   words; None when nothing does."""
   # Imported here: a tool given no gs:// path does without them.
   # pylint: disable=g-import-not-at-top
   from google.api_core import exceptions, retry as retries
-  from google.auth import exceptions as auth_exceptions
-  from google.cloud import storage
   from google.cloud.storage import retry as storage_retry
   # pylint: enable=g-import-not-at-top
 
@@ -81,12 +94,7 @@ def _bucket_problem(bucket, prefix):
   retry = retries.Retry(predicate=storage_retry._should_retry,  # pylint: disable=protected-access
                         initial=1.0, maximum=8.0, timeout=REACH_SECONDS,
                         on_error=say_retrying)
-  anonymous = False
-  try:
-    client = storage.Client()
-  except auth_exceptions.DefaultCredentialsError:
-    # As TensorFlow's client does without credentials: a public bucket.
-    client, anonymous = storage.Client.create_anonymous_client(), True
+  client, anonymous = storage_client()
   try:
     next(iter(client.list_blobs(bucket, prefix=prefix, max_results=1,
                                 timeout=min(10, REACH_SECONDS),

@@ -7,6 +7,12 @@ another host (a pod's other slice, a workdir on GCS), when its holder has
 not renewed it for LEASE_SECONDS. The holder renews it every
 RENEW_SECONDS from a thread of its own. On a pod, process 0 holds the lock
 for the run's processes and tells them whether it got it.
+
+Taking the lock is a compare-and-swap: on a local disk, an exclusive
+create; in a Cloud Storage bucket, a write on the condition that the
+object's generation is still the one read (0: none), so that of runs
+starting together exactly one holds it; its renewals and its removal are
+conditioned on the generation it wrote.
 """
 
 import contextlib
@@ -36,6 +42,10 @@ class WorkdirLock:
                 "since": time.time()}
     self._stop = threading.Event()
     self._renewer = None
+    self._object = (_BucketObject(os.fspath(self._path))
+                    if os.fspath(self._path).startswith("gs://") else None)
+    self._seen = 0  # In a bucket: the generation last read (0: none).
+    self._written = None  # In a bucket: the generation of our lock.
 
   def __enter__(self):
     try:
@@ -45,7 +55,7 @@ class WorkdirLock:
       # before `with` could call __exit__: the lock goes all the same.
       self._stop.set()
       if jax.process_index() == 0 and self._held_by_me():
-        self._path.unlink(missing_ok=True)
+        self._remove()
       raise
 
   def _enter(self):
@@ -71,12 +81,19 @@ class WorkdirLock:
       self._stop.set()
       self._renewer.join()
       if self._held_by_me():
-        self._path.unlink(missing_ok=True)
+        self._remove()
     return False
+
+  def _remove(self):
+    if self._object is None:
+      self._path.unlink(missing_ok=True)
+    else:
+      self._object.delete(self._written)
 
   def _acquire(self):
     """None when this process now holds the lock, else its live holder."""
-    self._path.parent.mkdir(parents=True, exist_ok=True)
+    if self._object is None:  # A bucket has no folders to make.
+      self._path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(3):  # Another run may take it over at the same moment.
       holder = self._read()
       if holder is not None and not self._stale(holder):
@@ -88,6 +105,9 @@ class WorkdirLock:
   def _create(self, replace):
     """Writes our lock; False when another process wrote one first."""
     text = json.dumps({**self._me, "renewed": time.time()})
+    if self._object is not None:
+      self._written = self._object.write(text, self._seen if replace else 0)
+      return self._written is not None
     if not replace and not paths.is_url(self._path):
       # Exclusive creation, of a file already whole: of two runs starting at
       # once, one wins; and a signal that stops this one as its lock
@@ -110,6 +130,9 @@ class WorkdirLock:
 
   def _read(self):
     try:
+      if self._object is not None:
+        text, self._seen = self._object.read()
+        return None if text is None else json.loads(text)
       return json.loads(self._path.read_text())
     except FileNotFoundError:
       return None
@@ -131,10 +154,56 @@ class WorkdirLock:
 
   def _renew(self):
     while not self._stop.wait(RENEW_SECONDS):
-      if self._held_by_me():
+      if self._object is not None:
+        # Ours only while its generation is the one we wrote.
+        text = json.dumps({**self._me, "renewed": time.time()})
+        self._written = self._object.write(text, self._written)
+        if self._written is None:
+          return
+      elif self._held_by_me():
         temporary = self._path.parent / f"{LOCK_FILE}.{os.getpid()}.tmp"
         temporary.write_text(json.dumps({**self._me, "renewed": time.time()}))
         temporary.replace(self._path)
+
+
+class _BucketObject:
+  """The lock's object in a bucket, written and removed only on the
+  condition that its generation is the one given: Cloud Storage's
+  compare-and-swap."""
+
+  def __init__(self, url):
+    bucket, _, name = url[len("gs://"):].partition("/")
+    self._bucket = paths.storage_client()[0].bucket(bucket)
+    self._name = name
+
+  def read(self):
+    """(its text, its generation), or (None, 0) where there is none."""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    blob = self._bucket.blob(self._name)
+    try:
+      # One request: the text, and the generation it is (a header).
+      return blob.download_as_text(), blob.generation
+    except exceptions.NotFound:
+      return None, 0
+
+  def write(self, text, generation):
+    """The generation written, or None where the object's generation is
+    not `generation` (0: where there is an object)."""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    blob = self._bucket.blob(self._name)
+    try:
+      blob.upload_from_string(text, content_type="application/json",
+                              if_generation_match=generation)
+    except exceptions.PreconditionFailed:
+      return None
+    return blob.generation
+
+  def delete(self, generation):
+    """Removes it if its generation is still `generation`."""
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    with contextlib.suppress(exceptions.NotFound,
+                             exceptions.PreconditionFailed):
+      self._bucket.blob(self._name).delete(if_generation_match=generation)
 
 
 def _link_or_create(whole, path, text):
