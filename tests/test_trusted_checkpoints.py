@@ -221,6 +221,43 @@ def test_a_signal_as_the_lock_appears_removes_it(tmp_path, monkeypatch):
 # kill -9 run leaves one.
 
 
+@pytest.mark.parametrize("holder_alive", [False, True])
+def test_another_hosts_lock_is_waited_out_and_taken_unless_renewed(
+    tmp_path, monkeypatch, capfd, holder_alive):
+  """A pod restarted on other hosts after a hard preemption finds its dead
+  predecessor's lock, renewed less than a lease ago: it waits for the
+  lease, saying so once, rather than refusing (under GKE's
+  --max-restarts each refusal burned a restart); a holder that renews it
+  meanwhile is alive, and the run is refused."""
+  monkeypatch.setattr(lock, "LEASE_SECONDS", 1)
+  path = tmp_path / lock.LOCK_FILE
+
+  def write_lock():
+    path.write_text(json.dumps({"host": "elsewhere", "pid": 7, "since": 1,
+                                "renewed": time.time()}))
+  write_lock()
+  sleep = time.sleep
+  slept = []
+
+  def sleep_and_maybe_renew(seconds):
+    slept.append(seconds)
+    sleep(seconds)
+    if holder_alive:
+      write_lock()
+  monkeypatch.setattr(lock.time, "sleep", sleep_and_maybe_renew)
+  got = lock.WorkdirLock(str(tmp_path))._acquire()  # pylint: disable=protected-access
+  assert len(slept) == 1 and 0 < slept[0] <= 2
+  said = capfd.readouterr().err
+  assert said.count("\n") == 1
+  assert said.startswith(f"{tmp_path} is held by process 7 on host "
+                         "elsewhere, whose lease lapses at ")
+  if holder_alive:
+    assert got["host"] == "elsewhere"
+  else:
+    assert got is None
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+
+
 def test_a_second_run_started_later_loses_no_save_and_no_row(
     digits_data_dir, tmp_path):
   workdir = str(tmp_path / "run")

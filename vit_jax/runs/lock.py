@@ -4,8 +4,11 @@ A second run on a held workdir stops before it writes anything, naming the
 holder. A lock is stale, and taken over, when its holder is gone: on the
 same host, when its process no longer exists (a kill -9, a crash); from
 another host (a pod's other slice, a workdir on GCS), when its holder has
-not renewed it for LEASE_SECONDS. The holder renews it every
-RENEW_SECONDS from a thread of its own. On a pod, process 0 holds the lock
+not renewed it for LEASE_SECONDS. A run that finds the lock of another
+host renewed less than that ago waits for the lease to lapse, once, rather
+than refusing: the holder may be its own predecessor, gone without
+releasing it; if the holder renews it meanwhile, it is alive, and the run
+stops. The holder renews it every RENEW_SECONDS from a thread of its own. On a pod, process 0 holds the lock
 for the run's processes and tells them whether it got it.
 
 Taking the lock is a compare-and-swap: on a local disk, an exclusive
@@ -19,6 +22,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -29,17 +33,21 @@ from jax.experimental import multihost_utils
 from vit_jax import errors, paths
 
 LOCK_FILE = "lock.json"
-LEASE_SECONDS = 600
-RENEW_SECONDS = 60
+# Short, so that a run restarted on other hosts after its predecessor died
+# without releasing the lock (a hard preemption) waits little.
+LEASE_SECONDS = 180
+RENEW_SECONDS = 30
 
 
 class WorkdirLock:
-  """`with WorkdirLock(workdir):` holds the workdir while the block runs."""
+  """`with WorkdirLock(workdir):` holds the workdir while the block runs;
+  `wait`: for another host's lock to lapse (else refused at once)."""
 
-  def __init__(self, workdir):
+  def __init__(self, workdir, wait=True):
     self._path = epath.Path(workdir) / LOCK_FILE
     self._me = {"host": socket.gethostname(), "pid": os.getpid(),
                 "since": time.time()}
+    self._wait = wait
     self._stop = threading.Event()
     self._renewer = None
     self._object = (_BucketObject(os.fspath(self._path))
@@ -94,10 +102,18 @@ class WorkdirLock:
     """None when this process now holds the lock, else its live holder."""
     if self._object is None:  # A bucket has no folders to make.
       self._path.parent.mkdir(parents=True, exist_ok=True)
+    waited = False
     for _ in range(3):  # Another run may take it over at the same moment.
       holder = self._read()
       if holder is not None and not self._stale(holder):
-        return holder
+        if (waited or not self._wait
+            or holder.get("host") == self._me["host"]):
+          return holder
+        self._wait_out(holder)
+        waited = True
+        holder = self._read()
+        if holder is not None and not self._stale(holder):
+          return holder
       if self._create(replace=holder is not None):
         return None
     return self._read() or {"host": "?", "pid": "?", "since": 0}
@@ -138,6 +154,16 @@ class WorkdirLock:
       return None
     except ValueError:  # Half written by a holder killed mid-write.
       return {"host": "?", "pid": -1, "since": 0, "renewed": 0}
+
+  def _wait_out(self, holder):
+    """Sleeps until the lease of `holder`, another host's, has lapsed."""
+    until = holder.get("renewed", 0) + LEASE_SECONDS + 1
+    print(f"{self._path.parent} is held by process {holder.get('pid')} on "
+          f"host {holder.get('host')}, whose lease lapses at "
+          f"{time.ctime(until)} unless it is renewed: waiting for that (a "
+          f"run restarted elsewhere finds its dead predecessor's lock)",
+          file=sys.stderr, flush=True)
+    time.sleep(max(0.0, until - time.time()))
 
   def _stale(self, holder):
     if holder.get("host") == self._me["host"] and isinstance(

@@ -196,6 +196,10 @@ class Settings:
                               at_least=1, changeable=True)
   keep_checkpoints: int = key(3, "the newest checkpoints kept", at_least=1,
                               changeable=True)
+  wait_for_lock: bool = key(
+      True, "held by another host's run: wait for its lease to lapse, "
+      "taking it unless renewed; False: refuse", changeable=True,
+      before=AS_DEFAULT)
 
 
 def defaults():

@@ -112,9 +112,10 @@ class Workdir:
 
   # What others write in it.
 
-  def lock(self):
-    """`with workdir.lock():` this process writes the workdir."""
-    return lock.WorkdirLock(self.path)
+  def lock(self, wait=True):
+    """`with workdir.lock():` this process writes the workdir; `wait`: for
+    another host's lock to lapse (runs/lock.py)."""
+    return lock.WorkdirLock(self.path, wait)
 
   @property
   def checkpoints(self):

@@ -40,7 +40,7 @@ def train_and_evaluate(run, started=None):
     finished = report_finished(run, program)
     if finished is not None:
       return finished
-    with run.workdir.lock():
+    with run.workdir.lock(run.settings.wait_for_lock):
       try:
         return train(run, program, accounts)
       except divergence.Diverged as e:
