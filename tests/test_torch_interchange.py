@@ -354,6 +354,27 @@ def test_todays_options_are_refused_by_name_on_hf_export(tmp_path):
   assert str(error.value).count("--format=timm writes it") == 4
 
 
+def test_an_export_renamed_like_a_pickle_is_named_by_its_content(tmp_path):
+  """It was called "a PyTorch pickle"."""
+  model = models.create("Ti/2", 10, hidden_size=16, num_layers=1, mlp_dim=32,
+                        num_heads=2)
+  params = model.init(jax.random.key(0), np.zeros((1, 8, 8, 3), np.float32),
+                      train=False)["params"]
+  npz_file = tmp_path / "model.npz"
+  npz_lib.save_npz(params, str(npz_file))
+  loaded = pretrained.load(str(npz_file))
+  exports.write(loaded, "timm", str(tmp_path / "model.safetensors"))
+  exports.write(loaded, "stablehlo", str(tmp_path / "model.stablehlo"))
+  for suffix in (".npz", ".safetensors", ".stablehlo"):
+    renamed = tmp_path / f"renamed{suffix}.bin"
+    renamed.write_bytes((tmp_path / f"model{suffix}").read_bytes())
+    with pytest.raises(errors.InputError) as raised:
+      pretrained.load(str(renamed))
+    assert str(raised.value) == (
+        f"{renamed} is, by its content, a vit_jax export ({suffix}) named "
+        f"like a PyTorch pickle: rename it to end in {suffix}")
+
+
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pth",
                                   "weights.pt"])
 def test_pytorch_pickles_are_refused_with_the_conversion(tmp_path, name):

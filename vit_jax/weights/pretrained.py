@@ -22,6 +22,7 @@ vit_jax.figures, vit_jax.export).
 
 import dataclasses
 import re
+import zipfile
 
 import flax
 import flax.linen as nn
@@ -29,7 +30,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from vit_jax import errors, models
+from vit_jax import errors, models, paths, serving
 from vit_jax.runs import checkpoints, settings
 from vit_jax.runs.workdir import Workdir
 from vit_jax.weights import adaptation, hub, npz, torch_files
@@ -52,12 +53,43 @@ def refuse_unreadable(path):
   """An InputError for files that hold no params vit_jax reads: PyTorch
   pickles (torch_files.refuse_pickle) and exported functions."""
   if path.endswith(torch_files.PICKLE_SUFFIXES):
+    kind = export_kind(path)
+    if kind:
+      raise errors.InputError(
+          f"{path} is, by its content, a vit_jax export ({kind}) named like "
+          f"a PyTorch pickle: rename it to end in {kind}")
     torch_files.refuse_pickle(path)
   if path.endswith(FUNCTION_SUFFIXES):
     raise errors.InputError(
         f"{path} is a model exported as a function (StableHLO or ONNX), "
         "which holds no params to read: give the run or the file it was "
         "exported from")
+
+
+def export_kind(path):
+  """The suffix of the vit_jax export the file at `path` holds, read from
+  its first bytes (".npz", ".safetensors" or ".stablehlo"), or None."""
+  file = paths.path(path)
+  if not file.is_file():
+    return None
+  with file.open("rb") as f:
+    head = f.read(4096)
+  if head.startswith(b"PK"):  # A zip: an .npz, or a StableHLO archive.
+    try:
+      with file.open("rb") as f, zipfile.ZipFile(f) as archive:
+        names = archive.namelist()
+    except zipfile.BadZipFile:
+      return None
+    if serving.MODULE in names:
+      return ".stablehlo"
+    if names and all(name.endswith(".npy") for name in names):
+      return ".npz"
+    return None
+  # safetensors: an 8-byte little-endian header length, then its JSON.
+  if len(head) > 9 and head[8:9] == b"{" and int.from_bytes(
+      head[:8], "little") < 100_000_000:
+    return ".safetensors"
+  return None
 
 
 @dataclasses.dataclass(frozen=True)
