@@ -32,8 +32,8 @@ flags.DEFINE_string("out_data_dir", None, "Where the ArrayRecord copy goes.",
 def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
-  for flag in ("data_dir", "out_data_dir"):
-    paths.check_reachable(f[flag].value, f"--{flag}")
+  paths.check_reachable(f.data_dir, "--data_dir")
+  paths.check_reachable(f.out_data_dir, "--out_data_dir")
   builder = sources.get_builder(f.dataset, f.data_dir)
   print(f"Converting {builder.name} {builder.version} in {builder.data_dir}")
   target, before, after = conversion.convert(builder, f.out_data_dir)

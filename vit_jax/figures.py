@@ -35,7 +35,7 @@ if __name__ == "__main__":
 
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli
+from vit_jax import cli, paths
 from vit_jax.analysis import attention as attention_lib
 from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
@@ -58,9 +58,9 @@ flags.register_multi_flags_validator(
 
 def main(argv):
   f = flags.FLAGS
-  shared_flags.check_reachable([("--out", f.out),
-                                ("--images", f.images + argv[1:]),
-                                ("--data_dir", f.data_dir)])
+  for given, flag in ((f.out, "--out"), (f.images + argv[1:], "--images"),
+                      (f.data_dir, "--data_dir")):
+    paths.check_reachable(given, flag)
   if f.out:
     workdir.check_output(f.out, "--out")
   inference = shared_flags.model_from_flags()

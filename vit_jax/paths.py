@@ -42,20 +42,20 @@ def join(base, *parts):
 REACH_SECONDS = 30
 
 
-def check_reachable(p, flag):
-  """Refuses `p`, a path the user gave as `flag`, when it is a `gs://` URL
-  whose bucket does not exist, may not be listed with this host's
-  credentials, or does not answer within REACH_SECONDS; a local path
-  passes, as does None (a flag not given). Asked once, before anything
-  reads or writes there: TensorFlow's client asks again and again for a
-  bucket that is not there."""
-  p = os.fspath(p or "")
-  if not p.startswith("gs://"):
-    return
-  bucket, _, prefix = p[len("gs://"):].partition("/")
-  problem = _bucket_problem(bucket, prefix)
-  if problem:
-    raise errors.InputError(f"{flag}={p}: {problem}")
+def check_reachable(given, flag):
+  """Refuses `given`, a path (or a list of them) the user gave as `flag`,
+  when it is a `gs://` URL whose bucket does not exist, may not be listed
+  with this host's credentials, or does not answer within REACH_SECONDS; a
+  local path passes, as does None (a flag not given). Asked once, before
+  anything reads or writes there: TensorFlow's client asks again and again
+  for a bucket that is not there."""
+  for p in given if isinstance(given, list) else [given]:
+    p = os.fspath(p or "")
+    if p.startswith("gs://"):
+      bucket, _, prefix = p[len("gs://"):].partition("/")
+      problem = _bucket_problem(bucket, prefix)
+      if problem:
+        raise errors.InputError(f"{flag}={p}: {problem}")
 
 
 def storage_client():

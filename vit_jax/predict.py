@@ -26,7 +26,7 @@ if __name__ == "__main__":
 
 from absl import app, flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from vit_jax import cli, errors
+from vit_jax import cli, errors, paths as paths_lib
 from vit_jax.analysis import classify, features
 from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
@@ -50,8 +50,8 @@ def main(argv):
   paths = f.images + argv[1:]
   if not paths:
     raise app.UsageError("no images: give --images=PATH,... or paths")
-  shared_flags.check_reachable([("--images", paths),
-                                ("--data_dir", f.data_dir)])
+  for given, flag in ((paths, "--images"), (f.data_dir, "--data_dir")):
+    paths_lib.check_reachable(given, flag)
   files = image_files.expand(paths)
   source = shared_flags.source_from_flags()
   exported_model = source.endswith(function_exports.STABLEHLO_SUFFIX)

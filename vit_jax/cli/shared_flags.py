@@ -81,14 +81,6 @@ def model_from_flags(features=False):
                                   features)
 
 
-def check_reachable(flag_values):
-  """paths.check_reachable of each (flag, value or list of values); a
-  value of None: the flag not given."""
-  for flag, values in flag_values:
-    for value in values if isinstance(values, list) else [values]:
-      paths.check_reachable(value, flag)
-
-
 def floats(values, flag):
   """A list flag's strings as floats; an InputError naming `flag` if not."""
   try:

@@ -8,8 +8,9 @@ not renewed it for LEASE_SECONDS. A run that finds the lock of another
 host renewed less than that ago waits for the lease to lapse, once, rather
 than refusing: the holder may be its own predecessor, gone without
 releasing it; if the holder renews it meanwhile, it is alive, and the run
-stops. The holder renews it every RENEW_SECONDS from a thread of its own. On a pod, process 0 holds the lock
-for the run's processes and tells them whether it got it.
+stops. The holder renews it every RENEW_SECONDS from a thread of its own.
+On a pod, process 0 holds the lock for the run's processes and tells
+them whether it got it.
 
 Taking the lock is a compare-and-swap: on a local disk, an exclusive
 create; in a Cloud Storage bucket, a write on the condition that the
