@@ -60,6 +60,22 @@ def test_losses_are_the_same_on_every_mesh(digits_data_dir):
     np.testing.assert_allclose(values, reference, rtol=1e-5, err_msg=name)
 
 
+def test_float8_losses_are_the_same_on_one_device_and_a_split_mesh(
+    digits_data_dir):
+  """model.fp8 scales each tensor by its absolute maximum over the whole
+  tensor, not over one device's shard of it."""
+  losses = {}
+  for name in ("1 device", "data 2 x fsdp 2 x model 2"):
+    mesh, num_devices = MESHES[name]
+    config = small_config(digits_data_dir, mesh=mesh,
+                          **{"model.fp8": True, "model.dtype": "bfloat16"})
+    losses[name], _ = first_losses(config, jax.devices()[:num_devices])
+  reference = losses["1 device"]
+  assert reference[-1] < reference[0]
+  np.testing.assert_allclose(losses["data 2 x fsdp 2 x model 2"], reference,
+                             rtol=1e-3)
+
+
 def test_params_and_moments_are_sharded_as_the_rules_say(digits_data_dir):
   config = small_config(digits_data_dir,
                         mesh=dict(data=2, fsdp=2, model=2))

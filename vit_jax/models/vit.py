@@ -17,6 +17,7 @@ import numpy as np
 
 from vit_jax import errors, sharding
 from vit_jax.models import (
+  fp8 as fp8_lib,
   masked_patches as mpp_lib,
   naflex,
   options,
@@ -71,7 +72,9 @@ class ViTConfig:
   timm (vit_jax/weights/torch_layouts.py); final_norm "pooled" keeps the
   last LayerNorm's params as `fc_norm`. Registers follow the class token
   once the position embedding is added (they get none) and are left out
-  of "gap"'s mean and "map"'s pooling.
+  of "gap"'s mean and "map"'s pooling. fp8 rounds the operands of the
+  encoder blocks' dense layers (models/fp8.py); the patch embedding, the
+  pooling head and the classifier keep the compute dtype.
   """
   patch_size: int = options.key(
       description="pixels per patch side; unset: the name's", config=None,
@@ -145,6 +148,10 @@ class ViTConfig:
   qk_norm: bool = options.key(
       False, "a LayerNorm over each head's queries and keys; unset: "
       "init_from's, else off", config=None, before=False)
+  fp8: bool = options.key(
+      False, "the blocks' dense matmuls in float8 (e4m3; gradients e5m2): "
+      "faster on GPUs with float8 tensor cores",
+      changeable=True, before=options.AS_DEFAULT)
 
   @property
   def class_token(self):
@@ -157,6 +164,12 @@ class ViTConfig:
 
 
 CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(ViTConfig))
+
+
+def _dot_general(config):
+  """What the encoder blocks' dense layers multiply with: None (flax's
+  default) or float8's."""
+  return fp8_lib.dot_general if config.fp8 else None
 
 
 def _init(initializer, axes):
@@ -194,6 +207,7 @@ class Attention(nn.Module):
           kernel_init=_init(nn.initializers.xavier_uniform(),
                             ("embed", "heads", "kv")),
           bias_init=_init(nn.initializers.zeros, ("heads", "kv")),
+          dot_general=_dot_general(config),
           name=name)(x if name == "query" or kv is None else kv)
       if config.qk_norm and name != "value":
         y = nn.LayerNorm(
@@ -242,6 +256,7 @@ def _attention_out(out, width, config):
       kernel_init=_init(nn.initializers.xavier_uniform(),
                         ("heads", "kv", "embed")),
       bias_init=_init(nn.initializers.zeros, ("embed",)),
+      dot_general=_dot_general(config),
       name="out")(out)
 
 
@@ -284,6 +299,7 @@ class MlpBlock(nn.Module):
         features, dtype=config.dtype, param_dtype=config.param_dtype,
         kernel_init=_init(nn.initializers.xavier_uniform(), axes),
         bias_init=_init(nn.initializers.normal(stddev=1e-6), axes[-1:]),
+        dot_general=_dot_general(config),
         name=name)
     x = dense(config.mlp_dim, ("embed", "mlp"), "Dense_0")(x)
     x = nn.gelu(x, approximate=config.gelu == "tanh")
@@ -669,12 +685,13 @@ class MAPHead(nn.Module):
     probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))
     # big_vision's and timm's pooling normalise no queries or keys.
     # One query token: the fused kernel has nothing to gain here.
-    y = Attention(config=dataclasses.replace(config, qk_norm=False,
+    head = dataclasses.replace(config, fp8=False)
+    y = Attention(config=dataclasses.replace(head, qk_norm=False,
                                              attention="einsum"),
                   record=False, name="MultiHeadDotProductAttention_0")(
                       probe, train=False, kv=x, mask=mask)
     z = _layer_norm("LayerNorm_0", config)(y)
-    y = y + MlpBlock(config=config, name="MlpBlock_0")(z, train=False)
+    y = y + MlpBlock(config=head, name="MlpBlock_0")(z, train=False)
     return y[:, 0]
 
 
