@@ -32,7 +32,13 @@ from tests.util import call_tool, main_flags, randomize, stored_examples
 from vit_jax import errors, models, paths
 from vit_jax.analysis import attention as attention_lib
 from vit_jax.data import folder, image_files, random_access, sources
-from vit_jax.weights import exports, npz as npz_lib, pretrained, torch_files
+from vit_jax.weights import (
+  exports,
+  function_exports,
+  npz as npz_lib,
+  pretrained,
+  torch_files,
+)
 
 
 def upload(local, url):
@@ -163,6 +169,18 @@ def test_hf_and_timm_exports_to_a_bucket_load_back(tmp_path, gcs_bucket):
   for key, value in load_file(local).items():
     np.testing.assert_array_equal(torch_files.read_safetensors(url)[key],
                                   value)
+
+  # The standalone serving.py reads local files: the hint copies first,
+  # and vit_jax's own loader reads the bucket.
+  url = f"{gcs_bucket}/export/model.stablehlo"
+  how = exports.write(loaded, "stablehlo", url)
+  assert (f"gsutil cp {url} ." in how
+          and "serving.load('model.stablehlo')" in how
+          and f"--from={url} " in how), how
+  local = str(tmp_path / "model.stablehlo")
+  exports.write(loaded, "stablehlo", local)
+  assert (function_exports.load_stablehlo(url).signature
+          == function_exports.load_stablehlo(local).signature)
 
 
 def write_pngs(directory, count=3):

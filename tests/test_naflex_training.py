@@ -153,6 +153,24 @@ def test_what_a_naflex_run_refuses(overrides, says):
     resolve.program(config)
 
 
+def test_a_budget_whose_attention_cannot_fit_a_device_is_refused_up_front():
+  """Before anything is built on the devices: 4 images a device (32 over
+  8), 4 heads, 100,001 tokens squared, float32 logits and softmax."""
+  config = small_config("/nonexistent", **{
+      "naflex.max_num_patches": 100_000, "batch_size": 32, "mesh.data": 8,
+      "mesh.model": 1, "model.num_heads": 4})
+  with pytest.raises(errors.ConfigError, match=(
+      r"^config.naflex.max_num_patches=100000: 4 images' attention alone "
+      r"would take 1,280 GB \(4 heads x 100,000 patches squared, float32\), "
+      r"more than the device's [\d,]+ GB; give a smaller budget, fewer "
+      r"images per device")):
+    resolve.program(config)
+  # The fused attention keeps no weights: the same budget is built.
+  resolve.program(small_config("/nonexistent", **{
+      "naflex.max_num_patches": 100_000, "batch_size": 32, "mesh.data": 8,
+      "mesh.model": 1, "model.num_heads": 4, "model.attention": "fused"}))
+
+
 def test_the_plan_compiles_the_step_at_the_budget():
   """vit_jax.plan's program of a NaFlex config takes patches and grids at
   the budget, and compiles (here for the CPU devices)."""

@@ -220,6 +220,12 @@ def test_a_missing_or_foreign_stablehlo_is_one_line(tmp_path):
     function_exports.load_stablehlo(str(tmp_path / "x.stablehlo"))
 
 
+def test_the_standalone_loader_names_a_url_it_cannot_read():
+  with pytest.raises(ValueError, match="gs://b/m.stablehlo: this loader reads "
+                     "local files .* copy the file here first"):
+    serving.load("gs://b/m.stablehlo")
+
+
 def test_a_stablehlo_export_cut_short_is_one_line(digits_export, tmp_path):
   """Its module cut short inside a whole archive (the archive itself cut
   short is not a zip: above)."""
@@ -235,6 +241,24 @@ def test_a_stablehlo_export_cut_short_is_one_line(digits_export, tmp_path):
   assert (status, stdout) == (2, "")
   assert stderr.startswith(f"error: {cut}: its {serving.MODULE} does not "
                            "read: cut short or damaged (")
+  assert len(stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("x.npz", b"PK\x03\x04cut", "is not an .npz file of arrays"),
+    ("x.safetensors", b"\x10" + bytes(7) + b'{"cut', "is not a .safetensors"),
+    ("x.stablehlo", b"PK\x03\x04cut", "File is not a zip file"),
+    ("x.onnx", b"\x08\x07cut", "exported as a function"),
+])
+def test_a_damaged_file_of_each_format_is_one_line(tmp_path, name, content,
+                                                   says):
+  """Each a file cut short a few bytes in, given where params are read."""
+  damaged = tmp_path / name
+  damaged.write_bytes(content)
+  image = os.path.join(REPO, "docs", "digits_attention_rollout.png")
+  status, stdout, stderr = call_tool("predict", f"--from={damaged}", image)
+  assert (status, stdout) == (2, "")
+  assert stderr.startswith(f"error: {damaged}") and says in stderr
   assert len(stderr.splitlines()) == 1
 
 

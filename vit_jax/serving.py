@@ -87,6 +87,10 @@ def load(file):
   file's bytes."""
   if isinstance(file, (bytes, bytearray)):
     file = io.BytesIO(file)
+  elif isinstance(file, str) and "://" in file:
+    raise ValueError(f"{file}: this loader reads local files (it needs no "
+                     "more than JAX and numpy); copy the file here first, "
+                     "or give its bytes")
   with zipfile.ZipFile(file) as archive:
     names = set(archive.namelist())
     if not {MODULE, SIGNATURE} <= names:

@@ -135,19 +135,22 @@ def device_memory_bytes(device=None):
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_budget(config, max_num_patches, flag="--max_num_patches"):
-  """Refuses a budget under which one image's attention cannot fit the
-  device, before anything is allocated (XLA would ask for it all and
-  fail in a traceback)."""
-  needed, memory = attention_bytes(config, max_num_patches), (
+def check_budget(config, max_num_patches, flag="--max_num_patches",
+                 images=1, smaller="a smaller budget (SigLIP 2 reads up to "
+                 "1024)"):
+  """Refuses a budget under which the attention of `images` images (one
+  device's) in one layer cannot fit the device, before anything is
+  allocated (XLA would ask for it all and fail in a traceback). `smaller`:
+  what to give instead."""
+  needed, memory = images * attention_bytes(config, max_num_patches), (
       device_memory_bytes())
   if needed > memory:
+    whose = "one image's" if images == 1 else f"{images} images'"
     raise errors.InputError(
-        f"{flag}={max_num_patches}: one image's attention alone would take "
+        f"{flag}={max_num_patches}: {whose} attention alone would take "
         f"{needed / 1e9:,.0f} GB ({config.num_heads} heads x "
         f"{max_num_patches:,} patches squared, float32), more than the "
-        f"device's {memory / 1e9:,.0f} GB; give a smaller budget (SigLIP 2 "
-        f"reads up to 1024)")
+        f"device's {memory / 1e9:,.0f} GB; give {smaller}")
 
 
 def budget_of(max_num_patches, model):

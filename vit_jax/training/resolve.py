@@ -213,13 +213,23 @@ def check_program(checked, mesh, num_classes):
     raise errors.ConfigError(f"config.model {model.describe_patch()} does not "
                              f"divide config.image_size={keys.image_size}")
   if keys.naflex.max_num_patches:
-    check_naflex(keys, model)
+    check_naflex(keys, model, keys.batch_size // per_step, mesh)
   return built
 
 
-def check_naflex(keys, model):
-  """What a NaFlex run cannot do, each a ConfigError naming its key."""
+def check_naflex(keys, model, images_per_device, mesh):
+  """What a NaFlex run cannot do, each a ConfigError naming its key:
+  also a budget whose attention weights, which the einsum keeps, cannot
+  fit one device for its `images_per_device` in one layer."""
   name = "config.naflex.max_num_patches"
+  if fitting.attention(keys.model, mesh.devices.flat[0]) == "einsum":
+    try:
+      naflex_lib.check_budget(
+          model.config, keys.naflex.max_num_patches, name, images_per_device,
+          "a smaller budget, fewer images per device (config.batch_size, "
+          "config.accum_steps) or model.attention 'fused' or 'splash'")
+    except errors.InputError as e:
+      raise errors.ConfigError(str(e)) from e
   if model.config.resnet_stages is not None:
     raise errors.ConfigError(f"{name}: a hybrid's ResNet stem reads whole "
                              "square images, not patches")

@@ -76,9 +76,13 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     names = class_names(loaded, labels_file)
     if format_ == "stablehlo":
       function_exports.write_stablehlo(inference, out, names, platforms)
-      return ("run it with vit_jax/serving.py (JAX and numpy only): "
-              f"serving.load({paths.shown(out)!r}), or python -m "
-              f"vit_jax.predict --from={paths.shown(out)} IMAGES")
+      where, copy = paths.shown(out), ""
+      if paths.is_url(out):  # serving.py, copied alone, reads local files.
+        copy = f"copy it here (gsutil cp {where} .) and "
+        where = paths.path(out).name
+      return (f"{copy}run it with vit_jax/serving.py (JAX and numpy only): "
+              f"serving.load({where!r}), or python -m vit_jax.predict "
+              f"--from={paths.shown(out)} IMAGES")
     function_exports.write_onnx(inference, out, names)
     return ("run it with ONNX Runtime: input 'pixels', uint8 [batch, "
             f"{inference.image_size}, {inference.image_size}, 3]; outputs "
