@@ -7,7 +7,10 @@ import errno
 import json
 import os
 import pathlib
+import signal
 import socket
+import threading
+import time
 
 import flax
 import flax.linen as nn
@@ -29,7 +32,7 @@ from tests.test_torch_interchange import (
   write_hf_dir,
 )
 from tests.util import call_tool, main_flags, randomize, stored_examples
-from vit_jax import errors, models, paths
+from vit_jax import cli, errors, models, paths
 from vit_jax.analysis import attention as attention_lib
 from vit_jax.data import folder, image_files, random_access, sources
 from vit_jax.weights import (
@@ -398,6 +401,35 @@ def test_a_missing_bucket_is_one_line_from_each_tool(gcs_bucket,
                       f"gs://{bucket}\n"), tool
   assert not os.path.exists(run + "-resumed")
   assert not os.path.exists("x.npz")
+
+
+def test_sigterm_stops_a_run_waiting_for_storage_at_once(
+    gcs_bucket, digits_data_dir, monkeypatch):
+  """The retries for storage that does not answer (paths.REACH_SECONDS,
+  30 s) do not hold back SIGTERM: sent 2 s in, the run stops then, in one
+  line, having written nothing."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+  # The handler that cli.prepare installs in a tool's own process (here,
+  # in pytest's, call_tool leaves prepare out).
+  before = signal.signal(signal.SIGTERM, cli._raise_stopped)  # pylint: disable=protected-access
+  try:
+    sender = threading.Timer(2, os.kill, (os.getpid(), signal.SIGTERM))
+    sender.start()
+    start = time.monotonic()
+    status, stdout, stderr = call_tool(
+        "main", *main_flags(f"{gcs_bucket}/run", digits_data_dir))
+    waited = time.monotonic() - start
+    sender.join()
+  finally:
+    signal.signal(signal.SIGTERM, before)
+  assert (status, stdout) == (128 + signal.SIGTERM, ""), stderr[-2000:]
+  retrying, stopped = stderr.splitlines()
+  assert retrying.startswith(f"Cloud Storage did not answer for {gcs_bucket}")
+  assert stopped.startswith("error: stopped by SIGTERM")
+  assert waited < paths.REACH_SECONDS
 
 
 def test_storage_that_does_not_answer_is_named_after_bounded_retries(
