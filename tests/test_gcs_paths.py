@@ -4,6 +4,7 @@ gives what the same files give locally; what cannot work there is refused
 in one line; a write that fails keeps the old file."""
 
 import errno
+import http.server
 import json
 import os
 import pathlib
@@ -401,6 +402,51 @@ def test_a_missing_bucket_is_one_line_from_each_tool(gcs_bucket,
                       f"gs://{bucket}\n"), tool
   assert not os.path.exists(run + "-resumed")
   assert not os.path.exists("x.npz")
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+  """Cloud Storage's JSON API, answering every request with `status`."""
+  status = 503
+
+  def do_GET(self):  # pylint: disable=invalid-name
+    body = json.dumps({"error": {"code": self.status,
+                                 "message": "injected"}}).encode()
+    self.send_response(self.status)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
+  def log_message(self, *args):
+    del args
+
+
+@pytest.mark.parametrize("status, says", [
+    (503, "Cloud Storage did not answer for gs://b within 2 s (503 GET "),
+    (403, "these credentials may not list gs://b (403: GET "),
+    (500, "Cloud Storage did not answer for gs://b within 2 s (500 GET "),
+])
+def test_storage_errors_are_named_transient_ones_after_bounded_retries(
+    monkeypatch, capsys, status, says):
+  """What the local emulator cannot do: a server error (retried for
+  paths.REACH_SECONDS, said once) and a refusal (at once)."""
+  answers = type("Answers", (_Answers,), {"status": status})
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), answers)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST",
+                       f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setattr(paths, "REACH_SECONDS", 2)
+    with pytest.raises(errors.InputError) as refused:
+      paths.check_reachable("gs://b/run", "--workdir")
+  finally:
+    server.shutdown()
+    server.server_close()
+  assert str(refused.value).startswith(f"--workdir=gs://b/run: {says}")
+  kind = {503: "ServiceUnavailable", 500: "InternalServerError"}.get(status)
+  assert capsys.readouterr().err == ("" if status == 403 else (
+      f"Cloud Storage did not answer for gs://b ({kind}); retrying for up "
+      "to 2 s\n"))
 
 
 def test_sigterm_stops_a_run_waiting_for_storage_at_once(
