@@ -33,7 +33,7 @@ import re
 
 import jax
 
-from vit_jax import errors
+from vit_jax import errors, paths
 from vit_jax.data import sources, vtab_tasks
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, report, work
@@ -61,6 +61,7 @@ def num_classes(config, override=0):
   if override:
     return override
   data_dir = config.data_dir
+  paths.check_reachable(data_dir, "config.data_dir")
   try:
     return sources.lookup(config.dataset, data_dir).num_classes
   except errors.InputError:
