@@ -452,6 +452,55 @@ def test_storage_errors_are_named_transient_ones_after_bounded_retries(
       "to 2 s\n"))
 
 
+class _Grants(http.server.BaseHTTPRequestHandler):
+  """Cloud Storage's JSON API over an empty bucket whose IAM grants
+  `granted` (fake-gcs-server has no IAM: it answers 404)."""
+  granted = ()
+
+  def do_GET(self):  # pylint: disable=invalid-name
+    if "/iam/testPermissions" in self.path:
+      body = {"kind": "storage#testIamPermissionsResponse",
+              "permissions": list(self.granted)}
+    else:
+      body = {"kind": "storage#objects"}
+    data = json.dumps(body).encode()
+    self.send_response(200)
+    self.send_header("Content-Type", "application/json")
+    self.send_header("Content-Length", str(len(data)))
+    self.end_headers()
+    self.wfile.write(data)
+
+  def log_message(self, *args):
+    del args
+
+
+@pytest.mark.parametrize("granted, refused", [
+    (("storage.objects.list",),
+     "storage.objects.create, storage.objects.delete"),
+    (("storage.objects.create",), "storage.objects.delete"),
+    (("storage.objects.create", "storage.objects.delete"), None),
+])
+def test_a_bucket_that_may_not_be_written_is_refused_to_tools_that_write(
+    monkeypatch, granted, refused):
+  grants = type("Grants", (_Grants,), {"granted": granted})
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), grants)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST",
+                       f"http://127.0.0.1:{server.server_address[1]}")
+    paths.check_reachable("gs://b/run", "--workdir")  # Reading: it may.
+    if refused is None:
+      paths.check_reachable("gs://b/run", "--workdir", writes=True)
+    else:
+      with pytest.raises(errors.InputError) as e:
+        paths.check_reachable("gs://b/run", "--workdir", writes=True)
+      assert str(e.value) == (f"--workdir=gs://b/run: these credentials may "
+                              f"not write to gs://b (not granted {refused})")
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
 def test_sigterm_stops_a_run_waiting_for_storage_at_once(
     gcs_bucket, digits_data_dir, monkeypatch):
   """The retries for storage that does not answer (paths.REACH_SECONDS,

@@ -33,7 +33,7 @@ def main(argv):
   del argv  # cli.run refuses positional arguments.
   f = flags.FLAGS
   paths.check_reachable(f.data_dir, "--data_dir")
-  paths.check_reachable(f.out_data_dir, "--out_data_dir")
+  paths.check_reachable(f.out_data_dir, "--out_data_dir", writes=True)
   builder = sources.get_builder(f.dataset, f.data_dir)
   print(f"Converting {builder.name} {builder.version} in {builder.data_dir}")
   target, before, after = conversion.convert(builder, f.out_data_dir)

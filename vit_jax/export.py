@@ -69,7 +69,7 @@ def main(argv):
     raise errors.InputError(
         f"--platforms: only --format=stablehlo is lowered for platforms; "
         f"--format={f.format} runs wherever its reader does")
-  paths.check_reachable(f.out, "--out")
+  paths.check_reachable(f.out, "--out", writes=True)
   workdir.check_output(f.out, "--out")
   loaded = pretrained.load(shared_flags.source_from_flags(), f.num_heads)
   if f.input_mean:

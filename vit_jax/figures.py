@@ -58,7 +58,8 @@ flags.register_multi_flags_validator(
 
 def main(argv):
   f = flags.FLAGS
-  for given, flag in ((f.out, "--out"), (f.images + argv[1:], "--images"),
+  paths.check_reachable(f.out, "--out", writes=True)
+  for given, flag in ((f.images + argv[1:], "--images"),
                       (f.data_dir, "--data_dir")):
     paths.check_reachable(given, flag)
   if f.out:

@@ -42,18 +42,21 @@ def join(base, *parts):
 REACH_SECONDS = 30
 
 
-def check_reachable(given, flag):
+def check_reachable(given, flag, writes=False):
   """Refuses `given`, a path (or a list of them) the user gave as `flag`,
   when it is a `gs://` URL whose bucket does not exist, may not be listed
-  with this host's credentials, or does not answer within REACH_SECONDS; a
-  local path passes, as does None (a flag not given). Asked once, before
-  anything reads or writes there: TensorFlow's client asks again and again
-  for a bucket that is not there."""
+  with this host's credentials, or does not answer within REACH_SECONDS;
+  where the tool `writes` there, also when the credentials may not create
+  objects in it. A local path passes, as does None (a flag not given).
+  Asked once, before anything reads or writes there: TensorFlow's client
+  asks again and again for a bucket that is not there, and a run that may
+  not write would fail at its first checkpoint."""
   for p in given if isinstance(given, list) else [given]:
     p = os.fspath(p or "")
     if p.startswith("gs://"):
       bucket, _, prefix = p[len("gs://"):].partition("/")
-      problem = _bucket_problem(bucket, prefix)
+      problem = _bucket_problem(bucket, prefix) or (
+          writes and _write_problem(bucket))
       if problem:
         raise errors.InputError(f"{flag}={p}: {problem}")
 
@@ -114,6 +117,32 @@ def _bucket_problem(bucket, prefix):
   except exceptions.GoogleAPICallError as e:
     return f"Cloud Storage refused to list gs://{bucket} ({e})"
   return None
+
+
+# What a tool that writes to a bucket does there: writes objects, and
+# replaces them (an atomic write deletes its temporary; a lock is renewed).
+WRITE_PERMISSIONS = ("storage.objects.create", "storage.objects.delete")
+
+
+def _write_problem(bucket):
+  """What stops this host's credentials from writing to gs://`bucket`
+  (which answers), in a few words; None when nothing does, or where the
+  service cannot say (a local emulator has no permissions to test)."""
+  # pylint: disable-next=g-import-not-at-top
+  from google.api_core import exceptions
+  client, anonymous = storage_client()
+  try:
+    granted = set(client.bucket(bucket).test_iam_permissions(
+        list(WRITE_PERMISSIONS), timeout=min(10, REACH_SECONDS)))
+  except exceptions.GoogleAPICallError:
+    return None  # Asked as a courtesy: the first write will say.
+  missing = [name for name in WRITE_PERMISSIONS if name not in granted]
+  if not missing:
+    return None
+  who = ("this host, which has no credentials for Cloud Storage,"
+         if anonymous else "these credentials")
+  return (f"{who} may not write to gs://{bucket} (not granted "
+          f"{', '.join(missing)})")
 
 
 def _innermost(error):

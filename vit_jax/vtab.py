@@ -38,7 +38,7 @@ def main(argv):
   del argv  # cli.run refuses positional arguments.
   shared_flags.prepare_to_train()
   f = flags.FLAGS
-  paths.check_reachable(f.workdir, "--workdir")
+  paths.check_reachable(f.workdir, "--workdir", writes=True)
   summary = finetune_suite.run(f.config, f.workdir, registry.select(f.tasks),
                            f.val)
   if summary is None:

@@ -86,8 +86,8 @@ def run(config, workdir, devices=None):
   """The Run of `config` (a ConfigDict) in `workdir` (a path or URL) over
   `devices` (default: all)."""
   checked = check_values(config)
-  for value, flag in ((workdir, "--workdir"),
-                      (checked.settings.data_dir, "config.data_dir"),
+  paths.check_reachable(workdir, "--workdir", writes=True)
+  for value, flag in ((checked.settings.data_dir, "config.data_dir"),
                       (checked.settings.init_from, "config.init_from")):
     paths.check_reachable(value, flag)
   workdir = workdir_lib.Workdir(workdir)
