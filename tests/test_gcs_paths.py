@@ -3,6 +3,7 @@ read or written in a local Cloud Storage (tests/conftest.py's `gcs_bucket`)
 gives what the same files give locally; what cannot work there is refused
 in one line; a write that fails keeps the old file."""
 
+import contextlib
 import errno
 import http.server
 import json
@@ -407,21 +408,43 @@ def test_a_missing_bucket_is_one_line_from_each_tool(gcs_bucket,
   assert not os.path.exists("x.npz")
 
 
-class _Answers(http.server.BaseHTTPRequestHandler):
-  """Cloud Storage's JSON API, answering every request with `status`."""
-  status = 503
+class _Stub(http.server.BaseHTTPRequestHandler):
+  """Cloud Storage's JSON API over an empty bucket, answering every
+  request with `status`, and where that is 200, granting `granted` to
+  testIamPermissions (fake-gcs-server has no IAM, and answers no 5xx or
+  403 of its own)."""
+  status, granted = 200, ()
 
   def do_GET(self):  # pylint: disable=invalid-name
-    body = json.dumps({"error": {"code": self.status,
-                                 "message": "injected"}}).encode()
+    body = ({"error": {"code": self.status, "message": "injected"}}
+            if self.status != 200 else
+            {"permissions": list(self.granted)}
+            if "/iam/testPermissions" in self.path else
+            {"kind": "storage#objects"})
+    data = json.dumps(body).encode()
     self.send_response(self.status)
     self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(body)))
+    self.send_header("Content-Length", str(len(data)))
     self.end_headers()
-    self.wfile.write(body)
+    self.wfile.write(data)
 
   def log_message(self, *args):
     del args
+
+
+@contextlib.contextmanager
+def storage_stub(monkeypatch, **answers):
+  """google-cloud-storage pointed at a _Stub with `answers`' attributes."""
+  stub = type("Stub", (_Stub,), answers)
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), stub)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST",
+                     f"http://127.0.0.1:{server.server_address[1]}")
+  try:
+    yield
+  finally:
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.mark.parametrize("status, says", [
@@ -431,47 +454,17 @@ class _Answers(http.server.BaseHTTPRequestHandler):
 ])
 def test_storage_errors_are_named_transient_ones_after_bounded_retries(
     monkeypatch, capsys, status, says):
-  """What the local emulator cannot do: a server error (retried for
-  paths.REACH_SECONDS, said once) and a refusal (at once)."""
-  answers = type("Answers", (_Answers,), {"status": status})
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), answers)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  try:
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST",
-                       f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setattr(paths, "REACH_SECONDS", 2)
-    with pytest.raises(errors.InputError) as refused:
-      paths.check_reachable("gs://b/run", "--workdir")
-  finally:
-    server.shutdown()
-    server.server_close()
+  """A server error: retried for paths.REACH_SECONDS, said once; a
+  refusal: at once."""
+  monkeypatch.setattr(paths, "REACH_SECONDS", 2)
+  with storage_stub(monkeypatch, status=status), pytest.raises(
+      errors.InputError) as refused:
+    paths.check_reachable("gs://b/run", "--workdir")
   assert str(refused.value).startswith(f"--workdir=gs://b/run: {says}")
   kind = {503: "ServiceUnavailable", 500: "InternalServerError"}.get(status)
   assert capsys.readouterr().err == ("" if status == 403 else (
       f"Cloud Storage did not answer for gs://b ({kind}); retrying for up "
       "to 2 s\n"))
-
-
-class _Grants(http.server.BaseHTTPRequestHandler):
-  """Cloud Storage's JSON API over an empty bucket whose IAM grants
-  `granted` (fake-gcs-server has no IAM: it answers 404)."""
-  granted = ()
-
-  def do_GET(self):  # pylint: disable=invalid-name
-    if "/iam/testPermissions" in self.path:
-      body = {"kind": "storage#testIamPermissionsResponse",
-              "permissions": list(self.granted)}
-    else:
-      body = {"kind": "storage#objects"}
-    data = json.dumps(body).encode()
-    self.send_response(200)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(data)))
-    self.end_headers()
-    self.wfile.write(data)
-
-  def log_message(self, *args):
-    del args
 
 
 @pytest.mark.parametrize("granted, refused", [
@@ -482,12 +475,7 @@ class _Grants(http.server.BaseHTTPRequestHandler):
 ])
 def test_a_bucket_that_may_not_be_written_is_refused_to_tools_that_write(
     monkeypatch, granted, refused):
-  grants = type("Grants", (_Grants,), {"granted": granted})
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), grants)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  try:
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST",
-                       f"http://127.0.0.1:{server.server_address[1]}")
+  with storage_stub(monkeypatch, granted=granted):
     paths.check_reachable("gs://b/run", "--workdir")  # Reading: it may.
     if refused is None:
       paths.check_reachable("gs://b/run", "--workdir", writes=True)
@@ -496,9 +484,6 @@ def test_a_bucket_that_may_not_be_written_is_refused_to_tools_that_write(
         paths.check_reachable("gs://b/run", "--workdir", writes=True)
       assert str(e.value) == (f"--workdir=gs://b/run: these credentials may "
                               f"not write to gs://b (not granted {refused})")
-  finally:
-    server.shutdown()
-    server.server_close()
 
 
 def test_sigterm_stops_a_run_waiting_for_storage_at_once(
