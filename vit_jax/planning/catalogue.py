@@ -101,6 +101,21 @@ GENERATIONS = {generation.name: generation for generation in (
 )}
 
 
+# Published measured runs over this project's plan of their configs (its
+# predicted chip-hours, the overhead included), each derived in
+# docs/plan.md: the paper's Table 2 TPUv3-core-days over the plans of
+# configs/table2/pretrain.py, and big_vision's S/16 run (about 6.5 hours on
+# a v3-8) over the plan of configs/imagenet/plain.py:S/16,90.
+MEASURED_OVER_PLANNED = {
+    "Table 2, ViT-H/14 on JFT-300M": 2_500 / 1_191.0,
+    "Table 2, ViT-L/16 on JFT-300M": 680 / 410.7,
+    "Table 2, ViT-L/16 on ImageNet-21k": 230 / 125.2,
+    "big_vision, S/16 on ImageNet-1k": 6.5 * 4 / 13.8,
+}
+# What a run may expect to take, as multiples of the plan's prediction.
+EXPECTED_OVER_PLANNED = (min(MEASURED_OVER_PLANNED.values()),
+                         max(MEASURED_OVER_PLANNED.values()))
+
 # Data-center network (DCN) bandwidth per chip, in bits per second, where
 # Cloud TPU publishes it: the v5p page's table (50 Gbps per chip), and
 # v5e's two 100 Gbps NICs per host of 8 chips (its page's 6.4 Tbps per

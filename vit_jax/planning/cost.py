@@ -170,6 +170,16 @@ class Plan:
     return None if hours is None else hours * (1 + self.overhead)
 
   @property
+  def expected_chip_hours(self):
+    """[low, high]: the prediction times the least and the most that
+    published runs took over their plans
+    (catalogue.EXPECTED_OVER_PLANNED); the prediction is the compiler's
+    step time, a lower bound."""
+    hours = self.predicted_chip_hours
+    return None if hours is None else [
+        hours * r for r in catalogue.EXPECTED_OVER_PLANNED]
+
+  @property
   def train_core_days(self):
     return self._core_days(self.train_chip_hours)
 
@@ -189,7 +199,8 @@ class Plan:
            "hbm_seconds": self.hbm_seconds,
            "flops_seconds": self.flops_seconds,
            "train_chip_hours": self.train_chip_hours,
-           "predicted_chip_hours": self.predicted_chip_hours}
+           "predicted_chip_hours": self.predicted_chip_hours,
+           "expected_chip_hours": self.expected_chip_hours}
     if self.generation == "v3":  # Its cores are its devices, and its unit.
       out.update(
           cores=self.devices, hbm_bytes_per_core=self.hbm_bytes_per_device,

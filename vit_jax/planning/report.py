@@ -2,7 +2,7 @@
 would make a step that does not fit fit."""
 
 from vit_jax import sharding
-from vit_jax.planning.catalogue import GENERATIONS, GiB
+from vit_jax.planning.catalogue import EXPECTED_OVER_PLANNED, GENERATIONS, GiB
 from vit_jax.training import fitting
 
 
@@ -86,7 +86,8 @@ def describe(config_name, result):
         f"  chip-hours    {_number(result.train_chip_hours)} training + "
         f"{result.overhead:.0%} for evaluation, checkpoints and restarts = "
         f"{_number(hours)} ({_number(hours / result.chips)} hours on "
-        f"{result.chips} chips)"]
+        f"{result.chips} chips)",
+        _expected_line(result)]
     if result.predicted_core_days is not None:
       lines.append(f"  core-days     {_number(result.predicted_core_days)} "
                    "TPUv3-core-days (the paper's unit)")
@@ -99,6 +100,15 @@ def describe(config_name, result):
     lines.append("  to make it fit, try:")
     lines.extend(f"    {s}" for s in result.suggestions)
   return "\n".join(lines)
+
+
+def _expected_line(result):
+  """The chip-hours to budget for: the compiler's figure is a lower bound."""
+  low, high = result.expected_chip_hours
+  least, most = EXPECTED_OVER_PLANNED
+  return (f"  expected      {_number(low)}-{_number(high)} chip-hours: the "
+          f"compiler's figure is a lower bound, and published runs took "
+          f"{least:.2f}-{most:.2f} times it (docs/plan.md)")
 
 
 def _kernel_lines(result):
@@ -159,7 +169,7 @@ def describe_comparison(config_name, results):
   """Plans of one config on several slices as one table."""
   header = ("slice", "chips", "hosts", "mesh", "per device",
             "HBM per device", "MFU", "step time", "chip-hours",
-            "TPUv3-core-days")
+            "expected chip-hours", "TPUv3-core-days")
   rows = [header]
   for r in results:
     estimated = r.estimated_step_seconds is not None
@@ -174,6 +184,8 @@ def describe_comparison(config_name, results):
         f"{r.mfu:.0%}" if estimated else "-",
         f"{r.estimated_step_seconds:.3g} s" if estimated else "-",
         _number(r.predicted_chip_hours) if estimated else "-",
+        "-".join(_number(h) for h in r.expected_chip_hours) if estimated
+        else "-",
         "-" if r.predicted_core_days is None
         else _number(r.predicted_core_days)))
   widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
