@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from configs.table2 import pretrain
-from tests.util import made_once, run_tool
+from tests.util import call_tool, made_once, run_tool
 from vit_jax import errors, models
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, cost as cost_lib, report, work
@@ -501,3 +501,63 @@ def test_slices_and_class_counts():
   config.dataset = "no_such_dataset"
   with pytest.raises(errors.ConfigError, match="--num_classes"):
     cost_lib.num_classes(config)
+
+
+def test_the_cheapest_slice_of_a_generation_is_found_from_the_command_line():
+  """Each v3 slice whose cores share the batch of 64 (8, 32 and 64 of
+  them; 128 would leave cores without an image), one table, one marked."""
+  args = ("--config=configs/table2/pretrain.py:B/32,jft",
+          "--config.model.num_layers=1", "--config.batch_size=64",
+          "--config.mesh.fsdp=1", "--config.model.scan_layers=False",
+          "--config.image_size=32", "--num_classes=10", "--cheapest=v3")
+  status, stdout, stderr = call_tool("plan", *args, "--json")
+  assert status == 0, stderr[-3000:]
+  rows = json.loads(stdout)
+  assert [row["topology"] for row in rows] == ["v3-8", "v3-32", "v3-64"]
+  assert all(row["fits"] and row["batch_size"] == 64 for row in rows)
+  assert [row["cheapest"] for row in rows].count(True) == 1
+  best = next(row for row in rows if row["cheapest"])
+  assert best["predicted_chip_hours"] == min(
+      row["predicted_chip_hours"] for row in rows)
+  assert "trying v3-8\n" in stderr
+  text = run_tool("plan", *args)
+  assert f"{best['topology']} *" in text
+  assert text.splitlines()[-1].startswith(
+      f"* the fewest expected chip-hours: {best['topology']}, ")
+  status, _, stderr = call_tool("plan", *args, "--topology=v3-8")
+  assert (status, stderr) == (2, "error: give one of --topology, --compare "
+                              "and --cheapest, not --topology and "
+                              "--cheapest\n")
+
+
+def test_a_slice_too_small_for_the_batch_accumulates_micro_batches(
+    monkeypatch):
+  """The global batch stays: where a slice's devices cannot hold their
+  share, the micro-batches double until they can. Here a device holds 8
+  images at most, a plan's chip-hours are its chips'."""
+  planned = []
+
+  def plan_slice(config, tpu_slice, classes, overhead):
+    del classes, overhead
+    planned.append((tpu_slice.name, config.accum_steps))
+    per_device = config.batch_size / len(tpu_slice.devices)
+    if per_device < config.accum_steps:  # As resolve refuses it.
+      raise errors.ConfigError("the batch does not divide")
+    return types.SimpleNamespace(
+        topology=tpu_slice.name, accum_steps=config.accum_steps,
+        fits=per_device / config.accum_steps <= 8,
+        predicted_chip_hours=tpu_slice.chips + config.accum_steps / 10)
+  monkeypatch.setattr(cost_lib, "plan_slice", plan_slice)
+  plans, best = cost_lib.cheapest(
+      tiny_pretraining(batch_size=128, image_size=16), "v5e")
+  assert [(p.topology, p.accum_steps, p.fits) for p in plans] == [
+      ("v5litepod-1", 16, True), ("v5litepod-4", 4, True),
+      ("v5litepod-8", 2, True), ("v5litepod-16", 1, True),
+      ("v5litepod-32", 1, True), ("v5litepod-64", 1, True),
+      ("v5litepod-128", 1, True)]
+  assert planned[:5] == [("v5litepod-1", 1), ("v5litepod-1", 2),
+                         ("v5litepod-1", 4), ("v5litepod-1", 8),
+                         ("v5litepod-1", 16)]
+  assert plans[best].topology == "v5litepod-1"
+  with pytest.raises(errors.InputError, match="unknown TPU generation 'v9'"):
+    cost_lib.cheapest(tiny_pretraining(), "v9")

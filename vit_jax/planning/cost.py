@@ -356,6 +356,51 @@ def compare(config, topology_names, classes=0, overhead=DEFAULT_OVERHEAD,
           for s, bandwidth in zip(tpu_slices, bandwidths)]
 
 
+def cheapest(config, generation_name, classes=0, overhead=DEFAULT_OVERHEAD,
+             say=lambda line: None):
+  """(`config` planned on each slice of the generation whose chips lay out
+  its mesh and share its batch, smallest first; the index of the one of
+  fewest expected chip-hours, or None if none fits). The global batch
+  stays: on a slice where the step does not fit, its micro-batches are
+  doubled (accum_steps) until it fits or they no longer divide over the
+  devices. `say` is told of each slice before it is compiled."""
+  if generation_name not in catalogue.GENERATIONS:
+    raise errors.InputError(
+        f"unknown TPU generation {generation_name!r}: one of "
+        f"{', '.join(catalogue.GENERATIONS)}")
+  plans, refusals = [], []
+  for name in catalogue.GENERATIONS[generation_name].slices:
+    tpu_slice = catalogue.topology(name)
+    accum_steps, too_big = config.accum_steps, None
+    while True:
+      tried = config.copy_and_resolve_references()
+      with tried.unlocked():
+        tried.accum_steps = accum_steps
+      try:
+        catalogue.check_layout(tried, tpu_slice)
+        say(f"trying {name}" + (f" with {accum_steps} micro-batches"
+                                  if accum_steps > 1 else ""))
+        result = plan_slice(tried, tpu_slice, classes, overhead)
+      except errors.InputError as e:  # Its mesh or batch cannot be here.
+        if too_big:
+          plans.append(too_big)
+        else:
+          refusals.append(f"{name}: {e}")
+        break
+      if result.fits or accum_steps * 2 > config.batch_size:
+        plans.append(result)
+        break
+      too_big, accum_steps = result, accum_steps * 2
+  if not plans:
+    raise errors.ConfigError(
+        f"no {generation_name} slice can run this config: "
+        + "; ".join(refusals))
+  fitting_plans = [i for i, p in enumerate(plans) if p.fits]
+  best = min(fitting_plans, key=lambda i: plans[i].predicted_chip_hours,
+             default=None)
+  return plans, best
+
+
 def dcn_bandwidth(tpu_slice, given=None):
   """The DCN bits per second per chip a plan over several slices assumes:
   `given`, else the generation's published figure; None on one slice."""

@@ -165,18 +165,21 @@ def _work_lines(result):
           + " of the instructions' estimated cycles"]
 
 
-def describe_comparison(config_name, results):
-  """Plans of one config on several slices as one table."""
+def describe_comparison(config_name, results, cheapest=None):
+  """Plans of one config on several slices as one table; `cheapest`: the
+  index of the row to mark as the one of fewest expected chip-hours."""
   header = ("slice", "chips", "hosts", "mesh", "per device",
             "HBM per device", "MFU", "step time", "chip-hours",
             "expected chip-hours", "TPUv3-core-days")
   rows = [header]
-  for r in results:
+  for i, r in enumerate(results):
     estimated = r.estimated_step_seconds is not None
     rows.append((
-        r.description, f"{r.chips:,}", f"{r.hosts:,}",
-        "x".join(str(n) for n in r.mesh.values()),
-        f"{r.batch_size / r.devices:g}",
+        r.description + (" *" if i == cheapest else ""), f"{r.chips:,}",
+        f"{r.hosts:,}", "x".join(str(n) for n in r.mesh.values()),
+        f"{r.batch_size / r.devices:g}" + (
+            f" in {r.accum_steps} micro-batches" if r.accum_steps > 1
+            else ""),
         f"{r.hbm_bytes_per_device / GiB:.1f} of "
         f"{r.hbm_capacity_bytes / GiB:.0f} GiB"
         + (f" (remat {r.remat_policy})" if r.remat_tried else "")
@@ -200,6 +203,11 @@ def describe_comparison(config_name, results):
     if r.suggestions:
       lines.append(f"{r.description} does not fit; try: "
                    + "; ".join(s.split(":")[0] for s in r.suggestions))
+  if cheapest is not None:
+    low, high = results[cheapest].expected_chip_hours
+    lines.append(f"* the fewest expected chip-hours: "
+                 f"{results[cheapest].description}, {_number(low)}-"
+                 f"{_number(high)}")
   return "\n".join(lines)
 
 
