@@ -233,9 +233,9 @@ def test_pretrain_is_table3(arg):
       attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="auto",
       scan_layers=True, attention="auto", posemb="learn", mpp=False,
       layer_norm_epsilon=None, gelu=None, final_norm=None, head_bias_init=0.0,
-      layer_scale=None, num_registers=None, qk_norm=None, patch_size=None,
-      hidden_size=None, num_layers=None, num_heads=None, mlp_dim=None,
-      param_dtype=None, resnet_stages=None, resnet_width=None)
+      layer_scale=None, num_registers=None, qk_norm=None, fp8=False,
+      patch_size=None, hidden_size=None, num_layers=None, num_heads=None,
+      mlp_dim=None, param_dtype=None, resnet_stages=None, resnet_width=None)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1, slices=-1,
@@ -320,9 +320,9 @@ def test_finetune_is_table4(arg):
       attention="auto", posemb="learn", mpp=False, layer_norm_epsilon=None,
       gelu=None,
       final_norm=None, head_bias_init=0.0, layer_scale=None,
-      num_registers=None, qk_norm=None, patch_size=None, hidden_size=None,
-      num_layers=None, num_heads=None, mlp_dim=None, param_dtype=None,
-      resnet_stages=None, resnet_width=None)
+      num_registers=None, qk_norm=None, fp8=False, patch_size=None,
+      hidden_size=None, num_layers=None, num_heads=None, mlp_dim=None,
+      param_dtype=None, resnet_stages=None, resnet_width=None)
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1, slices=-1,
                                        fsdp_min_bytes=0)
   # 2% of the train split held out: the minival that picks the lr.
