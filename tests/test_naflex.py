@@ -236,3 +236,14 @@ def test_a_budget_whose_attention_cannot_fit_is_refused_before_allocating(
     assert stderr.startswith(f"error: --max_num_patches={budget}: one "
                              "image's attention alone would take")
     assert len(stderr.splitlines()) == 1
+
+
+def test_a_devices_memory_is_told_only_where_an_allocator_serves_it():
+  """A CPU's is the host's; a TPU that a plan compiles for has none to
+  tell, and its budget is left to the compiler (it is not the host's)."""
+  from vit_jax.planning import catalogue  # pylint: disable=g-import-not-at-top
+  assert naflex.device_memory_bytes(jax.devices()[0]) > 2**30
+  planned = catalogue.topology("v5p-8").devices[0]
+  assert naflex.device_memory_bytes(planned) is None
+  config = models.create("B/16", 10).config
+  naflex.check_budget(config, 10**6, device=planned)  # Not refused here.

@@ -127,24 +127,31 @@ def attention_bytes(config, max_num_patches):
 
 def device_memory_bytes(device=None):
   """The memory of `device` (default: the first): what its allocator may
-  use, or, for a CPU, which reports none, the host's."""
+  use, or, for a CPU, which reports none, the host's; None where it cannot
+  be told (a device a plan compiles for, which no allocator serves)."""
   device = device or jax.devices()[0]
-  stats = device.memory_stats() or {}
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # pylint: disable=broad-except
+    stats = {}  # Each PJRT client refuses its own way.
   if "bytes_limit" in stats:
     return stats["bytes_limit"]
-  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  if device.platform == "cpu":
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  return None
 
 
 def check_budget(config, max_num_patches, flag="--max_num_patches",
                  images=1, smaller="a smaller budget (SigLIP 2 reads up to "
-                 "1024)"):
+                 "1024)", device=None):
   """Refuses a budget under which the attention of `images` images (one
-  device's) in one layer cannot fit the device, before anything is
-  allocated (XLA would ask for it all and fail in a traceback). `smaller`:
-  what to give instead."""
+  `device`'s, default the first) in one layer cannot fit the device,
+  before anything is allocated (XLA would ask for it all and fail in a
+  traceback). `smaller`: what to give instead. A device whose memory
+  cannot be told (a plan's) is left to the compiler."""
   needed, memory = images * attention_bytes(config, max_num_patches), (
-      device_memory_bytes())
-  if needed > memory:
+      device_memory_bytes(device))
+  if memory is not None and needed > memory:
     whose = "one image's" if images == 1 else f"{images} images'"
     raise errors.InputError(
         f"{flag}={max_num_patches}: {whose} attention alone would take "

@@ -149,8 +149,8 @@ class ViTConfig:
       False, "a LayerNorm over each head's queries and keys; unset: "
       "init_from's, else off", config=None, before=False)
   fp8: bool = options.key(
-      False, "the blocks' dense matmuls in float8 (e4m3; gradients e5m2): "
-      "faster on GPUs with float8 tensor cores",
+      False, "the blocks' dense matmuls in float8 (e4m3; gradients e5m2), "
+      "for GPUs with float8 tensor cores (docs/models.md)",
       changeable=True, before=options.AS_DEFAULT)
 
   @property

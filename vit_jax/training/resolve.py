@@ -222,12 +222,14 @@ def check_naflex(keys, model, images_per_device, mesh):
   also a budget whose attention weights, which the einsum keeps, cannot
   fit one device for its `images_per_device` in one layer."""
   name = "config.naflex.max_num_patches"
-  if fitting.attention(keys.model, mesh.devices.flat[0]) == "einsum":
+  device = mesh.devices.flat[0]
+  if fitting.attention(keys.model, device) == "einsum":
     try:
       naflex_lib.check_budget(
           model.config, keys.naflex.max_num_patches, name, images_per_device,
           "a smaller budget, fewer images per device (config.batch_size, "
-          "config.accum_steps) or model.attention 'fused' or 'splash'")
+          "config.accum_steps) or model.attention 'fused' or 'splash'",
+          device)
     except errors.InputError as e:
       raise errors.ConfigError(str(e)) from e
   if model.config.resnet_stages is not None:
