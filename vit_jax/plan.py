@@ -66,28 +66,24 @@ def main(argv):
     raise errors.InputError(
         f"give one of --topology, --compare and --cheapest, not "
         f"{' and '.join('--' + name for name in given)}")
-  if f.cheapest:
-    if f.slices != 1:
-      raise errors.InputError("--cheapest plans single slices: leave out "
-                              "--slices")
-    results, best = cost_lib.cheapest(
-        f.config, f.cheapest, f.num_classes, f.overhead,
-        say=lambda line: print(line, file=sys.stderr, flush=True))
+  if f.cheapest or f.compare:  # One table of several slices.
+    best = None
+    if f.cheapest:
+      if f.slices != 1:
+        raise errors.InputError("--cheapest plans single slices: leave out "
+                                "--slices")
+      results, best = cost_lib.cheapest(
+          f.config, f.cheapest, f.num_classes, f.overhead,
+          say=lambda line: print(line, file=sys.stderr, flush=True))
+    else:
+      results = cost_lib.compare(f.config, f.compare, f.num_classes,
+                                 f.overhead, f.slices, dcn)
     if f.json:
+      marked = lambda i: {"cheapest": i == best} if f.cheapest else {}
       print(json.dumps([{"config": config_name, **result.to_json(),
-                         "cheapest": i == best}
-                        for i, result in enumerate(results)]))
+                         **marked(i)} for i, result in enumerate(results)]))
     else:
       print(report.describe_comparison(config_name, results, best))
-    return
-  if f.compare:
-    results = cost_lib.compare(f.config, f.compare, f.num_classes,
-                               f.overhead, f.slices, dcn)
-    if f.json:
-      print(json.dumps([{"config": config_name, **result.to_json()}
-                        for result in results]))
-    else:
-      print(report.describe_comparison(config_name, results))
     return
   result = cost_lib.plan(f.config, f.topology, f.num_classes, f.overhead,
                          f.slices, dcn)

@@ -76,10 +76,8 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     names = class_names(loaded, labels_file)
     if format_ == "stablehlo":
       function_exports.write_stablehlo(inference, out, names, platforms)
-      where, copy = paths.shown(out), ""
-      if paths.is_url(out):  # serving.py, copied alone, reads local files.
-        copy = f"copy it here (gsutil cp {where} .) and "
-        where = paths.path(out).name
+      # serving.py, copied alone, reads local files.
+      copy, where = _copied_here(out, "gsutil cp")
       return (f"{copy}run it with vit_jax/serving.py (JAX and numpy only): "
               f"serving.load({where!r}), or python -m vit_jax.predict "
               f"--from={paths.shown(out)} IMAGES")
@@ -96,15 +94,22 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     else:
       torch_files.write_hf(out, flat, loaded.function,
                            class_names(loaded, labels_file), loaded.what)
-    where = paths.shown(out)
-    copy = ""
-    if paths.is_url(out):  # transformers reads local folders.
-      copy = f"copy it here (gsutil -m cp -r {where} .) and "
-      where = paths.path(out).name
+    # transformers reads local folders.
+    copy, where = _copied_here(out, "gsutil -m cp -r")
     return (f"{copy}load it with transformers.{kind}"
             f".from_pretrained({where!r})")
   return "load it in PyTorch with:\n" + torch_files.write_timm(
       out, flat, loaded.function, loaded.what)
+
+
+def _copied_here(out, command):
+  """(what a hint says first, the path it then names) for an export at
+  `out` that its reader opens locally: for a URL, a copy by `command` to
+  the current folder, then the copy's name."""
+  if not paths.is_url(out):
+    return "", paths.shown(out)
+  return (f"copy it here ({command} {paths.shown(out)} .) and ",
+          paths.path(out).name)
 
 
 def class_names(loaded, labels_file=""):
