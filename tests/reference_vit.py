@@ -42,9 +42,36 @@ def _sub(flat, prefix):
   return {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
 
 
-def _attention(x, p, kv=None, eps=1e-6):
+def rope_phases(rows, cols, head_dim, theta):
+  """[rows * cols, head_dim / 2] complex: DINOv3's 2-D rotary embedding of
+  each patch of a rows x cols grid (row-major), as unit complex numbers.
+  A patch's centre is placed in [-1, 1] along each axis; plane j < Dh/4
+  turns by 2 pi y / theta^(4j / Dh) with y the row's place, plane
+  Dh/4 + j by the same of the column's place x."""
+  periods = theta ** (4 * np.arange(head_dim // 4) / head_dim)
+  y = (2 * np.arange(rows) + 1) / rows - 1
+  x = (2 * np.arange(cols) + 1) / cols - 1
+  turns = [np.repeat(y, cols)[:, None] / periods,
+           np.tile(x, rows)[:, None] / periods]
+  return np.exp(2j * np.pi * np.concatenate(turns, axis=1))
+
+
+def _turned(t, rope):
+  """t [n, tokens, heads, Dh] with its patch tokens (after the first
+  `num_prefix`) turned: channels j and j + Dh/2 taken as one complex
+  number and multiplied by its phase."""
+  num_prefix, phases = rope
+  half = t.shape[-1] // 2
+  patches = t[:, num_prefix:]
+  z = (patches[..., :half] + 1j * patches[..., half:]) * phases[None, :, None]
+  return np.concatenate([t[:, :num_prefix],
+                         np.concatenate([z.real, z.imag], axis=-1)], axis=1)
+
+
+def _attention(x, p, kv=None, eps=1e-6, rope=None):
   """Multi-head attention of x's tokens to kv's (default: x's own), with
-  each head's queries and keys layer-normalised where p holds their norms."""
+  each head's queries and keys layer-normalised where p holds their norms,
+  then the patches' turned by `rope` ((num_prefix, phases), or None)."""
   kv = x if kv is None else kv
   q, k, v = (np.einsum("nld,dhk->nlhk", x if n == "query" else kv,
                        p[f"{n}/kernel"]) + p[f"{n}/bias"]
@@ -52,6 +79,8 @@ def _attention(x, p, kv=None, eps=1e-6):
   if "query_norm/scale" in p:
     q = _layer_norm(q, _sub(p, "query_norm/"), eps)
     k = _layer_norm(k, _sub(p, "key_norm/"), eps)
+  if rope is not None:
+    q, k = _turned(q, rope), _turned(k, rope)
   logits = np.einsum("nqhd,nkhd->nhqk", q, k) / np.sqrt(q.shape[-1])
   logits -= logits.max(-1, keepdims=True)
   weights = np.exp(logits)
@@ -130,14 +159,17 @@ def _mlp(x, p, gelu):
       p["Dense_1/kernel"]) + p["Dense_1/bias"]
 
 
-def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
+def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh",
+            rope_theta=None):
   """Logits of the released ViT (or hybrid) for NHWC `images`, float64;
   `eps` and `gelu` as other sources of weights compute (the release: 1e-6,
   tanh). Today's parts, where the params hold them: per-block layer scales
   (`ls1`, `ls2`), register tokens after the class token with no position
   embedding (`Transformer/registers`), layer-normalised queries and keys
   per head, and with classifier "map" a probe's attention pooling and MLP
-  (`MAPHead_0/`)."""
+  (`MAPHead_0/`). With `rope_theta`, DINOv3's rotary embedding of the
+  patches' queries and keys (`rope_phases`); with no position table in
+  the params, none is added."""
   flat = {k: np.asarray(v, np.float64) for k, v in flat.items()}
   images = np.asarray(images, np.float64)
   if "conv_root/kernel" in flat:
@@ -151,7 +183,7 @@ def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
   if classifier == "token":
     cls = np.broadcast_to(flat["cls"], (n, 1, x.shape[-1]))
     x = np.concatenate([cls, x], axis=1)
-  x = x + flat["Transformer/posembed_input/pos_embedding"]
+  x = x + flat.get("Transformer/posembed_input/pos_embedding", 0.0)
   # Registers: after the class token, with no position embedding.
   registers = flat.get("Transformer/registers")
   num_prefix = int(classifier == "token")
@@ -160,15 +192,25 @@ def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh"):
                         np.broadcast_to(registers, (n,) + registers.shape[1:]),
                         x[:, num_prefix:]], axis=1)
     num_prefix += registers.shape[1]
+  rope = None
+  if rope_theta is not None:
+    rope = (num_prefix, rope_phases(h // p, w // p, _head_dim(flat),
+                                    rope_theta))
+  return _blocks_and_head(flat, x, num_prefix, classifier, eps, gelu,
+                          rope=rope)
 
-  return _blocks_and_head(flat, x, num_prefix, classifier, eps, gelu)
+
+def _head_dim(flat):
+  return flat["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/"
+              "query/kernel"].shape[-1]
 
 
 def _blocks_and_head(flat, x, num_prefix, classifier, eps, gelu,
-                     features=False):
+                     features=False, rope=None):
   """The encoder blocks over embedded tokens x [n, tokens, D] (the first
-  `num_prefix` the class token and registers), the final norm, the pooling
-  and the head: logits, or what the head reads (`features`)."""
+  `num_prefix` the class token and registers; `rope` the blocks'
+  attention's rotary embedding), the final norm, the pooling and the head:
+  logits, or what the head reads (`features`)."""
   ln = lambda x, p: _layer_norm(x, p, eps)
   n = x.shape[0]
   num_layers = len({k.split("/")[1] for k in flat
@@ -178,7 +220,7 @@ def _blocks_and_head(flat, x, num_prefix, classifier, eps, gelu,
     scale = lambda name: blk.get(name, 1.0)  # Layer scale, if any.
     y = ln(x, _sub(blk, "LayerNorm_0/"))
     x = x + scale("ls1") * _attention(
-        y, _sub(blk, "MultiHeadDotProductAttention_1/"), eps=eps)
+        y, _sub(blk, "MultiHeadDotProductAttention_1/"), eps=eps, rope=rope)
     y = ln(x, _sub(blk, "LayerNorm_2/"))
     x = x + scale("ls2") * _mlp(y, _sub(blk, "MlpBlock_3/"), gelu)
   if "fc_norm/scale" not in flat:
@@ -226,13 +268,14 @@ def _resize_matrix(out_size, in_size):
 
 
 def forward_naflex(flat, patches, grid, classifier="token", eps=1e-6,
-                   gelu="tanh", features=False):
+                   gelu="tanh", features=False, rope_theta=None):
   """Logits (or `features`) of one image seen NaFlex-style, float64: its
   patches [rows * cols, p * p * 3] (row-major; each patch flattened as
   row, column, channel) in the model's input range, at grid (rows, cols),
   with no padding at all. The learned position table (square, or the
   "learn2d" row and column tables) is resized to the grid with
-  `_resize_matrix`; the rest is `forward`'s."""
+  `_resize_matrix` (none where the params hold no table); the rest is
+  `forward`'s."""
   flat = {k: np.asarray(v, np.float64) for k, v in flat.items()}
   rows, cols = grid
   kernel = flat["embedding/kernel"]
@@ -247,7 +290,7 @@ def forward_naflex(flat, patches, grid, classifier="token", eps=1e-6,
     table = table.reshape(side, side, width)
     posemb = np.einsum("ia,abd,jb->ijd", _resize_matrix(rows, side), table,
                        _resize_matrix(cols, side)).reshape(-1, width)
-  else:  # "learn2d"
+  elif "Transformer/posembed_input/row_embedding" in flat:  # "learn2d"
     row = flat["Transformer/posembed_input/row_embedding"]
     col = flat["Transformer/posembed_input/col_embedding"]
     row = _resize_matrix(rows, len(row)) @ row
@@ -256,6 +299,8 @@ def forward_naflex(flat, patches, grid, classifier="token", eps=1e-6,
                              np.tile(col, (rows, 1))], axis=1)
     prefix_posemb = flat.get("Transformer/posembed_input/token_embedding",
                              np.zeros((0, width)))
+  else:
+    posemb, prefix_posemb = 0.0, 0.0
   x = x + posemb
   if classifier == "token":
     x = np.concatenate([flat["cls"][0] + prefix_posemb, x])
@@ -263,8 +308,11 @@ def forward_naflex(flat, patches, grid, classifier="token", eps=1e-6,
   if registers is not None:
     x = np.concatenate([x[:num_prefix], registers[0], x[num_prefix:]])
     num_prefix += registers.shape[1]
+  rope = None
+  if rope_theta is not None:
+    rope = (num_prefix, rope_phases(rows, cols, _head_dim(flat), rope_theta))
   return _blocks_and_head(flat, x[None], num_prefix, classifier, eps, gelu,
-                          features)[0]
+                          features, rope)[0]
 
 
 def _linear(t, name, x):

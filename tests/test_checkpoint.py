@@ -408,15 +408,19 @@ def test_storage_failures_are_told_apart_from_bugs():
     dict(qk_norm=True),
     dict(classifier="map"),
     dict(classifier="map", num_registers=4, layer_scale=1e-5, qk_norm=True),
+    dict(rope="axial", posemb="none", num_registers=4, layer_scale=1.0),
+    dict(rope="axial", rope_theta=10.0, classifier="gap", attention="fused"),
 ])
 def test_todays_options_match_the_float64_forward(options):
-  """Layer scale, registers, query/key norm and attention pooling (the
-  parts of SigLIP, DINOv2 and timm's recent ViTs) against the reference."""
+  """Layer scale, registers, query/key norm, attention pooling and 2-D
+  rotary embeddings (the parts of SigLIP, DINOv2, DINOv3 and timm's recent
+  ViTs) against the reference."""
   model = models.create("Ti/4", num_classes=7, **TINY, **options)
   params = randomize(init_params(model, 16), seed=3)
   x = images(4, 16)
-  expected = reference_vit.forward(flat(params), x,
-                                   options.get("classifier", "token"))
+  expected = reference_vit.forward(
+      flat(params), x, options.get("classifier", "token"),
+      rope_theta=model.config.rope_theta if model.config.rope else None)
   got = model.apply({"params": params}, x, train=False)
   assert np.abs(expected).max() > 1  # Logits that say something.
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

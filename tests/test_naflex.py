@@ -84,7 +84,8 @@ BUDGETS = [12, 24]
     dict(classifier="map"),
     dict(classifier="token", num_registers=2),
     dict(classifier="gap", posemb="learn2d", layer_scale=0.5),
-], ids=["map", "token-registers", "gap-learn2d"])
+    dict(classifier="token", num_registers=2, posemb="none", rope="axial"),
+], ids=["map", "token-registers", "gap-learn2d", "rope"])
 def test_features_match_the_float64_reference(overrides):
   model, params = _model_and_params(**overrides)
   flat = _flat(params)
@@ -96,7 +97,8 @@ def test_features_match_the_float64_reference(overrides):
     for image, grid, row in zip(images, grids, ours):
       patches, _ = patchify(image, PATCH, budget)
       expected = reference_vit.forward_naflex(
-          flat, patches, grid, model.config.classifier, features=True)
+          flat, patches, grid, model.config.classifier, features=True,
+          rope_theta=model.config.rope_theta if model.config.rope else None)
       error = np.abs(row - expected).max() / np.abs(expected).max()
       assert error < 1e-5, (grid, budget, error)
 

@@ -1,4 +1,5 @@
-"""Position embeddings (Appendix D.4): learn, learn2d, sincos2d and none."""
+"""Position embeddings (Appendix D.4): learn, learn2d, sincos2d and none;
+and 2-D rotary embeddings (DINOv3's), which need no table."""
 
 import flax
 import jax
@@ -9,10 +10,17 @@ import pytest
 from tests.util import program_of, small_config, train_steps
 from vit_jax import errors, models
 from vit_jax.analysis import attention
-from vit_jax.models import vit
+from vit_jax.models import rope, vit
 from vit_jax.runs import settings
+from vit_jax.runs.workdir import Workdir
 from vit_jax.training import step
-from vit_jax.weights import adaptation, npz as npz_lib
+from vit_jax.weights import (
+  adaptation,
+  exports,
+  npz as npz_lib,
+  pretrained,
+  torch_files,
+)
 
 ROW, COL = models.POSEMB_2D_KEYS
 
@@ -77,12 +85,14 @@ def test_only_without_position_embedding_does_a_gap_vit_ignore_patch_order(
 
 # "learn", the default, trains in tests/test_train.py and fine-tunes at 16 px
 # in tests/test_finetune.py.
-@pytest.mark.parametrize("posemb", ["learn2d", "sincos2d", "none"])
+@pytest.mark.parametrize("posemb,rope", [
+    ("learn2d", ""), ("sincos2d", ""), ("none", ""), ("none", "axial")],
+                         ids=["learn2d", "sincos2d", "none", "rope"])
 def test_each_kind_trains_on_digits_and_fine_tunes_at_16_px(
-    digits_data_dir, tmp_path, posemb):
+    digits_data_dir, tmp_path, posemb, rope):
   config = small_config(digits_data_dir, total_steps=60, batch_size=64, **{
-      "model.posemb": posemb, "optimizer.learning_rate": 3e-3,
-      "optimizer.warmup_steps": 10})
+      "model.posemb": posemb, "model.rope": rope,
+      "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 10})
   program = program_of(config)
   losses, state = train_steps(program, program.init(jax.random.key(0)),
                               config, 60)
@@ -93,7 +103,7 @@ def test_each_kind_trains_on_digits_and_fine_tunes_at_16_px(
 
   # At 16 px the 2 px patches make an 8 x 8 grid instead of 4 x 4.
   finetune = small_config(digits_data_dir, init_from=npz, image_size=16,
-                          **{"model.posemb": posemb})
+                          **{"model.posemb": posemb, "model.rope": rope})
   program = program_of(finetune)
   state = step.initial_state(program, settings.of(finetune))
   started = flat(state.params)
@@ -136,3 +146,63 @@ def test_from_params_reads_the_kind_and_inspect_its_table(posemb):
     np.testing.assert_array_equal(table[0, 1:], vit.sincos2d_table(6, 6, 32))
   else:
     assert table.shape == (1, 37, 32)
+
+
+def test_rope_turns_only_the_patches_and_reads_any_grid():
+  """The class token and registers are not turned: with no position table,
+  a patch's place reaches them only through attention. Any grid is read
+  with no table to resize, and the patches' order matters."""
+  model = models.create("Ti/4", 10, hidden_size=32, num_layers=1, mlp_dim=64,
+                        num_heads=4, posemb="none", rope="axial",
+                        num_registers=2)
+  params = flax.linen.meta.unbox(model.init(
+      jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)["params"])
+  images = jax.random.uniform(jax.random.key(1), (2, 8, 16, 3), minval=-1)
+  _, features = models.logits_and_pre_logits(model, params, images)
+  assert features.shape == (2, 32)
+  _, flipped = models.logits_and_pre_logits(model, params,
+                                            images[:, :, ::-1])
+  assert np.abs(flipped - features).max() > 1e-3
+  tokens = jnp.ones((1, 3 + 4, 2, 8))
+  angles = jnp.full((1, 4, 4), 0.5)
+  turned = rope.rotate(tokens, angles)
+  np.testing.assert_array_equal(turned[:, :3], tokens[:, :3])
+  np.testing.assert_allclose(turned[0, 3:, 0], np.concatenate(
+      [np.full((4, 4), np.cos(0.5) - np.sin(0.5)),
+       np.full((4, 4), np.cos(0.5) + np.sin(0.5))], axis=1), rtol=1e-6)
+
+
+def test_a_rope_model_is_refused_by_pytorchs_layouts_and_npz_says_so():
+  model = models.create("Ti/4", 10, hidden_size=32, num_layers=1, mlp_dim=64,
+                        num_heads=4, rope="axial")
+  params = flax.linen.meta.unbox(model.init(
+      jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)["params"])
+  function = {**models.FUNCTION_OPTIONS, "rope": "axial"}
+  flat_params = flax.traverse_util.flatten_dict(params, sep="/")
+  with pytest.raises(errors.InputError, match="rotary embeddings"):
+    torch_files.write_timm("unused.safetensors", flat_params, function,
+                           "the run")
+  with pytest.raises(errors.InputError, match="rotary embeddings"):
+    torch_files.write_hf("unused", flat_params, function, None, "the run")
+  loaded = pretrained.Checkpoint(params, "the run", function)
+  (warning,) = exports.function_warnings(loaded, "npz")
+  assert "--config.model.rope=axial" in warning
+  # A checkpoint that carries the function computes it.
+  inference = pretrained.inference_of(loaded)
+  assert inference.model.config.rope == "axial"
+
+
+def test_a_fine_tune_of_a_rope_run_computes_rope_with_no_flag(tmp_path):
+  """rope and rope_theta are the source's function: left unset, a fine-tune
+  takes them from the run it starts from; set against it, they win."""
+  source = settings.of(small_config(str(tmp_path), **{
+      "model.posemb": "none", "model.rope": "axial",
+      "model.rope_theta": 10.0}))
+  Workdir(tmp_path / "run").write_config(source)
+  config = small_config(str(tmp_path), init_from=str(tmp_path / "run"),
+                        **{"model.posemb": "none"})
+  assert config.model.rope is None  # Unset: the source's.
+  model = pretrained.with_source(settings.of(config)).model
+  assert (model.rope, model.rope_theta) == ("axial", 10.0)
+  config.model.rope = ""
+  assert pretrained.with_source(settings.of(config)).model.rope == ""

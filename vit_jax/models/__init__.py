@@ -37,7 +37,8 @@ PATCH_SIZES = (8, 14, 16, 32)
 # model's params: a run started from another source's weights computes that
 # source's function (pretrained.with_source).
 FUNCTION_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
-                    for key in ("layer_norm_epsilon", "gelu", "final_norm")}
+                    for key in ("layer_norm_epsilon", "gelu", "final_norm",
+                                "rope", "rope_theta")}
 # The parts of the architecture that a checkpoint fixes beyond its sizes,
 # and their defaults (the paper's ViT). A fine-tune takes them from its
 # source too, read from the params (`architecture_of`).

@@ -4,7 +4,8 @@ into FLOP/s and MFU).
 FLOPs count multiply-adds as two: a hybrid's ResNet convolutions, the matmuls
 of the patch embedding, the attention projections and the MLPs, the
 attention itself (queries x keys and weights x values), the pre-logits layer
-and the head. Layer norms, GroupNorms, softmax, GELU and biases are left out:
+and the head, and 2-D RoPE's turning of the patches' queries and keys (two
+multiplies and an add per number). Layer norms, GroupNorms, softmax, GELU and biases are left out:
 they are small next to the matmuls, and the count stays within 5% of XLA's
 own (tests/test_compute.py and tests/test_hybrid.py; docs/runs.md). A
 training step is three forward passes per image: the forward, and a
@@ -41,6 +42,8 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
   per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections
                + 2 * tokens * 2 * d * mlp     # the MLP's two matmuls
                + 2 * 2 * tokens * tokens * d)  # q.k and weights.v
+  if config.rope:
+    per_layer += 2 * 3 * patches * d  # q's and k's patches turned.
   head_in = d
   pre_logits = 0
   if config.representation_size is not None:

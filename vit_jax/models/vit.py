@@ -22,6 +22,7 @@ from vit_jax.models import (
   naflex,
   options,
   resnet,
+  rope as rope_lib,
   splash,
 )
 
@@ -121,6 +122,26 @@ class ViTConfig:
   posemb: str = options.key(
       "learn", '"learn", "learn2d", "sincos2d" or "none" (Appendix D.4)',
       before=options.AS_DEFAULT)
+  rope: str = options.key(
+      "", '"axial": DINOv3\'s 2-D rotary embeddings of the patches (also '
+      "with a posemb table); unset: init_from's, else none", config=None,
+      before="")
+  rope_theta: float = options.key(
+      100.0, "RoPE's longest period, in half-images (the shortest is 1); "
+      "unset: init_from's, else 100", config=None, at_least=1.0,
+      before=100.0)
+  rope_shift: Optional[float] = options.key(
+      None, "in training, each image's RoPE coordinates shifted by a draw "
+      "in [-shift, shift] per axis; unset: not", at_least=0.0,
+      changeable=True, before=None)
+  rope_jitter: Optional[float] = options.key(
+      None, "in training, each axis's RoPE coordinates scaled by a "
+      "log-uniform draw in [1/jitter, jitter]; unset: not", at_least=1.0,
+      changeable=True, before=None)
+  rope_rescale: Optional[float] = options.key(
+      None, "in training, both axes' RoPE coordinates scaled by one "
+      "log-uniform draw in [1/rescale, rescale]; unset: not", at_least=1.0,
+      changeable=True, before=None)
   resnet_stages: Optional[tuple] = options.key(
       None, "a hybrid's ResNet units per stage, e.g. (3, 4, 9) for "
       "R50+B/16; unset: the name's", before=None)
@@ -162,6 +183,11 @@ class ViTConfig:
     """Tokens before the patches: the class token and the registers."""
     return int(self.class_token) + self.num_registers
 
+  @property
+  def rope_augmentation(self):
+    return rope_lib.Augmentation(self.rope_shift, self.rope_jitter,
+                                 self.rope_rescale)
+
 
 CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(ViTConfig))
 
@@ -190,12 +216,14 @@ class Attention(nn.Module):
   q/k/v kernels are (D, heads, D/heads). `record`: keep the weights for the
   Section 4.5 figures (the blocks' attention, not a pooling head's).
   `mask` [N, keys] bool: the keys that may be attended to (NaFlex's real
-  tokens, which come first), or None for all."""
+  tokens, which come first), or None for all. `rope` [N or 1, patches,
+  head_dim / 2]: the angles that turn the patches' queries and keys (the
+  last tokens; models/rope.py), or None."""
   config: ViTConfig
   record: bool = True
 
   @nn.compact
-  def __call__(self, x, *, train, kv=None, mask=None):
+  def __call__(self, x, *, train, kv=None, mask=None, rope=None):
     config = self.config
     width = x.shape[-1]
     head_dim = width // config.num_heads
@@ -216,6 +244,8 @@ class Attention(nn.Module):
             scale_init=_init(nn.initializers.ones, ("kv",)),
             bias_init=_init(nn.initializers.zeros, ("kv",)),
             name=f"{name}_norm")(y)
+      if rope is not None and name != "value":
+        y = rope_lib.rotate(y, rope)
       return y
 
     fused = {"fused": _fused_attention,
@@ -313,12 +343,12 @@ class EncoderBlock(nn.Module):
 
   Returns (z, None), the form nn.scan takes; `train` is positional so that
   nn.remat can hold it static. `mask` [N, tokens]: the real tokens
-  (NaFlex), or None.
+  (NaFlex), or None; `rope`: the patches' RoPE angles, or None.
   """
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x, train, mask=None):
+  def __call__(self, x, train, mask=None, rope=None):
     # Each block's input split over the batch like the batch itself: left
     # to itself, XLA may replicate the batch inside a layer scan rather than
     # gather a weight, and need tens of GiB per device.
@@ -326,7 +356,7 @@ class EncoderBlock(nn.Module):
     # One counter across module types, as in the release files.
     y = _layer_norm("LayerNorm_0", self.config)(x)
     y = Attention(config=self.config, name="MultiHeadDotProductAttention_1")(
-        y, train=train, mask=mask)
+        y, train=train, mask=mask, rope=rope)
     y = nn.Dropout(self.config.dropout_rate)(y, deterministic=not train)
     x = x + self._scaled("ls1", y)
     y = _layer_norm("LayerNorm_2", self.config)(x)
@@ -494,6 +524,7 @@ class Encoder(nn.Module):
                              param_dtype=config.param_dtype,
                              name="posembed_input")(
                                  x, naflex_grid, int(config.class_token))
+    rope = self._rope_angles(x, train, grid, naflex_grid)
     mask = None
     if naflex_grid is not None:  # The real tokens: the prefix and patches.
       n, tokens, _ = x.shape
@@ -523,13 +554,38 @@ class Encoder(nn.Module):
           split_rngs={"params": True, "dropout": True},
           in_axes=nn.broadcast, length=config.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = block(config=config, name="encoderblock")(x, train, mask)
+      x, _ = block(config=config, name="encoderblock")(x, train, mask, rope)
     else:
       for i in range(config.num_layers):
-        x, _ = block(config=config, name=f"encoderblock_{i}")(x, train, mask)
+        x, _ = block(config=config, name=f"encoderblock_{i}")(
+            x, train, mask, rope)
     if config.final_norm == "pooled":
       return x
     return _layer_norm("encoder_norm", config)(x)
+
+  def _rope_angles(self, x, train, grid, naflex_grid):
+    """[N or 1, patches, head_dim / 2] RoPE angles of x's patches (each
+    image's own grid for a NaFlex batch; augmented in training where the
+    config says), or None without RoPE."""
+    config = self.config
+    if not config.rope:
+      return None
+    patches = x.shape[1] - int(config.class_token)
+    if naflex_grid is None:
+      rows, cols = np.meshgrid(np.arange(grid[0]), np.arange(grid[1]),
+                               indexing="ij")
+      coords = rope_lib.coordinates(rows.reshape(1, -1), cols.reshape(1, -1),
+                                    grid[0], grid[1])
+    else:
+      rows, cols = naflex.patch_positions(naflex_grid, patches)
+      coords = rope_lib.coordinates(rows, cols, naflex_grid[:, :1],
+                                    naflex_grid[:, 1:])
+    if train and config.rope_augmentation.any:
+      coords = rope_lib.augment(
+          jnp.broadcast_to(coords, (x.shape[0],) + coords.shape[1:]),
+          config.rope_augmentation, self.make_rng("dropout"))
+    return rope_lib.angles(coords, config.hidden_size // config.num_heads,
+                           config.rope_theta)
 
 
 def unit_range(images):
@@ -803,6 +859,7 @@ class VisionTransformer(nn.Module):
       raise errors.InputError(
           f"hidden_size {config.hidden_size} is not divisible by num_heads "
           f"{config.num_heads}")
+    rope_lib.check(config.rope, config.hidden_size // config.num_heads)
     if config.gelu not in GELU_KINDS:
       raise errors.InputError(f"gelu must be one of {GELU_KINDS}, got "
                               f"{config.gelu!r}")

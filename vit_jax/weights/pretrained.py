@@ -352,10 +352,11 @@ def inference_of(loaded, features=False):
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), loaded.params)
   if "head" not in params:
     params = {**params, "head": placeholder_head(params)}
+  # final_norm is read from the params (an fc_norm).
   model, image_size = models.from_params(
       params, config.model.posemb if config else None,
-      layer_norm_epsilon=loaded.function["layer_norm_epsilon"],
-      gelu=loaded.function["gelu"])
+      **{key: value for key, value in loaded.function.items()
+         if key != "final_norm"})
   image_size = image_size or config.image_size
   return Inference(model, params, image_size, loaded.what, config,
                    loaded.class_names)

@@ -200,7 +200,8 @@ def _hf_model(directory):
         f"{directory}: a SigLIP 2 tower of {config['num_patches']} "
         "position embeddings, no square grid: SigLIP 2 keeps its position "
         "table as a square that it resizes to each image's grid")
-  function = {"layer_norm_epsilon": float(config.get("layer_norm_eps", eps)),
+  function = {**models.FUNCTION_OPTIONS,
+              "layer_norm_epsilon": float(config.get("layer_norm_eps", eps)),
               "gelu": HF_GELU[act], "final_norm": "tokens"}
   return _HFModel(family, config, function)
 
@@ -334,7 +335,7 @@ def _check_timm(names, path):
 def _timm_function(keys):
   """timm's function, with the pooled features normalised where the file
   has an fc_norm."""
-  return {**TIMM_FUNCTION,
+  return {**models.FUNCTION_OPTIONS, **TIMM_FUNCTION,
           "final_norm": "pooled" if "fc_norm.weight" in keys else "tokens"}
 
 
@@ -393,9 +394,17 @@ def _is_square(n):
   return int(round(np.sqrt(n))) ** 2 == n
 
 
-def _check_writable(flat, layout, what):
-  """InputError unless `flat` is a ViT the layout can hold."""
-  cannot = []
+def _function_cannot(function):
+  """What of `function` no PyTorch layout written here computes."""
+  if function["rope"]:
+    return [f"2-D rotary embeddings (rope {function['rope']!r})"]
+  return []
+
+
+def _check_writable(flat, function, layout, what):
+  """InputError unless `flat`, computing `function`, is a ViT the layout
+  can hold."""
+  cannot = _function_cannot(function)
   if "conv_root/kernel" in flat:
     cannot.append("a hybrid's ResNet stem")
   if models.POSEMB_KEY not in flat:
@@ -443,7 +452,7 @@ def _sizes(flat):
 
 def write_hf(directory, flat, function, class_names, what):
   """An HF transformers ViTForImageClassification directory."""
-  _check_writable(flat, "hf", what)
+  _check_writable(flat, function, "hf", what)
   sizes = _sizes(flat)
   hidden_act = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}[function["gelu"]]
   names = class_names or [f"LABEL_{i}" for i in range(sizes["num_classes"])]
@@ -488,6 +497,7 @@ def write_siglip2(directory, flat, function, what):
       (torch_layouts.BLOCK.format(0) + "ls1", "layer scale"),
       (torch_layouts.BLOCK.format(0) + torch_layouts.ATTENTION
        + "/query_norm/scale", "query/key norms")) if key in flat]
+  cannot += _function_cannot(function)
   if models.POSEMB_KEY not in flat:
     cannot.append("a position embedding other than 'learn'")
   if cannot:
@@ -522,7 +532,7 @@ def write_siglip2(directory, flat, function, what):
 def write_timm(path, flat, function, what):
   """A timm state dict; returns the Python lines that load it into timm's
   VisionTransformer, whose arguments a state dict does not record."""
-  _check_writable(flat, "timm", what)
+  _check_writable(flat, function, "timm", what)
   sizes = _sizes(flat)
   architecture = models.architecture_of(flat)
   registers = architecture["num_registers"]
