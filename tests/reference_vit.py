@@ -11,7 +11,7 @@ with our model checks both the model and the interchange.
 conventions (Linear: x W^T + b; Conv2d weight [out, in, kh, kw]), sharing
 nothing with vit_jax.torch_layouts. `forward_siglip` (transformers' SigLIP
 and SigLIP 2 image towers), `forward_dinov2` (DINOv2, with or without
-registers) and `forward_timm` (timm's VisionTransformer with register
+registers), `forward_dinov3` (transformers' DINOv3 ViTs) and `forward_timm` (timm's VisionTransformer with register
 tokens, layer scale, query/key norms and attention pooling) read today's
 checkpoints the same way; each matched the real libraries (transformers
 5.23, timm 1.0.31, float64) to float64 rounding when it was written.
@@ -551,6 +551,48 @@ def forward_dinov2(tensors, images, num_heads, eps=1e-6, gelu="exact",
         t, b + "mlp.fc1", b + "mlp.fc2", y, gelu)
   x = _torch_norm(t, "layernorm", x, eps)
   return _apply_head(x[:, 0], head)
+
+
+def forward_dinov3(tensors, images, num_heads, eps=1e-5, gelu="exact",
+                   head=None, rope_theta=100.0):
+  """The pooler output of transformers' DINOv3ViTModel (norm(x)[:, 0]) for
+  NHWC `images` of any size, float64 (logits under `head` = (kernel,
+  bias)): the class token, the registers and
+  the patches with no position table; in each block the patches' queries
+  and keys turned by `rope_phases` of the image's grid; the projections
+  without a bias in the file (its key's) computing none."""
+  t = _strip(tensors, "model.")  # transformers' modules' names: the hub's.
+  x = _conv_patches(t, "embeddings.patch_embeddings",
+                    np.asarray(images, np.float64))
+  n, _, width = x.shape
+  p = t["embeddings.patch_embeddings.weight"].shape[-1]
+  rows, cols = images.shape[1] // p, images.shape[2] // p
+  prefix = [np.broadcast_to(t["embeddings.cls_token"], (n, 1, width))]
+  if "embeddings.register_tokens" in t:
+    registers = t["embeddings.register_tokens"]
+    prefix.append(np.broadcast_to(registers, (n,) + registers.shape[1:]))
+  x = np.concatenate(prefix + [x], axis=1)
+  num_prefix = x.shape[1] - rows * cols
+  rope = (num_prefix, rope_phases(rows, cols, width // num_heads,
+                                  rope_theta))
+  linear = lambda name, y: y @ t[name + ".weight"].T + t.get(
+      name + ".bias", 0.0)
+  heads = lambda y: y.reshape(n, -1, num_heads, width // num_heads)
+  num_layers = len({k.split(".")[1] for k in t if k.startswith("layer.")})
+  for i in range(num_layers):
+    b = f"layer.{i}."
+    y = _torch_norm(t, b + "norm1", x, eps)
+    q, k, v = (heads(linear(f"{b}attention.{m}_proj", y)) for m in "qkv")
+    q, k = _turned(q, rope), _turned(k, rope)
+    logits = np.einsum("nqhd,nkhd->nhqk", q, k) / np.sqrt(q.shape[-1])
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    y = np.einsum("nhqk,nkhd->nqhd", weights, v).reshape(n, -1, width)
+    x = x + t[b + "layer_scale1.lambda1"] * linear(b + "attention.o_proj", y)
+    y = _torch_norm(t, b + "norm2", x, eps)
+    x = x + t[b + "layer_scale2.lambda1"] * linear(
+        b + "mlp.down_proj", GELU[gelu](linear(b + "mlp.up_proj", y)))
+  return _apply_head(_torch_norm(t, "norm", x, eps)[:, 0], head)
 
 
 def forward_timm(tensors, images, num_heads, eps=1e-6, gelu="exact",

@@ -36,6 +36,7 @@ from tests.test_torch_interchange import (
 )
 from tests.util import as_siglip_tower, metric_rows, run_training, small_config
 from vit_jax import errors, models
+from vit_jax.models import naflex
 from vit_jax.runs import settings
 from vit_jax.weights import exports, pretrained
 
@@ -229,12 +230,10 @@ def random_head(seed=3):
 def with_head(loaded):
   """(model, params) of a headless Checkpoint given random_head()."""
   assert "head" not in loaded.params
-  params = {**loaded.params, "head": random_head()}
-  model, image_size = models.from_params(
-      params, layer_norm_epsilon=loaded.function["layer_norm_epsilon"],
-      gelu=loaded.function["gelu"])
-  assert image_size == SIDE
-  return model, params
+  inference = pretrained.inference_of(dataclasses.replace(
+      loaded, params={**loaded.params, "head": random_head()}))
+  assert inference.image_size == SIDE
+  return inference.model, inference.params
 
 
 def check_headless(source, tensors, forward, eps, gelu):
@@ -311,6 +310,85 @@ def test_a_dinov2_computes_its_pooled_output(tmp_path, registers, names):
   np.testing.assert_array_equal(
       flat(params)[block + "ls2"],
       tensors["encoder.layer.1.layer_scale2.lambda1"])
+
+
+def dinov3_shapes(registers=REGISTERS, gated=False, names="hub"):
+  """transformers' DINOv3ViTModel state dict: no position table, and no
+  bias on the keys' projection (its config's key_bias=False); its blocks
+  named as on the hub (what save_pretrained writes) or as transformers
+  5.24's modules name them ("modules")."""
+  shapes = {"embeddings.cls_token": (1, 1, WIDTH),
+            "embeddings.mask_token": (1, 1, WIDTH),
+            "embeddings.patch_embeddings.weight": (WIDTH, 3, PATCH, PATCH),
+            "embeddings.patch_embeddings.bias": (WIDTH,)}
+  if registers:
+    shapes["embeddings.register_tokens"] = (1, registers, WIDTH)
+  for i in range(LAYERS):
+    block = f"{'model.' if names == 'modules' else ''}layer.{i}."
+    for name in ("q", "v", "o"):
+      _linear(shapes, f"{block}attention.{name}_proj", WIDTH, WIDTH)
+    shapes[block + "attention.k_proj.weight"] = (WIDTH, WIDTH)
+    if gated:
+      _linear(shapes, block + "mlp.gate_proj", MLP, WIDTH)
+    _linear(shapes, block + "mlp.up_proj", MLP, WIDTH)
+    _linear(shapes, block + "mlp.down_proj", WIDTH, MLP)
+    _norm(shapes, block + "norm1")
+    _norm(shapes, block + "norm2")
+    shapes[block + "layer_scale1.lambda1"] = (WIDTH,)
+    shapes[block + "layer_scale2.lambda1"] = (WIDTH,)
+  _norm(shapes, "norm")
+  return shapes
+
+
+def dinov3_config(registers=REGISTERS, **more):
+  return {"model_type": "dinov3_vit", "hidden_size": WIDTH,
+          "intermediate_size": MLP, "num_hidden_layers": LAYERS,
+          "num_attention_heads": HEADS, "hidden_act": "gelu",
+          "layer_norm_eps": 1e-5, "rope_theta": 100.0, "image_size": SIDE,
+          "patch_size": PATCH, "num_channels": 3, "query_bias": True,
+          "key_bias": False, "value_bias": True, "proj_bias": True,
+          "mlp_bias": True, "layerscale_value": 1.0, "use_gated_mlp": False,
+          "num_register_tokens": registers, **more}
+
+
+@pytest.mark.parametrize("registers,names", [(0, "hub"),
+                                             (REGISTERS, "modules")])
+def test_a_dinov3_computes_its_pooled_output_at_any_grid(tmp_path,
+                                                         registers, names):
+  tensors = random_tensors(dinov3_shapes(registers, names=names))
+  source = write_hf_dir(tmp_path / "hf", tensors, dinov3_config(registers))
+  loaded, model, params = check_headless(
+      source, tensors, reference_vit.forward_dinov3, 1e-5, "exact")
+  config = model.config
+  assert (config.rope, config.rope_theta, config.posemb, config.classifier,
+          config.num_registers, config.layer_scale) == (
+              "axial", 100.0, "none", "token", registers, 1.0)
+  np.testing.assert_array_equal(flat(params)[
+      "Transformer/encoderblock_1/MultiHeadDotProductAttention_1/key/bias"],
+                                0)
+  # With no table, any grid: a wide image, square and as NaFlex patches
+  # (a grid of 8 x 12, padded to 100), gives the source's pooled output.
+  inference = pretrained.for_inference(source, features=True)
+  wide = np.random.default_rng(8).uniform(-1, 1, (1, SIDE, 24, 3))
+  expected = reference_vit.forward_dinov3(tensors, wide, HEADS)
+  _, features = models.logits_and_pre_logits(
+      inference.model, inference.params, wide.astype(np.float32))
+  np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-5)
+  patches = wide[0].reshape(8, PATCH, 12, PATCH, 3).transpose(
+      0, 2, 1, 3, 4).reshape(96, -1)
+  batch = naflex.Patches(
+      np.pad(patches, ((0, 4), (0, 0)))[None].astype(np.float32),
+      np.array([[8, 12]], np.int32))
+  _, features = models.logits_and_pre_logits(inference.model,
+                                             inference.params, batch)
+  np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_dinov3s_we_cannot_compute_are_refused_by_name(tmp_path):
+  source = write_hf_dir(tmp_path / "gated", random_tensors(dinov3_shapes(
+      gated=True)), dinov3_config(use_gated_mlp=True, hidden_act="silu"))
+  with pytest.raises(errors.InputError, match="SwiGLU"):
+    pretrained.load(source)
 
 
 def test_dinov2s_we_cannot_compute_are_refused_by_name(tmp_path):

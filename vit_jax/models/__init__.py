@@ -179,8 +179,11 @@ def from_params(params, posemb=None, **function):
     raise errors.InputError(
         f"params lack {missing}: not a ViT in the release layout")
   if posemb is None:
+    # A rotary model with no table has no other position embedding
+    # (DINOv3's).
     posemb = ("learn" if POSEMB_KEY in flat else
-              "learn2d" if POSEMB_2D_KEYS[0] in flat else None)
+              "learn2d" if POSEMB_2D_KEYS[0] in flat else
+              "none" if function.get("rope") else None)
     if posemb is None:
       raise errors.InputError(
           f"params hold no position embedding ({POSEMB_KEY} or "

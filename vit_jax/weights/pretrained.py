@@ -100,6 +100,7 @@ class Checkpoint:
   function: dict  # models.FUNCTION_OPTIONS values the source computes with
   class_names: list | None = None  # an HF config's id2label
   config: settings.Settings | None = None  # a run's
+  image_size: int | None = None  # a file's that no position table says
 
 
 def local(source):
@@ -130,7 +131,8 @@ def load(source, num_heads=None):
     read = (torch_files.read_timm(path, num_heads)
             if path.endswith(".safetensors") else torch_files.read_hf(path))
     return Checkpoint(flax.traverse_util.unflatten_dict(read.flat, sep="/"),
-                      found.what or path, read.function, read.class_names)
+                      found.what or path, read.function, read.class_names,
+                      image_size=read.image_size)
   config = Workdir(path).read_config()
   params, what = load_run(path, step)
   # A scanned run's stacked blocks, one per layer.
@@ -357,7 +359,12 @@ def inference_of(loaded, features=False):
       params, config.model.posemb if config else None,
       **{key: value for key, value in loaded.function.items()
          if key != "final_norm"})
-  image_size = image_size or config.image_size
+  image_size = image_size or loaded.image_size or (
+      config.image_size if config else None)
+  if image_size is None:
+    raise errors.InputError(
+        f"{loaded.what} has no position table and says no image size: "
+        "run it from its run's workdir")
   return Inference(model, params, image_size, loaded.what, config,
                    loaded.class_names)
 

@@ -53,6 +53,8 @@ class Read:
   flat: dict  # {'a/b/c': numpy array}
   function: dict  # models.FUNCTION_OPTIONS values it computes with
   class_names: list | None = None
+  # The side it was made for, where no position table says it (a config's).
+  image_size: int | None = None
 
 
 def refuse_pickle(path):
@@ -163,7 +165,16 @@ HF_FAMILIES = {
     "siglip2": ("siglip2", 1e-6, "gelu_pytorch_tanh"),
     "dinov2": ("dinov2", 1e-6, "gelu"),
     "dinov2_with_registers": ("dinov2", 1e-6, "gelu"),
+    "dinov3_vit": ("dinov3", 1e-5, "gelu"),
 }
+# DINOv3's config says which of its projections have a bias (a missing
+# one computes as a zero bias), and the period of its rotary embedding.
+DINOV3_BIASES = {"query_bias": ("attention.q_proj",),
+                 "key_bias": ("attention.k_proj",),
+                 "value_bias": ("attention.v_proj",),
+                 "proj_bias": ("attention.o_proj",),
+                 "mlp_bias": ("mlp.up_proj", "mlp.down_proj")}
+DINOV3_DEFAULT_BIASES = {"key_bias": False}
 TWO_TOWERS = ("siglip", "siglip2")
 
 
@@ -184,6 +195,10 @@ def _hf_model(directory):
   family, eps, act = HF_FAMILIES[model_type]
   if model_type in TWO_TOWERS:
     config = config.get("vision_config", {})
+  if config.get("use_gated_mlp"):
+    raise errors.InputError(
+        f"{directory}: a DINOv3 with a SwiGLU MLP (use_gated_mlp); "
+        "vit_jax's blocks have a GELU MLP")
   act = config.get("hidden_act", act)
   if act not in HF_GELU:
     raise errors.InputError(f"{directory}: hidden_act {act!r}; vit_jax "
@@ -203,6 +218,9 @@ def _hf_model(directory):
   function = {**models.FUNCTION_OPTIONS,
               "layer_norm_epsilon": float(config.get("layer_norm_eps", eps)),
               "gelu": HF_GELU[act], "final_norm": "tokens"}
+  if family == "dinov3":
+    function.update(rope="axial",
+                    rope_theta=float(config.get("rope_theta", 100.0)))
   return _HFModel(family, config, function)
 
 
@@ -219,10 +237,10 @@ def read_hf(directory):
     prefix = "vit." if any(k.startswith("vit.") for k in tensors) else ""
     layout = ("hf5" if any(k.startswith(prefix + "layers.") for k in tensors)
               else "hf")
-  elif model.family == "dinov2":
-    prefix, layout = "", "dinov2"
+  elif model.family in ("dinov2", "dinov3"):
+    prefix, layout = "", model.family
     _refuse_dinov2_classifier(tensors, directory)
-    # The masked-image-modelling token of DINOv2's pre-training.
+    # The masked-image-modelling token of DINO's pre-training.
     tensors.pop("embeddings.mask_token", None)
   else:  # SigLIP: the image tower, alone or beside a text tower.
     layout = model.family
@@ -243,13 +261,33 @@ def read_hf(directory):
       if key in tensors:
         tensors[key[:-len("weight")] + "bias"] = np.zeros(
             tensors[key].shape[0], tensors[key].dtype)
+  if model.family == "dinov3":
+    _add_zero_biases(tensors, config)
   flat = torch_layouts.to_release(tensors, layout, heads, prefix)
   names = None
   if "head/kernel" in flat and config.get("id2label"):
     labels = config["id2label"]
     names = [labels.get(str(i), str(i)) for i in
              range(flat["head/kernel"].shape[1])]
-  return Read(flat, model.function, names)
+  image_size = None
+  if model.function["rope"]:  # No position table says it.
+    image_size = config.get("image_size", 224)
+    image_size = (image_size if isinstance(image_size, int)
+                  else max(image_size))
+  return Read(flat, model.function, names, image_size)
+
+
+def _add_zero_biases(tensors, config):
+  """The zero biases of the projections that a DINOv3's config says have
+  none: a zero bias computes the same."""
+  missing = tuple(f".{module}.weight" for flag, modules in
+                  DINOV3_BIASES.items() for module in modules
+                  if not config.get(flag, DINOV3_DEFAULT_BIASES.get(flag,
+                                                                    True)))
+  for name, weight in list(tensors.items()):
+    if name.endswith(missing):
+      tensors.setdefault(name[:-len("weight")] + "bias",
+                         np.zeros(weight.shape[0], weight.dtype))
 
 
 def _hf_weight_files(directory):
@@ -280,7 +318,7 @@ def hf_options(directory):
   def named(suffix):
     return [name for name in shapes if name.endswith(suffix)]
 
-  if model.family == "dinov2":
+  if model.family in ("dinov2", "dinov3"):
     _refuse_dinov2_classifier(shapes, directory)
   registers = named("embeddings.register_tokens")
   return {**model.function,

@@ -6,8 +6,8 @@ transformers 4 and 5 both load and save), as transformers 5.23's
 modules name them in a state_dict saved directly ("hf5");
 timm's `VisionTransformer` ("timm", with its layer scale, query/key norms,
 register token and attention pooling); and, read only, transformers'
-SigLIP and SigLIP 2 vision towers ("siglip", "siglip2") and DINOv2, with or
-without registers ("dinov2"). Each stores a torch module as `NAME.weight`
+SigLIP and SigLIP 2 vision towers ("siglip", "siglip2"), DINOv2, with or
+without registers ("dinov2"), and DINOv3's ViTs ("dinov3"). Each stores a torch module as `NAME.weight`
 and `NAME.bias`; the tables below map every module to its place in the
 release layout (`Transformer/encoderblock_{i}/...`) and say how its arrays
 convert, and the leaves (single parameters) to theirs. Everything here is
@@ -159,6 +159,27 @@ DINOV2_LEAVES = {"embeddings.cls_token": "cls",
                  "embeddings.position_embeddings": POSEMB_KEY,
                  "embeddings.register_tokens": REGISTERS}
 
+# transformers' DINOv3 ViT: no position table (its rotary embedding has no
+# params), the registers beside the class token in `embeddings`. The hub's
+# files name the blocks `layer.{i}`, transformers 5.24's modules
+# `model.layer.{i}`.
+DINOV3_BLOCK = {
+    "attention.q_proj": (ATTENTION + "/query", "heads_in"),
+    "attention.k_proj": (ATTENTION + "/key", "heads_in"),
+    "attention.v_proj": (ATTENTION + "/value", "heads_in"),
+    "attention.o_proj": (ATTENTION + "/out", "heads_out"),
+    "mlp.up_proj": ("MlpBlock_3/Dense_0", "dense"),
+    "mlp.down_proj": ("MlpBlock_3/Dense_1", "dense"),
+    "norm1": ("LayerNorm_0", "norm"),
+    "norm2": ("LayerNorm_2", "norm"),
+}
+DINOV3_TOP = {
+    "embeddings.patch_embeddings": ("embedding", "conv"),
+    "norm": ("Transformer/encoder_norm", "norm"),
+}
+DINOV3_LEAVES = {"embeddings.cls_token": "cls",
+                 "embeddings.register_tokens": REGISTERS}
+
 # `table_leaves`: leaves torch keeps as a table [N, D] that we keep as
 # [1, N, D]. `renamed`: key infixes of other transformers versions (or
 # torch's parameter names), read as the layout's own.
@@ -177,6 +198,10 @@ LAYOUTS = {
     "dinov2": dict(blocks="encoder.layer.", block=DINOV2_BLOCK,
                    top=DINOV2_TOP, leaves=DINOV2_LEAVES,
                    block_leaves=DINOV2_BLOCK_LEAVES, renamed=DINOV2_RENAMED),
+    "dinov3": dict(blocks="layer.", block=DINOV3_BLOCK,
+                   top=DINOV3_TOP, leaves=DINOV3_LEAVES,
+                   block_leaves=DINOV2_BLOCK_LEAVES,
+                   renamed={"model.layer.": "layer."}),
 }
 LAYOUTS["siglip2"] = dict(LAYOUTS["siglip"], top=SIGLIP2_TOP)
 
