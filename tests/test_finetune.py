@@ -118,13 +118,15 @@ def test_an_npz_sources_options_from_its_headers_are_its_arrays(tmp_path,
   path = str(tmp_path / "source.npz")
   np.savez(path, **params)
   loaded = pretrained.load(path)
-  from_arrays = {**loaded.function,
-                 **models.architecture_of(flat(loaded.params))}
+  arrays = flat(loaded.params)
+  from_arrays = {**loaded.function, **models.architecture_of(arrays),
+                 "posemb": models.posemb_of(arrays, loaded.function)}
   assert pretrained.source_options(path) == from_arrays
   assert from_arrays == {
       "layer_norm_epsilon": 1e-6, "gelu": "tanh", "final_norm": "pooled",
-      "classifier": "gap", "num_registers": 2, "layer_scale": 1.0,
-      "qk_norm": True}
+      "rope": "", "rope_theta": 100.0, "classifier": "gap",
+      "num_registers": 2, "layer_scale": 1.0, "qk_norm": True,
+      "posemb": "learn"}
 
 
 def test_scanned_and_rematerialised_runs_exchange_params_with_plain_ones(

@@ -231,11 +231,13 @@ def test_pretrain_is_table3(arg):
       name=model_name, classifier=None,
       representation_size=expected["width"], dropout_rate=expected["dropout"],
       attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="auto",
-      scan_layers=True, attention="auto", posemb="learn", mpp=False,
+      scan_layers=True, attention="auto", posemb=None, mpp=False,
       layer_norm_epsilon=None, gelu=None, final_norm=None, head_bias_init=0.0,
       layer_scale=None, num_registers=None, qk_norm=None, fp8=False,
       patch_size=None, hidden_size=None, num_layers=None, num_heads=None,
-      mlp_dim=None, param_dtype=None, resnet_stages=None, resnet_width=None)
+      mlp_dim=None, param_dtype=None, resnet_stages=None, resnet_width=None,
+      rope=None, rope_theta=None, rope_shift=None, rope_jitter=None,
+      rope_rescale=None)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1, slices=-1,
@@ -317,12 +319,13 @@ def test_finetune_is_table4(arg):
       name=model_name, classifier=None, representation_size=None,
       dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16",
       remat_policy="dots_with_no_batch_dims_saveable", scan_layers=True,
-      attention="auto", posemb="learn", mpp=False, layer_norm_epsilon=None,
+      attention="auto", posemb=None, mpp=False, layer_norm_epsilon=None,
       gelu=None,
       final_norm=None, head_bias_init=0.0, layer_scale=None,
       num_registers=None, qk_norm=None, fp8=False, patch_size=None,
       hidden_size=None, num_layers=None, num_heads=None, mlp_dim=None,
-      param_dtype=None, resnet_stages=None, resnet_width=None)
+      param_dtype=None, resnet_stages=None, resnet_width=None, rope=None,
+      rope_theta=None, rope_shift=None, rope_jitter=None, rope_rescale=None)
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1, slices=-1,
                                        fsdp_min_bytes=0)
   # 2% of the train split held out: the minival that picks the lr.

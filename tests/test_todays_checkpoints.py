@@ -513,13 +513,18 @@ def digits_sources(tmp_path):
   npz = str(tmp_path / "siglip.npz")
   np.savez(npz, **as_siglip_tower(flat(pretrained.load(hf_siglip).params)),
            **{"params/t": np.ones(1, np.float32)})
+  hf_dinov3 = write_hf_dir(
+      tmp_path / "dinov3", random_tensors(dinov3_shapes(REGISTERS), seed=5),
+      dinov3_config(REGISTERS, image_size=DIGITS_SIDE))
   return {"siglip": hf_siglip, "siglip .npz": npz, "siglip2": hf_siglip2,
           "dinov2 with registers": hf_dinov2,
+          "dinov3 with registers": hf_dinov3,
           "timm map, registers, layer scale": timm}
 
 
 @pytest.mark.parametrize("source", ["siglip", "siglip .npz", "siglip2",
                                     "dinov2 with registers",
+                                    "dinov3 with registers",
                                     "timm map, registers, layer scale"])
 def test_todays_sources_fine_tune_on_digits_with_no_other_flag(
     digits_data_dir, tmp_path, source):
@@ -534,8 +539,10 @@ def test_todays_sources_fine_tune_on_digits_with_no_other_flag(
       checkpoint_every=STEPS, **{"model.dropout_rate": 0.0,
                                  "evaluators.test.every": 0})
   resolved = pretrained.with_source(settings.of(config))
+  function = pretrained.load(path, HEADS).function
   loaded = flat(pretrained.load(path, HEADS).params)
-  architecture = models.architecture_of(loaded)
+  architecture = {**models.architecture_of(loaded), **function,
+                  "posemb": models.posemb_of(loaded, function)}
   assert {key: getattr(resolved.model, key)
           for key in architecture} == architecture
   state, _ = start_of(resolved)

@@ -186,8 +186,12 @@ def assert_options_from_headers(source):
                          side_effect=AssertionError("a tensor was read")):
     options = pretrained.source_options(source)
   loaded = pretrained.load(source, HEADS)
-  assert options == {**loaded.function,
-                     **models.architecture_of(flat(loaded.params))}
+  params = flat(loaded.params)
+  expected = {**loaded.function, **models.architecture_of(params)}
+  posemb = models.posemb_of(params, loaded.function)
+  if posemb is not None:  # A table, or RoPE alone, says it.
+    expected["posemb"] = posemb
+  assert options == expected
 
 
 @pytest.mark.parametrize("names,hidden_act,eps,gelu", [

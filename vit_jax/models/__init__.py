@@ -44,7 +44,7 @@ FUNCTION_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
 # source too, read from the params (`architecture_of`).
 ARCHITECTURE_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
                         for key in ("classifier", "num_registers",
-                                    "layer_scale", "qk_norm")}
+                                    "layer_scale", "qk_norm", "posemb")}
 # Options a config may leave unset (None): a run resolves them from its
 # source (weights/pretrained.py), and a model made without one computes the
 # default.
@@ -139,9 +139,10 @@ _BLOCK_0 = "Transformer/encoderblock_0/"
 
 def architecture_of(flat):
   """The ARCHITECTURE_OPTIONS of release-layout params (a flat '/'-keyed
-  dict): a class token says classifier "token", a `MAPHead_0` "map", else
-  "gap"; `ls1` layer scale (whose initial value does not matter to loaded
-  params: 1.0), `Transformer/registers` their count, `query_norm` qk_norm.
+  dict) but posemb (`posemb_of`): a class token says classifier "token", a
+  `MAPHead_0` "map", else "gap"; `ls1` layer scale (whose initial value
+  does not matter to loaded params: 1.0), `Transformer/registers` their
+  count, `query_norm` qk_norm.
   """
   return dict(
       classifier=("token" if "cls" in flat else
@@ -151,6 +152,16 @@ def architecture_of(flat):
       layer_scale=1.0 if _BLOCK_0 + "ls1" in flat else None,
       qk_norm=(_BLOCK_0 + "MultiHeadDotProductAttention_1/query_norm/scale"
                in flat))
+
+
+def posemb_of(keys, function):
+  """The posemb of release-layout params with these keys, computing
+  `function` (FUNCTION_OPTIONS): the kind its table says; "none" for a
+  rotary model with no table (DINOv3's); None where nothing says (no table:
+  "sincos2d" or "none")."""
+  return ("learn" if POSEMB_KEY in keys else
+          "learn2d" if POSEMB_2D_KEYS[0] in keys else
+          "none" if function.get("rope") else None)
 
 
 def from_params(params, posemb=None, **function):
@@ -179,11 +190,7 @@ def from_params(params, posemb=None, **function):
     raise errors.InputError(
         f"params lack {missing}: not a ViT in the release layout")
   if posemb is None:
-    # A rotary model with no table has no other position embedding
-    # (DINOv3's).
-    posemb = ("learn" if POSEMB_KEY in flat else
-              "learn2d" if POSEMB_2D_KEYS[0] in flat else
-              "none" if function.get("rope") else None)
+    posemb = posemb_of(flat, function)
     if posemb is None:
       raise errors.InputError(
           f"params hold no position embedding ({POSEMB_KEY} or "

@@ -120,8 +120,9 @@ class ViTConfig:
       'GPUs), "splash" (Pallas\'s on TPUs); auto: fused on GPUs',
       config="auto", changeable=True, before="einsum")
   posemb: str = options.key(
-      "learn", '"learn", "learn2d", "sincos2d" or "none" (Appendix D.4)',
-      before=options.AS_DEFAULT)
+      "learn", '"learn", "learn2d", "sincos2d" or "none" (Appendix D.4); '
+      "unset: init_from's where it says, else learn", config=None,
+      before="learn")
   rope: str = options.key(
       "", '"axial": DINOv3\'s 2-D rotary embeddings of the patches (also '
       "with a posemb table); unset: init_from's, else none", config=None,

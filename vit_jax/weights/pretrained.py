@@ -174,13 +174,21 @@ def source_options(source):
   refuse_unreadable(path)
   if path.endswith(".npz"):
     shapes = flax.traverse_util.flatten_dict(npz.read_shapes(path), sep="/")
-    return {**_function(shapes), **models.architecture_of(shapes)}
+    return _with_posemb({**_function(shapes),
+                         **models.architecture_of(shapes)}, shapes)
   if path.endswith(".safetensors"):
     return torch_files.timm_options(path)
   if torch_files.is_hf_dir(path):
     return torch_files.hf_options(path)
   return _options_of_run(Workdir(path).read_config(),
                          models.SOURCE_OPTIONS)
+
+
+def _with_posemb(options, keys):
+  """`options` with the posemb that params of these keys say, where they
+  say one."""
+  posemb = models.posemb_of(keys, options)
+  return options if posemb is None else {**options, "posemb": posemb}
 
 
 def with_source(keys, recorded=None):

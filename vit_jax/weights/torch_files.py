@@ -321,7 +321,9 @@ def hf_options(directory):
   if model.family in ("dinov2", "dinov3"):
     _refuse_dinov2_classifier(shapes, directory)
   registers = named("embeddings.register_tokens")
-  return {**model.function,
+  # Each family but DINOv3 has a learned table; DINOv3 none but RoPE.
+  return {**model.function, "posemb": "none" if model.function["rope"]
+          else "learn",
           "classifier": ("token" if named("embeddings.cls_token") else
                          "map" if named("head.probe") else "gap"),
           "num_registers": shapes[registers[0]][1] if registers else 0,
@@ -349,7 +351,7 @@ def timm_options(path):
       key in shapes for key in ("fc_norm.weight", "attn_pool.latent"))
   prefix_tokens = ("cls_token" in shapes) + (
       shapes["reg_token"][1] if "reg_token" in shapes else 0)
-  return {**_timm_function(shapes),
+  return {**_timm_function(shapes), "posemb": "learn",
           "classifier": ("token" if pooled else
                          "map" if "attn_pool.latent" in shapes else "gap"),
           "num_registers": prefix_tokens - pooled,
