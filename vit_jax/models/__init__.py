@@ -41,7 +41,7 @@ FUNCTION_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
                                 "rope", "rope_theta")}
 # The parts of the architecture that a checkpoint fixes beyond its sizes,
 # and their defaults (the paper's ViT). A fine-tune takes them from its
-# source too, read from the params (`architecture_of`).
+# source too, read from the params (`architecture_of`, `posemb_of`).
 ARCHITECTURE_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
                         for key in ("classifier", "num_registers",
                                     "layer_scale", "qk_norm", "posemb")}

@@ -5,7 +5,8 @@ FLOPs count multiply-adds as two: a hybrid's ResNet convolutions, the matmuls
 of the patch embedding, the attention projections and the MLPs, the
 attention itself (queries x keys and weights x values), the pre-logits layer
 and the head, and 2-D RoPE's turning of the patches' queries and keys (two
-multiplies and an add per number). Layer norms, GroupNorms, softmax, GELU and biases are left out:
+multiplies and an add per number). Layer norms, GroupNorms, softmax, GELU
+and biases are left out:
 they are small next to the matmuls, and the count stays within 5% of XLA's
 own (tests/test_compute.py and tests/test_hybrid.py; docs/runs.md). A
 training step is three forward passes per image: the forward, and a
