@@ -14,6 +14,8 @@ same to its pooled features.
 import dataclasses
 import json
 
+import flax
+import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
@@ -34,7 +36,13 @@ from tests.test_torch_interchange import (
   random_tensors,
   write_hf_dir,
 )
-from tests.util import as_siglip_tower, metric_rows, run_training, small_config
+from tests.util import (
+  as_siglip_tower,
+  metric_rows,
+  randomize,
+  run_training,
+  small_config,
+)
 from vit_jax import errors, models
 from vit_jax.models import naflex
 from vit_jax.runs import settings
@@ -382,6 +390,51 @@ def test_a_dinov3_computes_its_pooled_output_at_any_grid(tmp_path,
   _, features = models.logits_and_pre_logits(inference.model,
                                              inference.params, batch)
   np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dinov3_and_a_rope_run_write_back_as_dinov3(tmp_path):
+  """export --format=hf of a RoPE model with no table is a DINOv3ViTModel:
+  a DINOv3 read and written is the same file's function and reads back
+  bitwise; a RoPE run's backbone computes the same features, its head
+  told to be left out."""
+  tensors = random_tensors(dinov3_shapes(REGISTERS))
+  source = write_hf_dir(tmp_path / "hf", tensors, dinov3_config(REGISTERS))
+  loaded = pretrained.load(source)
+  message = exports.write(loaded, "hf", str(tmp_path / "out"))
+  assert "DINOv3ViTModel" in message and "left out" not in message
+  back = pretrained.load(str(tmp_path / "out"))
+  assert (back.function, back.image_size) == (loaded.function, SIDE)
+  read, read_back = flat(loaded.params), flat(back.params)
+  assert set(read_back) == set(read)
+  for key, value in read.items():
+    np.testing.assert_array_equal(read_back[key], value, err_msg=key)
+  written = load_file(str(tmp_path / "out" / "model.safetensors"))
+  x = images()
+  np.testing.assert_allclose(
+      reference_vit.forward_dinov3(written, x, HEADS),
+      reference_vit.forward_dinov3(tensors, x, HEADS), rtol=1e-12)
+
+  model = models.create(f"Ti/{PATCH}", CLASSES, hidden_size=WIDTH,
+                        num_layers=LAYERS, mlp_dim=MLP, num_heads=HEADS,
+                        posemb="none", rope="axial", rope_theta=20.0)
+  params = randomize(flax.linen.meta.unbox(model.init(
+      jax.random.key(0), x[:1], train=False)["params"]))
+  run = pretrained.Checkpoint(params, "the run", {
+      **models.FUNCTION_OPTIONS, "rope": "axial", "rope_theta": 20.0},
+                              image_size=SIDE)
+  message = exports.write(run, "hf", str(tmp_path / "run"))
+  assert f"its head of {CLASSES} classes is left out" in message
+  inference = pretrained.for_inference(str(tmp_path / "run"), features=True)
+  assert inference.model.config.rope_theta == 20.0
+  np.testing.assert_allclose(
+      models.logits_and_pre_logits(inference.model, inference.params, x)[1],
+      models.logits_and_pre_logits(model, params, x)[1], rtol=1e-6,
+      atol=1e-6)
+  with pytest.raises(errors.InputError, match="DINOv3ViTModel"):
+    exports.write(dataclasses.replace(run, params={
+        **params, "Transformer": {**params["Transformer"], "posembed_input": {
+            "pos_embedding": np.zeros((1, 64, WIDTH), np.float32)}}}), "hf",
+                  str(tmp_path / "refused"))
 
 
 def test_dinov3s_we_cannot_compute_are_refused_by_name(tmp_path):

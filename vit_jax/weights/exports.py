@@ -87,8 +87,17 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
             f"{', '.join(function_exports.OUTPUTS)}")
   flat = flax.traverse_util.flatten_dict(loaded.params, sep="/")
   if format_ == "hf":
-    kind = "ViTForImageClassification"
-    if torch_files.is_siglip_tower(flat):
+    kind, left_out = "ViTForImageClassification", ""
+    if loaded.function["rope"]:
+      kind = "DINOv3ViTModel"
+      image_size = loaded.image_size or (
+          loaded.config.image_size if loaded.config else None)
+      classes = torch_files.write_dinov3(out, flat, loaded.function,
+                                         image_size, loaded.what)
+      if classes:
+        left_out = (f" (its head of {classes} classes is left out: a "
+                    "DINOv3ViTModel has none; --format=npz keeps it)")
+    elif torch_files.is_siglip_tower(flat):
       kind = "Siglip2VisionModel"
       torch_files.write_siglip2(out, flat, loaded.function, loaded.what)
     else:
@@ -97,7 +106,7 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     # transformers reads local folders.
     copy, where = _copied_here(out, "gsutil -m cp -r")
     return (f"{copy}load it with transformers.{kind}"
-            f".from_pretrained({where!r})")
+            f".from_pretrained({where!r}){left_out}")
   return "load it in PyTorch with:\n" + torch_files.write_timm(
       out, flat, loaded.function, loaded.what)
 

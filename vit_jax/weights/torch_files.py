@@ -524,6 +524,70 @@ def is_siglip_tower(flat):
           and torch_layouts.MAP_PROBE in flat)
 
 
+def write_dinov3(directory, flat, function, image_size, what):
+  """An HF transformers DINOv3ViTModel directory of a model with 2-D RoPE
+  and no position table (DINOv3's family); returns the number of classes
+  of the head it leaves out (the family has no classifier), or 0. Every
+  projection is written with its bias (`key_bias` true: ours has one), and
+  a model without layer scale gets scales of ones, which compute the
+  same."""
+  block = torch_layouts.BLOCK.format(0)
+  cannot = [part for key, part in (
+      ("conv_root/kernel", "a hybrid's ResNet stem"),
+      ("pre_logits/kernel", "a pre-logits layer"),
+      ("fc_norm/scale", "final_norm 'pooled'"),
+      (models.POSEMB_KEY, "a position table"),
+      (models.POSEMB_2D_KEYS[0], "a position table"),
+      (torch_layouts.MAP_PROBE, "attention pooling (classifier 'map')"),
+      (block + torch_layouts.ATTENTION + "/query_norm/scale",
+       "query/key norms")) if key in flat]
+  if "cls" not in flat:
+    cannot.append("no class token")
+  if function["rope"] != "axial":
+    cannot.append("no 2-D rotary embeddings (rope 'axial')")
+  if cannot:
+    raise errors.InputError(
+        f"{what} cannot be written as a DINOv3ViTModel: the model has "
+        f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+  flat = dict(flat)
+  head = flat.pop("head/kernel", None)
+  flat.pop("head/bias", None)
+  patch, _, _, width = flat["embedding/kernel"].shape
+  query = flat[block + torch_layouts.ATTENTION + "/query/kernel"]
+  layers = len({k.split("/")[1] for k in flat
+                if k.startswith("Transformer/encoderblock_")})
+  for i in range(layers):
+    for scale in ("ls1", "ls2"):
+      flat.setdefault(torch_layouts.BLOCK.format(i) + scale,
+                      np.ones(width, query.dtype))
+  registers = flat.get(torch_layouts.REGISTERS)
+  tensors = torch_layouts.from_release(flat, "dinov3")
+  # The masked-image-modelling token, which inference does not read.
+  tensors["embeddings.mask_token"] = np.zeros((1, 1, width), query.dtype)
+  config = {
+      "architectures": ["DINOv3ViTModel"], "model_type": "dinov3_vit",
+      "hidden_size": int(width),
+      "intermediate_size": int(flat[block + "MlpBlock_3/Dense_0/kernel"]
+                               .shape[1]),
+      "num_hidden_layers": layers, "num_attention_heads": int(query.shape[1]),
+      "hidden_act": {"exact": "gelu",
+                     "tanh": "gelu_pytorch_tanh"}[function["gelu"]],
+      "layer_norm_eps": function["layer_norm_epsilon"],
+      "rope_theta": function["rope_theta"], "image_size": int(image_size),
+      "patch_size": int(patch), "num_channels": 3, "query_bias": True,
+      "key_bias": True, "value_bias": True, "proj_bias": True,
+      "mlp_bias": True, "layerscale_value": 1.0, "use_gated_mlp": False,
+      "num_register_tokens": 0 if registers is None else int(
+          registers.shape[1]),
+      "pos_embed_shift": None, "pos_embed_jitter": None,
+      "pos_embed_rescale": None,
+  }
+  write_safetensors(tensors, paths.join(directory, HF_WEIGHTS))
+  paths.write_atomically(paths.join(directory, HF_CONFIG),
+                         json.dumps(config, indent=2))
+  return 0 if head is None else int(head.shape[1])
+
+
 def write_siglip2(directory, flat, function, what):
   """An HF transformers Siglip2VisionModel directory of a SigLIP-style
   tower (`is_siglip_tower`): the layout SigLIP 2's NaFlex towers come in,
