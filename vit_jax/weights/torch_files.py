@@ -473,9 +473,18 @@ def _check_writable(flat, function, layout, what):
         f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
 
 
+# transformers' hidden_act of each of our GELUs.
+HF_ACT = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
+
+
 def _sizes(flat):
+  """The sizes of release-layout params; image_size None where no learned
+  table says it."""
   patch, _, _, hidden = flat["embedding/kernel"].shape
-  tokens = flat[models.POSEMB_KEY].shape[1] - ("cls" in flat)
+  image_size = None
+  if models.POSEMB_KEY in flat:
+    tokens = flat[models.POSEMB_KEY].shape[1] - ("cls" in flat)
+    image_size = models.grid_side(tokens, models.POSEMB_KEY) * int(patch)
   query = flat[torch_layouts.BLOCK.format(0) + torch_layouts.ATTENTION +
                "/query/kernel"]
   return dict(
@@ -487,14 +496,14 @@ def _sizes(flat):
                        "MlpBlock_3/Dense_0/kernel"].shape[1]),
       num_classes=(int(flat["head/kernel"].shape[1]) if "head/kernel" in flat
                    else 0),
-      image_size=models.grid_side(tokens, models.POSEMB_KEY) * int(patch))
+      image_size=image_size)
 
 
 def write_hf(directory, flat, function, class_names, what):
   """An HF transformers ViTForImageClassification directory."""
   _check_writable(flat, function, "hf", what)
   sizes = _sizes(flat)
-  hidden_act = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}[function["gelu"]]
+  hidden_act = HF_ACT[function["gelu"]]
   names = class_names or [f"LABEL_{i}" for i in range(sizes["num_classes"])]
   config = {
       "architectures": ["ViTForImageClassification"], "model_type": "vit",
@@ -549,32 +558,30 @@ def write_dinov3(directory, flat, function, image_size, what):
     raise errors.InputError(
         f"{what} cannot be written as a DINOv3ViTModel: the model has "
         f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+  sizes = _sizes(flat)
   flat = dict(flat)
-  head = flat.pop("head/kernel", None)
+  flat.pop("head/kernel", None)
   flat.pop("head/bias", None)
-  patch, _, _, width = flat["embedding/kernel"].shape
-  query = flat[block + torch_layouts.ATTENTION + "/query/kernel"]
-  layers = len({k.split("/")[1] for k in flat
-                if k.startswith("Transformer/encoderblock_")})
-  for i in range(layers):
+  width = sizes["hidden_size"]
+  dtype = flat["embedding/kernel"].dtype
+  for i in range(sizes["num_layers"]):
     for scale in ("ls1", "ls2"):
       flat.setdefault(torch_layouts.BLOCK.format(i) + scale,
-                      np.ones(width, query.dtype))
+                      np.ones(width, dtype))
   registers = flat.get(torch_layouts.REGISTERS)
   tensors = torch_layouts.from_release(flat, "dinov3")
   # The masked-image-modelling token, which inference does not read.
-  tensors["embeddings.mask_token"] = np.zeros((1, 1, width), query.dtype)
+  tensors["embeddings.mask_token"] = np.zeros((1, 1, width), dtype)
   config = {
       "architectures": ["DINOv3ViTModel"], "model_type": "dinov3_vit",
-      "hidden_size": int(width),
-      "intermediate_size": int(flat[block + "MlpBlock_3/Dense_0/kernel"]
-                               .shape[1]),
-      "num_hidden_layers": layers, "num_attention_heads": int(query.shape[1]),
-      "hidden_act": {"exact": "gelu",
-                     "tanh": "gelu_pytorch_tanh"}[function["gelu"]],
+      "hidden_size": width, "intermediate_size": sizes["mlp_dim"],
+      "num_hidden_layers": sizes["num_layers"],
+      "num_attention_heads": sizes["num_heads"],
+      "hidden_act": HF_ACT[function["gelu"]],
       "layer_norm_eps": function["layer_norm_epsilon"],
       "rope_theta": function["rope_theta"], "image_size": int(image_size),
-      "patch_size": int(patch), "num_channels": 3, "query_bias": True,
+      "patch_size": sizes["patch_size"], "num_channels": 3,
+      "query_bias": True,
       "key_bias": True, "value_bias": True, "proj_bias": True,
       "mlp_bias": True, "layerscale_value": 1.0, "use_gated_mlp": False,
       "num_register_tokens": 0 if registers is None else int(
@@ -585,7 +592,7 @@ def write_dinov3(directory, flat, function, image_size, what):
   write_safetensors(tensors, paths.join(directory, HF_WEIGHTS))
   paths.write_atomically(paths.join(directory, HF_CONFIG),
                          json.dumps(config, indent=2))
-  return 0 if head is None else int(head.shape[1])
+  return sizes["num_classes"]
 
 
 def write_siglip2(directory, flat, function, what):
@@ -618,8 +625,7 @@ def write_siglip2(directory, flat, function, what):
       "num_attention_heads": sizes["num_heads"], "num_channels": 3,
       "num_patches": flat[models.POSEMB_KEY].shape[1],
       "patch_size": sizes["patch_size"],
-      "hidden_act": {"exact": "gelu",
-                     "tanh": "gelu_pytorch_tanh"}[function["gelu"]],
+      "hidden_act": HF_ACT[function["gelu"]],
       "layer_norm_eps": function["layer_norm_epsilon"],
       "attention_dropout": 0.0, "vision_use_head": True,
   }
