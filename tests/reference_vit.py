@@ -11,7 +11,8 @@ with our model checks both the model and the interchange.
 conventions (Linear: x W^T + b; Conv2d weight [out, in, kh, kw]), sharing
 nothing with vit_jax.torch_layouts. `forward_siglip` (transformers' SigLIP
 and SigLIP 2 image towers), `forward_dinov2` (DINOv2, with or without
-registers), `forward_dinov3` (transformers' DINOv3 ViTs) and `forward_timm` (timm's VisionTransformer with register
+registers), `forward_dinov3` (transformers' DINOv3 ViTs), `forward_eva_dinov3`
+(timm's DINOv3 ports) and `forward_timm` (timm's VisionTransformer with register
 tokens, layer scale, query/key norms and attention pooling) read today's
 checkpoints the same way; each matched the real libraries (transformers
 5.23, timm 1.0.31, float64) to float64 rounding when it was written.
@@ -593,6 +594,49 @@ def forward_dinov3(tensors, images, num_heads, eps=1e-5, gelu="exact",
     x = x + t[b + "layer_scale2.lambda1"] * linear(
         b + "mlp.down_proj", GELU[gelu](linear(b + "mlp.up_proj", y)))
   return _apply_head(_torch_norm(t, "norm", x, eps)[:, 0], head)
+
+
+def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
+                       rope_theta=100.0):
+  """The pooled features of timm's DINOv3 ports (its Eva class, global_pool
+  "avg": the mean of the patch tokens after `norm`, the class token and
+  registers left out) for NHWC `images` of any size, float64 (logits under
+  `head` = (kernel, bias)). Its names: one fused qkv Linear whose biases are
+  `q_bias` and `v_bias` (the key's none) or absent, layer scales `gamma_1`,
+  `gamma_2`, the prefix tokens `cls_token` and `reg_token`, no position
+  table; the patches' queries and keys turned by `rope_phases` as DINOv3
+  turns them (timm's rope_rotate_half)."""
+  t = _strip(tensors, "")
+  x = _conv_patches(t, "patch_embed.proj", np.asarray(images, np.float64))
+  n, num_patches, width = x.shape
+  p = t["patch_embed.proj.weight"].shape[-1]
+  rows, cols = images.shape[1] // p, images.shape[2] // p
+  prefix = [np.broadcast_to(t[name], (n,) + t[name].shape[1:])
+            for name in ("cls_token", "reg_token")]
+  x = np.concatenate(prefix + [x], axis=1)
+  num_prefix = x.shape[1] - num_patches
+  rope = (num_prefix, rope_phases(rows, cols, width // num_heads, rope_theta))
+  heads = lambda y: y.reshape(n, -1, num_heads, width // num_heads)
+  num_layers = len({k.split(".")[1] for k in t if k.startswith("blocks.")})
+  for i in range(num_layers):
+    b = f"blocks.{i}."
+    y = _torch_norm(t, b + "norm1", x, eps)
+    zero = np.zeros(width)
+    bias = np.concatenate([t.get(b + "attn.q_bias", zero), zero,
+                           t.get(b + "attn.v_bias", zero)])
+    qkv = y @ t[b + "attn.qkv.weight"].T + bias
+    q, k, v = (heads(part) for part in np.split(qkv, 3, axis=-1))
+    q, k = _turned(q, rope), _turned(k, rope)
+    logits = np.einsum("nqhd,nkhd->nhqk", q, k) / np.sqrt(q.shape[-1])
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    y = np.einsum("nhqk,nkhd->nqhd", weights, v).reshape(n, -1, width)
+    x = x + t[b + "gamma_1"] * _linear(t, b + "attn.proj", y)
+    y = _torch_norm(t, b + "norm2", x, eps)
+    x = x + t[b + "gamma_2"] * _torch_mlp(t, b + "mlp.fc1", b + "mlp.fc2", y,
+                                          "exact")
+  pooled = _torch_norm(t, "norm", x, eps)[:, num_prefix:].mean(axis=1)
+  return _apply_head(pooled, head)
 
 
 def forward_timm(tensors, images, num_heads, eps=1e-6, gelu="exact",

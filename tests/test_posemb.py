@@ -172,14 +172,15 @@ def test_rope_turns_only_the_patches_and_reads_any_grid():
        np.full((4, 4), np.cos(0.5) + np.sin(0.5))], axis=1), rtol=1e-6)
 
 
-def test_a_rope_model_is_refused_by_pytorchs_layouts_and_npz_says_so():
+def test_a_rope_model_with_a_table_is_refused_by_pytorchs_layouts_and_npz_says_so():
   model = models.create("Ti/4", 10, hidden_size=32, num_layers=1, mlp_dim=64,
                         num_heads=4, rope="axial")
   params = flax.linen.meta.unbox(model.init(
       jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)["params"])
   function = {**models.FUNCTION_OPTIONS, "rope": "axial"}
   flat_params = flax.traverse_util.flatten_dict(params, sep="/")
-  with pytest.raises(errors.InputError, match="rotary embeddings"):
+  with pytest.raises(errors.InputError, match="timm Eva: the model has a "
+                     "position table"):
     torch_files.write_timm("unused.safetensors", flat_params, function,
                            "the run")
   with pytest.raises(errors.InputError, match="rotary embeddings"):

@@ -31,6 +31,7 @@ from tests.test_torch_interchange import (
   SIDE,
   WIDTH,
   assert_options_from_headers,
+  assert_same_tensors,
   images,
   logits_of,
   random_tensors,
@@ -442,6 +443,122 @@ def test_dinov3s_we_cannot_compute_are_refused_by_name(tmp_path):
       gated=True)), dinov3_config(use_gated_mlp=True, hidden_act="silu"))
   with pytest.raises(errors.InputError, match="SwiGLU"):
     pretrained.load(source)
+
+
+def eva_dinov3_shapes(qkv_bias=True, more=()):
+  """timm's DINOv3 port (its Eva class): no position table, the class
+  token and four registers, one fused qkv Linear whose biases are q_bias
+  and v_bias (vit_*_dinov3_qkvb) or none (vit_*_dinov3), layer scales
+  gamma_1 and gamma_2. `more`: other Evas' tensors, to be refused."""
+  shapes = {"cls_token": (1, 1, WIDTH), "reg_token": (1, REGISTERS, WIDTH),
+            "patch_embed.proj.weight": (WIDTH, 3, PATCH, PATCH),
+            "patch_embed.proj.bias": (WIDTH,)}
+  for i in range(LAYERS):
+    block = f"blocks.{i}."
+    shapes[block + "gamma_1"] = shapes[block + "gamma_2"] = (WIDTH,)
+    _norm(shapes, block + "norm1")
+    _norm(shapes, block + "norm2")
+    shapes[block + "attn.qkv.weight"] = (3 * WIDTH, WIDTH)
+    if qkv_bias:
+      shapes[block + "attn.q_bias"] = shapes[block + "attn.v_bias"] = (WIDTH,)
+    _linear(shapes, block + "attn.proj", WIDTH, WIDTH)
+    _linear(shapes, block + "mlp.fc1", MLP, WIDTH)
+    _linear(shapes, block + "mlp.fc2", WIDTH, MLP)
+  _norm(shapes, "norm")
+  return {**shapes, **dict(more)}
+
+
+def eva_dinov3_file(directory, qkv_bias=True, more=()):
+  tensors = random_tensors(eva_dinov3_shapes(qkv_bias, more))
+  path = str(directory / "dinov3.safetensors")
+  save_file(tensors, path, metadata={"format": "pt"})
+  return tensors, path
+
+
+@pytest.mark.parametrize("qkv_bias", [True, False])
+def test_a_timm_dinov3_computes_its_pooled_features_and_writes_back(
+    tmp_path, qkv_bias):
+  """timm's DINOv3 ports average their patch tokens (its default
+  global_pool "avg"): the class token is one more register. Any grid, as
+  images and as NaFlex patches; written back, the very same file."""
+  tensors, path = eva_dinov3_file(tmp_path, qkv_bias)
+  assert_options_from_headers(path)
+  with pytest.raises(errors.InputError, match="--num_heads"):
+    pretrained.load(path)  # A width of 32: DINOv3's heads are 64 wide.
+  loaded = pretrained.load(path, HEADS)
+  assert loaded.image_size == 256  # timm's input size for its DINOv3s.
+  inference = pretrained.for_inference(path, HEADS, features=True)
+  config = inference.model.config
+  assert (config.rope, config.rope_theta, config.posemb, config.classifier,
+          config.num_registers, config.layer_scale,
+          config.layer_norm_epsilon, config.final_norm) == (
+              "axial", 100.0, "none", "gap", REGISTERS + 1, 1.0, 1e-5,
+              "tokens")
+  wide = np.random.default_rng(8).uniform(-1, 1, (2, SIDE, 24, 3))
+  expected = reference_vit.forward_eva_dinov3(tensors, wide, HEADS)
+  _, features = models.logits_and_pre_logits(
+      inference.model, inference.params, wide.astype(np.float32))
+  np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-5)
+  patches = wide.reshape(2, 8, PATCH, 12, PATCH, 3).transpose(
+      0, 1, 3, 2, 4, 5).reshape(2, 96, -1)
+  batch = naflex.Patches(
+      np.pad(patches, ((0, 0), (0, 4), (0, 0))).astype(np.float32),
+      np.array([[8, 12]] * 2, np.int32))
+  _, features = models.logits_and_pre_logits(inference.model,
+                                             inference.params, batch)
+  np.testing.assert_allclose(features, expected, rtol=1e-5, atol=1e-5)
+
+  out = str(tmp_path / "back.safetensors")
+  how = exports.write(loaded, "timm", out)
+  for argument in ("timm.models.eva.Eva(", "rope_type='dinov3'",
+                   f"qkv_bias={qkv_bias}", "global_pool='avg'",
+                   "class_token=True", f"num_reg_tokens={REGISTERS}",
+                   f"num_heads={HEADS}", "img_size=256", "eps=1e-05"):
+    assert argument in how
+  assert_same_tensors(load_file(out), tensors)
+
+
+def test_a_rope_run_writes_a_timm_eva_without_a_key_bias(tmp_path):
+  """A RoPE run with no table is written as timm's Eva, which has no key
+  bias: refused while its key biases are not zero, then computing our
+  features; its first register written as Eva's class token."""
+  model = models.create(f"Ti/{PATCH}", CLASSES, hidden_size=WIDTH,
+                        num_layers=LAYERS, mlp_dim=MLP, num_heads=HEADS,
+                        posemb="none", rope="axial", classifier="gap",
+                        num_registers=2, layer_scale=0.1, gelu="exact")
+  x = images()
+  params = randomize(flax.linen.meta.unbox(model.init(
+      jax.random.key(0), x[:1], train=False)["params"]))
+  run = pretrained.Checkpoint(params, "the run", {
+      **models.FUNCTION_OPTIONS, "rope": "axial", "gelu": "exact"},
+                              image_size=SIDE)
+  with pytest.raises(errors.InputError, match="key bias"):
+    exports.write(run, "timm", str(tmp_path / "refused.safetensors"))
+  params = flax.traverse_util.unflatten_dict({
+      key: np.zeros_like(value) if key.endswith("/key/bias") else value
+      for key, value in flat(params).items()}, sep="/")
+  out = str(tmp_path / "run.safetensors")
+  how = exports.write(dataclasses.replace(run, params=params), "timm", out)
+  assert "num_reg_tokens=1" in how and f"num_classes={CLASSES}" in how
+  written = load_file(out)
+  assert written["cls_token"].shape == (1, 1, WIDTH)
+  _, ours = models.logits_and_pre_logits(model, params, x)
+  np.testing.assert_allclose(
+      reference_vit.forward_eva_dinov3(written, x, HEADS, eps=1e-6), ours,
+      rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("more,why", [
+    ({"rope.freqs": (2, 1, HEADS, WIDTH // HEADS // 2)}, "'mixed'"),
+    ({"pos_embed": (1, 64, WIDTH)}, "'cat'"),
+    ({"blocks.0.mlp.fc1_g.weight": (MLP, WIDTH)}, "SwiGLU"),
+])
+def test_timm_evas_we_cannot_compute_are_refused_by_name(tmp_path, more,
+                                                         why):
+  _, path = eva_dinov3_file(tmp_path, more=more)
+  for read in (pretrained.load, pretrained.source_options):
+    with pytest.raises(errors.InputError, match=why):
+      read(path)
 
 
 def test_dinov2s_we_cannot_compute_are_refused_by_name(tmp_path):

@@ -86,12 +86,13 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
             f"{inference.image_size}, {inference.image_size}, 3]; outputs "
             f"{', '.join(function_exports.OUTPUTS)}")
   flat = flax.traverse_util.flatten_dict(loaded.params, sep="/")
+  # Where no position table says it.
+  image_size = loaded.image_size or (
+      loaded.config.image_size if loaded.config else None)
   if format_ == "hf":
     kind, left_out = "ViTForImageClassification", ""
     if loaded.function["rope"]:
       kind = "DINOv3ViTModel"
-      image_size = loaded.image_size or (
-          loaded.config.image_size if loaded.config else None)
       classes = torch_files.write_dinov3(out, flat, loaded.function,
                                          image_size, loaded.what)
       if classes:
@@ -108,7 +109,7 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     return (f"{copy}load it with transformers.{kind}"
             f".from_pretrained({where!r}){left_out}")
   return "load it in PyTorch with:\n" + torch_files.write_timm(
-      out, flat, loaded.function, loaded.what)
+      out, flat, loaded.function, loaded.what, image_size)
 
 
 def _copied_here(out, command):

@@ -347,15 +347,18 @@ def timm_options(path):
   model does not pool is one more register (`_timm_prefix_tokens`)."""
   shapes = read_shapes(path)
   _check_timm(shapes, path)
-  pooled = "cls_token" in shapes and not any(
-      key in shapes for key in ("fc_norm.weight", "attn_pool.latent"))
+  eva = _is_dinov3_eva(shapes, path)
+  pooled = _pools_class_token(shapes, eva)
   prefix_tokens = ("cls_token" in shapes) + (
       shapes["reg_token"][1] if "reg_token" in shapes else 0)
-  return {**_timm_function(shapes), "posemb": "learn",
+  return {**_timm_function(shapes, eva),
+          "posemb": "none" if eva else "learn",
           "classifier": ("token" if pooled else
                          "map" if "attn_pool.latent" in shapes else "gap"),
           "num_registers": prefix_tokens - pooled,
-          "layer_scale": 1.0 if "blocks.0.ls1.gamma" in shapes else None,
+          "layer_scale": 1.0 if any(
+              key in shapes for key in ("blocks.0.ls1.gamma",
+                                        "blocks.0.gamma_1")) else None,
           "qk_norm": "blocks.0.attn.q_norm.weight" in shapes}
 
 
@@ -372,25 +375,102 @@ def _check_timm(names, path):
         f"first keys: {sorted(names)[:6]}")
 
 
-def _timm_function(keys):
+def _timm_function(keys, eva=False):
   """timm's function, with the pooled features normalised where the file
-  has an fc_norm."""
-  return {**models.FUNCTION_OPTIONS, **TIMM_FUNCTION,
-          "final_norm": "pooled" if "fc_norm.weight" in keys else "tokens"}
+  has an fc_norm; a DINOv3 Eva's (`_is_dinov3_eva`) with its rotary
+  embedding and LayerNorm epsilon."""
+  function = {**models.FUNCTION_OPTIONS, **TIMM_FUNCTION,
+              "final_norm": "pooled" if "fc_norm.weight" in keys else
+              "tokens"}
+  if eva:
+    function.update(EVA_DINOV3_FUNCTION)
+  return function
+
+
+def _pools_class_token(keys, eva):
+  """Whether timm's model pools its class token: a VisionTransformer with
+  neither fc_norm nor attention pooling does; timm's DINOv3 Evas average
+  the patch tokens (global_pool "avg", their default in timm)."""
+  return "cls_token" in keys and not eva and not any(
+      key in keys for key in ("fc_norm.weight", "attn_pool.latent"))
+
+
+# timm's Eva class (timm.models.eva) holds its DINOv3 ports
+# (`vit_*_patch16_dinov3*`): no position table but DINOv3's axial rotary
+# embedding at period 100, four registers beside the class token, layer
+# scales `gamma_1`/`gamma_2`, LayerNorm at epsilon 1e-5, the query and value
+# biases (`q_bias`, `v_bias`; the key's is a zero buffer) or none, and a
+# head dimension of 64. Other Evas (EVA-02, timm's `vit_*_rope_*`) rotate
+# with timm's own "cat" or learned "mixed" frequencies, or have a SwiGLU
+# MLP: none of which vit_jax computes.
+EVA_MARKS = ("blocks.0.gamma_1", "blocks.0.attn.q_bias", "rope.freqs",
+             "blocks.0.mlp.fc1_g.weight", "blocks.0.mlp.fc1_x.weight")
+EVA_DINOV3_FUNCTION = {"rope": "axial", "rope_theta": 100.0,
+                       "layer_norm_epsilon": 1e-5}
+EVA_HEAD_DIM = 64
+# timm's input size of its DINOv3 ports (their pretrained_cfg).
+EVA_DINOV3_IMAGE_SIZE = 256
+
+
+def _is_dinov3_eva(names, path):
+  """Whether the tensor `names` are a timm DINOv3 Eva's; InputError for an
+  Eva that vit_jax does not compute, naming why."""
+  if not any(mark in names for mark in EVA_MARKS):
+    return False
+  if "rope.freqs" in names:
+    why = "timm's learned 'mixed' rotary frequencies (vit_*_rope_mixed_*)"
+  elif any(mark.startswith("blocks.0.mlp.") and mark in names
+           for mark in EVA_MARKS):
+    why = "a SwiGLU MLP (vit_7b_patch16_dinov3, EVA-02)"
+  elif "pos_embed" in names or "reg_token" not in names:
+    why = ("timm's 'cat' rotary embedding (EVA-02, vit_*_rope_*), with a "
+           "position table or without registers")
+  else:
+    return True
+  raise errors.InputError(
+      f"{path} is a timm Eva with {why}, which vit_jax does not compute; "
+      "of timm's Evas it reads the DINOv3 ports (vit_*_patch16_dinov3*)")
+
+
+def _from_eva(tensors):
+  """A DINOv3 Eva's `tensors` in timm VisionTransformer's names: its layer
+  scales as ls1/ls2.gamma, and one fused qkv bias, zero for the key (and
+  for all three where the Eva has none, which computes the same)."""
+  tensors = dict(tensors)
+  for name in [n for n in tensors if n.endswith(".attn.qkv.weight")]:
+    attn = name[:-len("qkv.weight")]
+    width = tensors[name].shape[0] // 3
+    zeros = np.zeros(width, tensors[name].dtype)
+    tensors[attn + "qkv.bias"] = np.concatenate([
+        tensors.pop(attn + "q_bias", zeros), zeros,
+        tensors.pop(attn + "v_bias", zeros)])
+  return {re.sub(r"\.gamma_([12])$", r".ls\1.gamma", name): value
+          for name, value in tensors.items()}
 
 
 def read_timm(path, num_heads=None):
-  """The ViT of a timm state dict in a .safetensors file."""
+  """The ViT of a timm state dict in a .safetensors file: a
+  VisionTransformer, or an Eva of DINOv3's (`_is_dinov3_eva`)."""
   tensors = read_safetensors(path)
   _check_timm(tensors, path)
+  eva = _is_dinov3_eva(tensors, path)
+  function = _timm_function(tensors, eva)
+  pooled = _pools_class_token(tensors, eva)
   hidden = tensors["patch_embed.proj.weight"].shape[0]
+  if eva:
+    tensors = _from_eva(tensors)
+    if not num_heads and hidden % EVA_HEAD_DIM:
+      raise errors.InputError(
+          f"{path}: a DINOv3 of width {hidden}, no multiple of DINOv3's "
+          f"head width {EVA_HEAD_DIM}: give its head count (--num_heads)")
+    num_heads = num_heads or hidden // EVA_HEAD_DIM
   num_heads = num_heads or heads_for_width(hidden)
-  function = _timm_function(tensors)
-  return Read(torch_layouts.to_release(_timm_prefix_tokens(tensors), "timm",
-                                       num_heads), function)
+  return Read(torch_layouts.to_release(
+      _timm_prefix_tokens(tensors, pooled), "timm", num_heads), function,
+              image_size=EVA_DINOV3_IMAGE_SIZE if eva else None)
 
 
-def _timm_prefix_tokens(tensors):
+def _timm_prefix_tokens(tensors, pooled_token):
   """`tensors` with timm's class and register tokens (its "prefix tokens")
   where vit_jax keeps them.
 
@@ -403,8 +483,6 @@ def _timm_prefix_tokens(tensors):
   zero under no_embed_class.
   """
   tensors = dict(tensors)
-  pooled_token = "cls_token" in tensors and not any(
-      key in tensors for key in ("fc_norm.weight", "attn_pool.latent"))
   tokens = [tensors.pop(key) for key in ("cls_token", "reg_token")
             if key in tensors]
   if not tokens:
@@ -533,14 +611,9 @@ def is_siglip_tower(flat):
           and torch_layouts.MAP_PROBE in flat)
 
 
-def write_dinov3(directory, flat, function, image_size, what):
-  """An HF transformers DINOv3ViTModel directory of a model with 2-D RoPE
-  and no position table (DINOv3's family); returns the number of classes
-  of the head it leaves out (the family has no classifier), or 0. Every
-  projection is written with its bias (`key_bias` true: ours has one), and
-  a model without layer scale gets scales of ones, which compute the
-  same."""
-  block = torch_layouts.BLOCK.format(0)
+def _dinov3_cannot(flat, function):
+  """What of release-layout `flat`, computing `function`, DINOv3's layouts
+  (transformers' DINOv3ViTModel, timm's Eva) cannot hold."""
   cannot = [part for key, part in (
       ("conv_root/kernel", "a hybrid's ResNet stem"),
       ("pre_logits/kernel", "a pre-logits layer"),
@@ -548,12 +621,23 @@ def write_dinov3(directory, flat, function, image_size, what):
       (models.POSEMB_KEY, "a position table"),
       (models.POSEMB_2D_KEYS[0], "a position table"),
       (torch_layouts.MAP_PROBE, "attention pooling (classifier 'map')"),
-      (block + torch_layouts.ATTENTION + "/query_norm/scale",
-       "query/key norms")) if key in flat]
-  if "cls" not in flat:
-    cannot.append("no class token")
+      (torch_layouts.BLOCK.format(0) + torch_layouts.ATTENTION +
+       "/query_norm/scale", "query/key norms")) if key in flat]
   if function["rope"] != "axial":
     cannot.append("no 2-D rotary embeddings (rope 'axial')")
+  return cannot
+
+
+def write_dinov3(directory, flat, function, image_size, what):
+  """An HF transformers DINOv3ViTModel directory of a model with 2-D RoPE
+  and no position table (DINOv3's family); returns the number of classes
+  of the head it leaves out (the family has no classifier), or 0. Every
+  projection is written with its bias (`key_bias` true: ours has one), and
+  a model without layer scale gets scales of ones, which compute the
+  same."""
+  cannot = _dinov3_cannot(flat, function)
+  if "cls" not in flat:
+    cannot.append("no class token")
   if cannot:
     raise errors.InputError(
         f"{what} cannot be written as a DINOv3ViTModel: the model has "
@@ -639,9 +723,12 @@ def write_siglip2(directory, flat, function, what):
                          json.dumps(config, indent=2))
 
 
-def write_timm(path, flat, function, what):
+def write_timm(path, flat, function, what, image_size=None):
   """A timm state dict; returns the Python lines that load it into timm's
-  VisionTransformer, whose arguments a state dict does not record."""
+  VisionTransformer (or, for a model with DINOv3's rotary embedding, its
+  Eva: `write_eva`), whose arguments a state dict does not record."""
+  if function["rope"]:
+    return write_eva(path, flat, function, image_size, what)
   _check_writable(flat, function, "timm", what)
   sizes = _sizes(flat)
   architecture = models.architecture_of(flat)
@@ -672,14 +759,83 @@ def write_timm(path, flat, function, what):
     arguments["qk_norm"] = True
   if function["gelu"] == "tanh":
     arguments["act_layer"] = "gelu_tanh"
+  return _timm_lines(path, "vision_transformer.VisionTransformer", arguments,
+                     function["layer_norm_epsilon"])
+
+
+def _timm_lines(path, model_class, arguments, epsilon):
+  """The Python lines that build timm's `model_class` (under timm.models)
+  with `arguments` and load the state dict at `path` into it."""
   text = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
-  if function["layer_norm_epsilon"] != TIMM_FUNCTION["layer_norm_epsilon"]:
+  if epsilon != TIMM_FUNCTION["layer_norm_epsilon"]:
     text += (", norm_layer=functools.partial(timm.layers.LayerNorm, "
-             f"eps={function['layer_norm_epsilon']!r})")
+             f"eps={epsilon!r})")
   copy = ""
   if paths.is_url(path):  # safetensors.torch reads local files only.
     copy = f"# first: gsutil cp {path} .\n"
     path = paths.path(path).name
   return (f"{copy}import functools, safetensors.torch, timm\n"
-          f"model = timm.models.vision_transformer.VisionTransformer({text})\n"
+          f"model = timm.models.{model_class}({text})\n"
           f"model.load_state_dict(safetensors.torch.load_file({path!r}))")
+
+
+def write_eva(path, flat, function, image_size, what):
+  """A timm Eva state dict of a model with DINOv3's rotary embedding and no
+  position table, laid out as timm's DINOv3 ports are (`_is_dinov3_eva`);
+  returns the lines that load it. A model that pools the patch tokens
+  writes its first register as Eva's class token, which its average leaves
+  out as it leaves out the registers: a timm DINOv3 read and written is
+  the same file. Query and value biases are written where any is not
+  zero; a key bias must be zero (Eva has none)."""
+  architecture = models.architecture_of(flat)
+  cannot = _dinov3_cannot(flat, function)
+  if function["gelu"] != "exact":
+    cannot.append("the tanh GELU")
+  sizes = _sizes(flat)
+  keys = [torch_layouts.BLOCK.format(i) + torch_layouts.ATTENTION +
+          "/key/bias" for i in range(sizes["num_layers"])]
+  if any(np.any(flat[key]) for key in keys):
+    cannot.append("a key bias (--format=hf writes it)")
+  if cannot:
+    raise errors.InputError(
+        f"{what} cannot be written as a timm Eva: the model has "
+        f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+  flat = dict(flat)
+  registers = flat.pop(torch_layouts.REGISTERS, None)
+  if "cls" not in flat and registers is not None:
+    flat["cls"], registers = registers[:, :1], registers[:, 1:]
+  if registers is not None and registers.shape[1]:
+    flat[torch_layouts.REGISTERS] = registers
+  tensors = torch_layouts.from_release(flat, "timm")
+  qkv_bias = False
+  for name in [n for n in tensors if n.endswith(".attn.qkv.bias")]:
+    q, _, v = np.split(tensors.pop(name), 3)
+    if q.any() or v.any():
+      qkv_bias = True
+      attn = name[:-len("qkv.bias")]
+      tensors[attn + "q_bias"], tensors[attn + "v_bias"] = q, v
+  if qkv_bias:  # Every block then has both, zeros included.
+    for name in [n for n in tensors if n.endswith(".attn.qkv.weight")]:
+      zeros = np.zeros(tensors[name].shape[0] // 3, tensors[name].dtype)
+      tensors.setdefault(name[:-len("qkv.weight")] + "q_bias", zeros)
+      tensors.setdefault(name[:-len("qkv.weight")] + "v_bias", zeros)
+  tensors = {re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", name): value
+             for name, value in tensors.items()}
+  write_safetensors(tensors, path)
+  arguments = dict(
+      img_size=int(image_size or EVA_DINOV3_IMAGE_SIZE),
+      patch_size=sizes["patch_size"], embed_dim=sizes["hidden_size"],
+      depth=sizes["num_layers"], num_heads=sizes["num_heads"],
+      mlp_ratio=sizes["mlp_dim"] / sizes["hidden_size"],
+      num_classes=sizes["num_classes"],
+      global_pool="token" if architecture["classifier"] == "token" else "avg",
+      class_token="cls" in flat,
+      num_reg_tokens=0 if torch_layouts.REGISTERS not in flat else int(
+          flat[torch_layouts.REGISTERS].shape[1]),
+      qkv_bias=qkv_bias, use_abs_pos_emb=False, use_rot_pos_emb=True,
+      rope_type="dinov3", rope_temperature=function["rope_theta"],
+      rope_rotate_half=True, use_fc_norm=False, dynamic_img_size=True)
+  if architecture["layer_scale"] is not None:
+    arguments["init_values"] = architecture["layer_scale"]
+  return _timm_lines(path, "eva.Eva", arguments,
+                     function["layer_norm_epsilon"])
