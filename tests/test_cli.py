@@ -107,6 +107,9 @@ MISTAKES = {
     "predict a missing image": (
         ["vit_jax.predict", "--from={tmp}/small.npz", "{tmp}/none.png"],
         "none.png"),
+    "predict with an input mean but no std": (
+        ["vit_jax.predict", "--from={tmp}/small.npz", "--input_mean=0,0,0",
+         "{tmp}/text.txt"], "--input_std"),
     "predict a file that is no image": (
         ["vit_jax.predict", "--from={tmp}/small.npz", "{tmp}/text.txt"],
         "text.txt"),

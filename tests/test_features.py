@@ -21,6 +21,9 @@ from tests.test_todays_checkpoints import (
   REGISTERS,
   dinov2_config,
   dinov2_shapes,
+  dinov3_config,
+  dinov3_shapes,
+  eva_dinov3_file,
   siglip_tensors,
 )
 from tests.test_torch_interchange import (
@@ -32,7 +35,7 @@ from tests.test_torch_interchange import (
   random_tensors,
   write_hf_dir,
 )
-from tests.util import run_tool
+from tests.util import call_tool, run_tool
 from vit_jax import errors, models
 from vit_jax.analysis import features
 from vit_jax.data import image_files
@@ -148,3 +151,58 @@ def test_predict_reads_each_image_at_its_own_aspect_ratio(tmp_path):
                                           features=True)
   np.testing.assert_allclose(shown[0]["features"], expected, rtol=1e-5,
                              atol=1e-5)
+
+
+def _features_line(*args):
+  """(the features predict --features --json prints for one image, its
+  stderr's lines)."""
+  status, stdout, stderr = call_tool("predict", "--features", "--json", *args)
+  assert status == 0, stderr[-2000:]
+  (line,) = stdout.splitlines()
+  return json.loads(line)["features"], stderr.splitlines()
+
+
+def test_predict_gives_a_dinov3s_features_on_its_own_input(tmp_path):
+  """DINOv3s take (pixels / 255 - mean) / std, not [-1, 1]: predict gives
+  the source's features of its own input, for pictures at the model's
+  grid (not resampled). An HF directory's image processor says its mean
+  and std; a timm file says none: ImageNet's are assumed, in one line,
+  and --input_mean and --input_std change them."""
+  rng = np.random.default_rng(3)
+  tensors = random_tensors(dinov3_shapes(REGISTERS))
+  source = write_hf_dir(tmp_path / "hf", tensors, dinov3_config(REGISTERS))
+  mean, std = np.array([0.4, 0.5, 0.6]), np.array([0.2, 0.25, 0.3])
+  (tmp_path / "hf" / "preprocessor_config.json").write_text(json.dumps({
+      "image_processor_type": "DINOv3ViTImageProcessorFast",
+      "do_normalize": True, "image_mean": list(mean),
+      "image_std": list(std)}))
+  pixels = rng.integers(0, 256, (SIDE, SIDE, 3), np.uint8)
+  png = str(tmp_path / "square.png")
+  tf.io.write_file(png, tf.io.encode_png(pixels))
+  shown, said = _features_line(f"--from={source}", png)
+  assert not [line for line in said if line.startswith("note:")]
+  expected = reference_vit.forward_dinov3(
+      tensors, ((pixels / 255 - mean) / std)[None], HEADS)[0]
+  np.testing.assert_allclose(shown, expected, rtol=1e-4, atol=1e-4)
+
+  tensors, path = eva_dinov3_file(tmp_path)
+  pixels = rng.integers(0, 256, (SIDE, 24, 3), np.uint8)
+  png = str(tmp_path / "wide.png")
+  tf.io.write_file(png, tf.io.encode_png(pixels))
+  args = (f"--from={path}", f"--num_heads={HEADS}", "--max_num_patches=100",
+          png)
+  shown, said = _features_line(*args)
+  assert said.count(
+      f"note: {path} says nothing of its input; assuming "
+      "--input_mean=0.485,0.456,0.406 --input_std=0.229,0.224,0.225 (give "
+      "those flags to change it)") == 1
+  imagenet = (pixels / 255 - np.array([0.485, 0.456, 0.406])) / np.array(
+      [0.229, 0.224, 0.225])
+  expected = reference_vit.forward_eva_dinov3(tensors, imagenet[None], HEADS)
+  np.testing.assert_allclose(shown, expected[0], rtol=1e-4, atol=1e-4)
+  shown, said = _features_line(*args, "--input_mean=0.5,0.5,0.5",
+                               "--input_std=0.5,0.5,0.5")
+  assert not [line for line in said if line.startswith("note:")]
+  expected = reference_vit.forward_eva_dinov3(
+      tensors, (pixels / 127.5 - 1)[None], HEADS)
+  np.testing.assert_allclose(shown, expected[0], rtol=1e-4, atol=1e-4)

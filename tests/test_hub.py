@@ -201,7 +201,8 @@ def test_a_name_not_in_the_cache_is_named_with_the_command_that_fetches_it(
                             f"the Hugging Face cache ({cache})")
   assert message.endswith(
       "fetch it with: hf download google/siglip2-base-patch16-224 "
-      '--include config.json --include "model*.safetensors*"')
+      '--include config.json --include "model*.safetensors*" --include '
+      "preprocessor_config.json")
   with pytest.raises(errors.ConfigError) as raised:
     pretrained.with_source(settings.of(small_config(
         str(tmp_path), init_from="hf://nobody/missing")))

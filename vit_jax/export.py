@@ -46,19 +46,10 @@ flags.DEFINE_string("out", None, "The file (npz, timm, stablehlo, onnx) or "
 flags.DEFINE_string("labels", "", "A text file of class names, one per line, "
                     "for hf's id2label (default: the source's, else the "
                     "run's dataset's).")
-flags.DEFINE_list("input_mean", [], "The model's input mean per RGB "
-                  "channel, in [0, 1] (e.g. 0.485,0.456,0.406): folded into "
-                  "the patch embedding, with --input_std.")
-flags.DEFINE_list("input_std", [], "The model's input std per RGB channel "
-                  "(e.g. 0.229,0.224,0.225).")
 flags.DEFINE_list("platforms", [], "What a stablehlo export runs on: cpu, "
                   "tpu, cuda, rocm (default: cpu, and this machine's "
                   "platform if another).")
 flags.mark_flag_as_required("out")
-flags.register_multi_flags_validator(
-    ["input_mean", "input_std"],
-    lambda v: bool(v["input_mean"]) == bool(v["input_std"]),
-    "give both --input_mean and --input_std, or neither")
 
 
 def main(argv):
@@ -72,10 +63,9 @@ def main(argv):
   paths.check_reachable(f.out, "--out", writes=True)
   workdir.check_output(f.out, "--out")
   loaded = pretrained.load(shared_flags.source_from_flags(), f.num_heads)
-  if f.input_mean:
-    loaded = exports.fold_input_normalization(
-        loaded, shared_flags.floats(f.input_mean, "--input_mean"),
-        shared_flags.floats(f.input_std, "--input_std"))
+  given = shared_flags.normalization_from_flags()
+  if given:
+    loaded = exports.fold_input_normalization(loaded, given.mean, given.std)
   for warning in exports.function_warnings(loaded, f.format):
     logging.warning(warning)
   how = exports.write(loaded, f.format, f.out, f.labels,

@@ -5,11 +5,13 @@ through the matching function here. Library modules take plain arguments
 and never read flags.
 """
 
+import sys
+
 from absl import flags
 from ml_collections import config_flags
 
 from vit_jax import errors, paths, runtime
-from vit_jax.weights import pretrained
+from vit_jax.weights import exports, pretrained, torch_files
 
 
 def define_training():
@@ -62,6 +64,16 @@ def define_model_source(verb, verb_from="use"):
   flags.register_multi_flags_validator(
       ["workdir", "from"], lambda v: bool(v["workdir"]) != bool(v["from"]),
       "give exactly one of --workdir and --from")
+  flags.DEFINE_list("input_mean", [], "The model's input mean per RGB "
+                    "channel, in [0, 1] (e.g. 0.485,0.456,0.406), with "
+                    "--input_std: folded into the patch embedding so that "
+                    "the model takes vit_jax's images.")
+  flags.DEFINE_list("input_std", [], "The model's input std per RGB channel "
+                    "(e.g. 0.229,0.224,0.225).")
+  flags.register_multi_flags_validator(
+      ["input_mean", "input_std"],
+      lambda v: bool(v["input_mean"]) == bool(v["input_std"]),
+      "give both --input_mean and --input_std, or neither")
 
 
 def source_from_flags():
@@ -75,10 +87,25 @@ def source_from_flags():
 
 
 def model_from_flags(features=False):
-  """pretrained.for_inference of the model define_model_source's flags
-  name (`features`: a headless one too, for its features only)."""
-  return pretrained.for_inference(source_from_flags(), flags.FLAGS.num_heads,
-                                  features)
+  """pretrained.inference_of the model define_model_source's flags name
+  (`features`: a headless one too, for its features only), taking images
+  as its source was trained on them (exports.in_own_input)."""
+  loaded = exports.in_own_input(
+      pretrained.load(source_from_flags(), flags.FLAGS.num_heads),
+      normalization_from_flags(),
+      say=lambda line: print(line, file=sys.stderr, flush=True))
+  return pretrained.inference_of(loaded, features)
+
+
+def normalization_from_flags():
+  """--input_mean and --input_std as a torch_files.Normalization, or None
+  where they are not given."""
+  f = flags.FLAGS
+  if not f.input_mean:
+    return None
+  return torch_files.Normalization(
+      tuple(floats(f.input_mean, "--input_mean")),
+      tuple(floats(f.input_std, "--input_std")), "--input_mean/--input_std")
 
 
 def floats(values, flag):

@@ -154,3 +154,25 @@ def fold_input_normalization(loaded, mean, std):
             "bias": bias.astype(np.float32)}
   return dataclasses.replace(loaded, params={**loaded.params,
                                              "embedding": folded})
+
+
+def in_own_input(loaded, given=None, say=lambda line: None):
+  """`loaded` changed to compute on vit_jax's images ([-1, 1]) what it
+  computes on its own input: `given` (a torch_files.Normalization), else
+  its source's (an HF directory's image processor, a timm hub config's,
+  or the family's), folded into its patch embedding
+  (`fold_input_normalization`). Where the source says none (a timm file
+  off the hub) `say` is told in one line what is assumed and how to
+  change it. A run's and an .npz's input is vit_jax's
+  own: they are left as they are."""
+  normalization = given or loaded.normalization
+  if normalization is None:
+    return loaded
+  if normalization.said_by is None:
+    say(f"note: {loaded.what} says nothing of its input; assuming "
+        f"{normalization.named} (give those flags to change it)")
+  if (normalization.mean, normalization.std) == (
+      torch_files.HALF.mean, torch_files.HALF.std):
+    return loaded
+  return fold_input_normalization(loaded, normalization.mean,
+                                  normalization.std)

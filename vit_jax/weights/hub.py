@@ -39,7 +39,8 @@ _NAME = re.compile(rf"hf://({_PART}/{_PART})(?:@([\w.-]+(?:/[\w.-]+)*))?")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 # What is fetched: a transformers model's weights (one file or shards and
 # their index) and config.json; a timm repository's model.safetensors.
-PATTERNS = ("config.json", "model*.safetensors*")
+PATTERNS = ("config.json", "model*.safetensors*",
+            torch_files.HF_PREPROCESSOR)
 # Head counts of timm's ViT sizes whose width is none of the paper's
 # (torch_files.heads_for_width knows those): timm's `vit_<size>_...`.
 TIMM_HEADS = {"medium": 8, "mediumd": 8, "so400m": 16, "giant": 16,
@@ -53,6 +54,9 @@ class Found:
   name: str  # the source as a run records it: a hub name with its commit
   what: str | None = None  # for messages; None: the path says it
   num_heads: int | None = None  # a timm config's, where it says
+  # A timm config's input (its pretrained_cfg's mean and std), where it
+  # says one.
+  normalization: torch_files.Normalization | None = None
 
 
 def is_name(source):
@@ -103,7 +107,7 @@ def find(name):
     return Found(folder, pinned, what)
   if "architecture" in config or repo.startswith("timm/"):
     return Found(os.path.join(folder, torch_files.HF_WEIGHTS), pinned, what,
-                 _timm_heads(config))
+                 _timm_heads(config), _timm_normalization(config, what))
   raise errors.InputError(
       f"{what}: its config.json names no transformers model_type and no "
       "timm architecture; vit_jax reads the hub's transformers and timm "
@@ -233,3 +237,20 @@ def _timm_heads(config):
     return int(heads)
   parts = config.get("architecture", "").split("_")
   return TIMM_HEADS.get(parts[1]) if len(parts) > 1 else None
+
+
+def _timm_normalization(config, what):
+  """A timm config's Normalization (its pretrained_cfg's mean and std), or
+  None where it gives none."""
+  cfg = config.get("pretrained_cfg") or {}
+  if "mean" not in cfg or "std" not in cfg:
+    return None
+  try:
+    mean, std = (tuple(float(v) for v in cfg[key]) for key in ("mean", "std"))
+  except (TypeError, ValueError) as e:
+    raise errors.InputError(f"{what}: its config.json's pretrained_cfg mean "
+                            f"and std are not numbers ({e})") from None
+  if len(mean) != 3 or len(std) != 3:
+    raise errors.InputError(f"{what}: its config.json's pretrained_cfg mean "
+                            "and std take 3 numbers each (RGB)")
+  return torch_files.Normalization(mean, std, "its hub config.json")

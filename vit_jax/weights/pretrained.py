@@ -101,6 +101,9 @@ class Checkpoint:
   class_names: list | None = None  # an HF config's id2label
   config: settings.Settings | None = None  # a run's
   image_size: int | None = None  # a file's that no position table says
+  # The input it was trained on; None: vit_jax's own, [-1, 1] (a run's, an
+  # .npz's).
+  normalization: torch_files.Normalization | None = None
 
 
 def local(source):
@@ -132,7 +135,8 @@ def load(source, num_heads=None):
             if path.endswith(".safetensors") else torch_files.read_hf(path))
     return Checkpoint(flax.traverse_util.unflatten_dict(read.flat, sep="/"),
                       found.what or path, read.function, read.class_names,
-                      image_size=read.image_size)
+                      image_size=read.image_size,
+                      normalization=found.normalization or read.normalization)
   config = Workdir(path).read_config()
   params, what = load_run(path, step)
   # A scanned run's stacked blocks, one per layer.

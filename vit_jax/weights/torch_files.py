@@ -48,6 +48,32 @@ METADATA = {"format": "pt"}
 
 
 @dataclasses.dataclass(frozen=True)
+class Normalization:
+  """The input a model was trained on: (pixels / 255 - mean) / std per RGB
+  channel; `said_by`: what says so, None where it is assumed (the file
+  saying nothing)."""
+  mean: tuple
+  std: tuple
+  said_by: str | None = None
+
+  @property
+  def named(self):
+    """The values, as the flags that give them."""
+    return (f"--input_mean={','.join(map(str, self.mean))} "
+            f"--input_std={','.join(map(str, self.std))}")
+
+
+# vit_jax's own input, [-1, 1] (the released checkpoints', HF ViT's and
+# SigLIP's processors', timm's VisionTransformer's default), and ImageNet's
+# (DINOv2's and DINOv3's).
+HALF = Normalization((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+IMAGENET = Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+# An HF directory's image processor, where save_pretrained of a processor
+# wrote one.
+HF_PREPROCESSOR = "preprocessor_config.json"
+
+
+@dataclasses.dataclass(frozen=True)
 class Read:
   """A checkpoint read into the release layout."""
   flat: dict  # {'a/b/c': numpy array}
@@ -55,6 +81,7 @@ class Read:
   class_names: list | None = None
   # The side it was made for, where no position table says it (a config's).
   image_size: int | None = None
+  normalization: Normalization = HALF
 
 
 def refuse_pickle(path):
@@ -167,6 +194,10 @@ HF_FAMILIES = {
     "dinov2_with_registers": ("dinov2", 1e-6, "gelu"),
     "dinov3_vit": ("dinov3", 1e-5, "gelu"),
 }
+# Each family's input where its directory has no HF_PREPROCESSOR: its
+# image processor's default in transformers.
+HF_NORMALIZATION = {"vit": HALF, "siglip": HALF, "siglip2": HALF,
+                    "dinov2": IMAGENET, "dinov3": IMAGENET}
 # DINOv3's config says which of its projections have a bias (a missing
 # one computes as a zero bias), and the period of its rotary embedding.
 DINOV3_BIASES = {"query_bias": ("attention.q_proj",),
@@ -274,7 +305,32 @@ def read_hf(directory):
     image_size = config.get("image_size", 224)
     image_size = (image_size if isinstance(image_size, int)
                   else max(image_size))
-  return Read(flat, model.function, names, image_size)
+  return Read(flat, model.function, names, image_size,
+              hf_normalization(directory, model.family))
+
+
+def hf_normalization(directory, family):
+  """The Normalization of an HF directory: its HF_PREPROCESSOR's, else the
+  default of its family's image processor in transformers."""
+  path = paths.join(directory, HF_PREPROCESSOR)
+  if not paths.path(path).exists():
+    return dataclasses.replace(
+        HF_NORMALIZATION[family],
+        said_by=f"transformers' {family} image processor's default")
+  config = _read_json(path)
+  said_by = f"its {HF_PREPROCESSOR}"
+  if not config.get("do_normalize", True):
+    return Normalization((0.0,) * 3, (1.0,) * 3, said_by)
+  try:
+    mean, std = (tuple(float(v) for v in config[key])
+                 for key in ("image_mean", "image_std"))
+  except (KeyError, TypeError, ValueError) as e:
+    raise errors.InputError(f"{path}: no image_mean and image_std of 3 "
+                            f"numbers each ({e})") from None
+  if len(mean) != 3 or len(std) != 3:
+    raise errors.InputError(f"{path}: image_mean and image_std take 3 "
+                            "numbers each (RGB)")
+  return Normalization(mean, std, said_by)
 
 
 def _add_zero_biases(tensors, config):
@@ -467,7 +523,8 @@ def read_timm(path, num_heads=None):
   num_heads = num_heads or heads_for_width(hidden)
   return Read(torch_layouts.to_release(
       _timm_prefix_tokens(tensors, pooled), "timm", num_heads), function,
-              image_size=EVA_DINOV3_IMAGE_SIZE if eva else None)
+              image_size=EVA_DINOV3_IMAGE_SIZE if eva else None,
+              normalization=IMAGENET if eva else HALF)
 
 
 def _timm_prefix_tokens(tensors, pooled_token):
