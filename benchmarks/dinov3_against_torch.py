@@ -21,7 +21,10 @@ timm themselves.
   /tmp/torch/bin/python benchmarks/dinov3_against_torch.py back \
       --library=transformers --dir=/tmp/dinov3
 
-and the same with --library=timm. Each step prints the largest difference
+and the same with --library=timm (`--timm_model=vit_huge_plus_patch16_dinov3
+--depth=2` for a SwiGLU one, its head count given by --num_heads=20 to
+step 2; with --library=transformers, `--gated` makes the MLP SwiGLU's,
+use_gated_mlp). Each step prints the largest difference
 relative to the largest output. Inputs are the same [-1, 1] arrays for
 both, at 224 x 224 and 160 x 256. Not part of the project's tests: steps
 1 and 3 need torch.
@@ -39,7 +42,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
 
 SHAPES = {"square": (224, 224), "wide": (160, 256)}
 PATCH = 16
-HEADS = 6
 TIMM_MODEL = "vit_small_patch16_dinov3_qkvb"
 
 
@@ -56,22 +58,25 @@ def _perturbed(model):
   return model
 
 
-def make(directory, library):
+def make(directory, library, timm_model, depth, gated):
   import torch  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
   if library == "transformers":
     import transformers  # pylint: disable=g-import-not-at-top
+    gated = {"use_gated_mlp": True, "hidden_act": "silu"} if gated else {}
     config = transformers.DINOv3ViTConfig(
-        hidden_size=384, intermediate_size=1536, num_hidden_layers=12,
-        num_attention_heads=HEADS, num_register_tokens=4, patch_size=PATCH,
-        image_size=224)
+        hidden_size=384, intermediate_size=1536,
+        num_hidden_layers=depth or 12, num_attention_heads=6,
+        num_register_tokens=4, patch_size=PATCH, image_size=224, **gated)
     model = _perturbed(transformers.DINOv3ViTModel(config).eval())
     model.save_pretrained(_source(directory, library))
     pool = lambda m, x: m(pixel_values=x).pooler_output
   else:
     import safetensors.torch  # pylint: disable=g-import-not-at-top
     import timm  # pylint: disable=g-import-not-at-top
-    model = _perturbed(timm.create_model(TIMM_MODEL, pretrained=False).eval())
+    model = _perturbed(timm.create_model(
+        timm_model, pretrained=False,
+        **({"depth": depth} if depth else {})).eval())
     safetensors.torch.save_file(model.state_dict(),
                                 _source(directory, library))
     pool = lambda m, x: m.forward_head(m.forward_features(x),
@@ -93,13 +98,13 @@ def _relative(got, expected):
   return np.abs(np.asarray(got) - expected).max() / np.abs(expected).max()
 
 
-def check(directory, library):
+def check(directory, library, num_heads):
   # pylint: disable=g-import-not-at-top
   from vit_jax import models
   from vit_jax.models import naflex
   from vit_jax.weights import exports, pretrained
   source = _source(directory, library)
-  inference = pretrained.for_inference(source, features=True)
+  inference = pretrained.for_inference(source, num_heads, features=True)
   for name, (height, width) in SHAPES.items():
     images = np.load(os.path.join(directory, f"{name}_images.npy"))
     images = images.transpose(0, 2, 3, 1)
@@ -110,7 +115,8 @@ def check(directory, library):
 
       from tests import reference_vit
       reference = reference_vit.forward_eva_dinov3(
-          safetensors.numpy.load_file(source), images, HEADS)
+          safetensors.numpy.load_file(source), images,
+          inference.model.config.num_heads)
       print(f"{name} {height}x{width}, tests/reference_vit.py: "
             f"{_relative(reference, expected):.2e}")
     images = images.astype(np.float32)
@@ -130,7 +136,7 @@ def check(directory, library):
           f"{budget}: {_relative(pooled, expected):.2e}")
   back = os.path.join(directory, "back" if library == "transformers" else
                       "back.safetensors")
-  how = exports.write(pretrained.load(source), "hf" if library ==
+  how = exports.write(pretrained.load(source, num_heads), "hf" if library ==
                       "transformers" else "timm", back)
   print(how)
   if library == "timm":  # The lines that load it, for step 3.
@@ -169,10 +175,21 @@ def main():
   parser.add_argument("--library", choices=("transformers", "timm"),
                       required=True)
   parser.add_argument("--dir", required=True)
+  parser.add_argument("--timm_model", default=TIMM_MODEL)
+  parser.add_argument("--depth", type=int, default=0,
+                      help="blocks of the timm model (0: its own)")
+  parser.add_argument("--num_heads", type=int, default=None)
+  parser.add_argument("--gated", action="store_true",
+                      help="transformers: a SwiGLU MLP (use_gated_mlp)")
   args = parser.parse_args()
   os.makedirs(args.dir, exist_ok=True)
-  {"make": make, "check": check, "back": back}[args.step](
-      os.path.abspath(args.dir), args.library)
+  directory = os.path.abspath(args.dir)
+  if args.step == "make":
+    make(directory, args.library, args.timm_model, args.depth, args.gated)
+  elif args.step == "check":
+    check(directory, args.library, args.num_heads)
+  else:
+    back(directory, args.library)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ def _gelu_exact(x):
 GELU = {"tanh": _gelu_tanh, "exact": _gelu_exact}
 
 
+def _silu(x):
+  return x / (1 + np.exp(-x))
+
+
 def _sub(flat, prefix):
   return {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
 
@@ -156,8 +160,14 @@ def _bit_stem(flat, x):
 
 
 def _mlp(x, p, gelu):
-  return GELU[gelu](x @ p["Dense_0/kernel"] + p["Dense_0/bias"]) @ (
-      p["Dense_1/kernel"]) + p["Dense_1/bias"]
+  """Dense, GELU, Dense; or, with a gate (SwiGLU), SiLU of the gate's
+  Dense times Dense_0's, then Dense_1."""
+  hidden = x @ p["Dense_0/kernel"] + p["Dense_0/bias"]
+  if "Dense_gate/kernel" in p:
+    hidden = _silu(x @ p["Dense_gate/kernel"] + p["Dense_gate/bias"]) * hidden
+  else:
+    hidden = GELU[gelu](hidden)
+  return hidden @ p["Dense_1/kernel"] + p["Dense_1/bias"]
 
 
 def forward(flat, images, classifier="token", eps=1e-6, gelu="tanh",
@@ -561,7 +571,8 @@ def forward_dinov3(tensors, images, num_heads, eps=1e-5, gelu="exact",
   bias)): the class token, the registers and
   the patches with no position table; in each block the patches' queries
   and keys turned by `rope_phases` of the image's grid; the projections
-  without a bias in the file (its key's) computing none."""
+  without a bias in the file (its key's) computing none; the MLP gated
+  where it has a gate_proj (down of SiLU(gate) * up)."""
   t = _strip(tensors, "model.")  # transformers' modules' names: the hub's.
   x = _conv_patches(t, "embeddings.patch_embeddings",
                     np.asarray(images, np.float64))
@@ -591,8 +602,13 @@ def forward_dinov3(tensors, images, num_heads, eps=1e-5, gelu="exact",
     y = np.einsum("nhqk,nkhd->nqhd", weights, v).reshape(n, -1, width)
     x = x + t[b + "layer_scale1.lambda1"] * linear(b + "attention.o_proj", y)
     y = _torch_norm(t, b + "norm2", x, eps)
-    x = x + t[b + "layer_scale2.lambda1"] * linear(
-        b + "mlp.down_proj", GELU[gelu](linear(b + "mlp.up_proj", y)))
+    if b + "mlp.gate_proj.weight" in t:  # use_gated_mlp: SiLU's SwiGLU.
+      hidden = _silu(linear(b + "mlp.gate_proj", y)) * linear(
+          b + "mlp.up_proj", y)
+    else:
+      hidden = GELU[gelu](linear(b + "mlp.up_proj", y))
+    x = x + t[b + "layer_scale2.lambda1"] * linear(b + "mlp.down_proj",
+                                                   hidden)
   return _apply_head(_torch_norm(t, "norm", x, eps)[:, 0], head)
 
 
@@ -604,8 +620,9 @@ def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
   `head` = (kernel, bias)). Its names: one fused qkv Linear whose biases are
   `q_bias` and `v_bias` (the key's none) or absent, layer scales `gamma_1`,
   `gamma_2`, the prefix tokens `cls_token` and `reg_token`, no position
-  table; the patches' queries and keys turned by `rope_phases` as DINOv3
-  turns them (timm's rope_rotate_half)."""
+  table, an MLP of fc1 and fc2 or a SwiGLU (fc2 of SiLU(fc1_g) * fc1_x);
+  the patches' queries and keys turned by `rope_phases` as DINOv3 turns
+  them (timm's rope_rotate_half)."""
   t = _strip(tensors, "")
   x = _conv_patches(t, "patch_embed.proj", np.asarray(images, np.float64))
   n, num_patches, width = x.shape
@@ -633,8 +650,13 @@ def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
     y = np.einsum("nhqk,nkhd->nqhd", weights, v).reshape(n, -1, width)
     x = x + t[b + "gamma_1"] * _linear(t, b + "attn.proj", y)
     y = _torch_norm(t, b + "norm2", x, eps)
-    x = x + t[b + "gamma_2"] * _torch_mlp(t, b + "mlp.fc1", b + "mlp.fc2", y,
-                                          "exact")
+    if b + "mlp.fc1_g.weight" in t:  # timm's SwiGLU: SiLU of the gate.
+      hidden = _silu(_linear(t, b + "mlp.fc1_g", y)) * _linear(
+          t, b + "mlp.fc1_x", y)
+      x = x + t[b + "gamma_2"] * _linear(t, b + "mlp.fc2", hidden)
+    else:
+      x = x + t[b + "gamma_2"] * _torch_mlp(t, b + "mlp.fc1", b + "mlp.fc2",
+                                            y, "exact")
   pooled = _torch_norm(t, "norm", x, eps)[:, num_prefix:].mean(axis=1)
   return _apply_head(pooled, head)
 

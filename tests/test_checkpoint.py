@@ -410,11 +410,12 @@ def test_storage_failures_are_told_apart_from_bugs():
     dict(classifier="map", num_registers=4, layer_scale=1e-5, qk_norm=True),
     dict(rope="axial", posemb="none", num_registers=4, layer_scale=1.0),
     dict(rope="axial", rope_theta=10.0, classifier="gap", attention="fused"),
+    dict(mlp="swiglu", rope="axial", posemb="none", layer_scale=1.0),
 ])
 def test_todays_options_match_the_float64_forward(options):
-  """Layer scale, registers, query/key norm, attention pooling and 2-D
-  rotary embeddings (the parts of SigLIP, DINOv2, DINOv3 and timm's recent
-  ViTs) against the reference."""
+  """Layer scale, registers, query/key norm, attention pooling, 2-D
+  rotary embeddings and the SwiGLU MLP (the parts of SigLIP, DINOv2,
+  DINOv3 and timm's recent ViTs) against the reference."""
   model = models.create("Ti/4", num_classes=7, **TINY, **options)
   params = randomize(init_params(model, 16), seed=3)
   x = images(4, 16)

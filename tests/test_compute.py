@@ -54,6 +54,18 @@ def test_ropes_flops_are_what_xla_counts_it_adding():
   assert added == pytest.approx(xla_added, rel=0.05)
 
 
+def test_a_swiglu_mlps_gate_is_counted_as_xla_counts_it():
+  """mlp "swiglu" adds a third matmul of the MLP's size (its gate)."""
+  options = dict(mlp="swiglu")
+  model = models.create("Ti/16", 1000, **options)
+  added = (flops_lib.flops_per_image(model, 224)
+           - flops_lib.flops_per_image("Ti/16", 224))
+  assert added == 12 * 2 * 197 * 192 * 768
+  xla_added = (xla_forward_flops("Ti/16", 224, **options)
+               - xla_forward_flops("Ti/16", 224))
+  assert added == pytest.approx(xla_added, rel=0.05)
+
+
 def test_flops_by_hand_and_the_papers_ratio():
   # Ti/16 at 32 px: 4 patches + class token, D=192, MLP 768, 12 layers.
   tokens, d = 5, 192

@@ -438,18 +438,38 @@ def test_a_dinov3_and_a_rope_run_write_back_as_dinov3(tmp_path):
                   str(tmp_path / "refused"))
 
 
-def test_dinov3s_we_cannot_compute_are_refused_by_name(tmp_path):
-  source = write_hf_dir(tmp_path / "gated", random_tensors(dinov3_shapes(
-      gated=True)), dinov3_config(use_gated_mlp=True, hidden_act="silu"))
-  with pytest.raises(errors.InputError, match="SwiGLU"):
+def test_a_gated_dinov3_computes_its_pooled_output_and_writes_back(
+    tmp_path):
+  """The largest DINOv3s' SwiGLU MLP (use_gated_mlp, SiLU): mlp "swiglu",
+  its gate kept beside the MLP's first Dense; written back gated, it reads
+  back bitwise. A gated MLP of another activation is refused by name."""
+  tensors = random_tensors(dinov3_shapes(gated=True))
+  source = write_hf_dir(tmp_path / "gated", tensors, dinov3_config(
+      use_gated_mlp=True, hidden_act="silu"))
+  loaded, model, _ = check_headless(
+      source, tensors, reference_vit.forward_dinov3, 1e-5, "exact")
+  assert model.config.mlp == "swiglu"
+  exports.write(loaded, "hf", str(tmp_path / "out"))
+  written = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert (written["use_gated_mlp"], written["hidden_act"]) == (True, "silu")
+  read, read_back = flat(loaded.params), flat(pretrained.load(
+      str(tmp_path / "out")).params)
+  assert set(read_back) == set(read)
+  for key, value in read.items():
+    np.testing.assert_array_equal(read_back[key], value, err_msg=key)
+  source = write_hf_dir(tmp_path / "gelu", tensors, dinov3_config(
+      use_gated_mlp=True))
+  with pytest.raises(errors.InputError, match="gated MLP of hidden_act "
+                     "'gelu'"):
     pretrained.load(source)
 
 
-def eva_dinov3_shapes(qkv_bias=True, more=()):
+def eva_dinov3_shapes(qkv_bias=True, more=(), swiglu=False):
   """timm's DINOv3 port (its Eva class): no position table, the class
   token and four registers, one fused qkv Linear whose biases are q_bias
   and v_bias (vit_*_dinov3_qkvb) or none (vit_*_dinov3), layer scales
-  gamma_1 and gamma_2. `more`: other Evas' tensors, to be refused."""
+  gamma_1 and gamma_2, and (`swiglu`, the largest) a SwiGLU MLP. `more`:
+  other Evas' tensors, to be refused."""
   shapes = {"cls_token": (1, 1, WIDTH), "reg_token": (1, REGISTERS, WIDTH),
             "patch_embed.proj.weight": (WIDTH, 3, PATCH, PATCH),
             "patch_embed.proj.bias": (WIDTH,)}
@@ -462,26 +482,28 @@ def eva_dinov3_shapes(qkv_bias=True, more=()):
     if qkv_bias:
       shapes[block + "attn.q_bias"] = shapes[block + "attn.v_bias"] = (WIDTH,)
     _linear(shapes, block + "attn.proj", WIDTH, WIDTH)
-    _linear(shapes, block + "mlp.fc1", MLP, WIDTH)
+    for name in ("mlp.fc1_g", "mlp.fc1_x") if swiglu else ("mlp.fc1",):
+      _linear(shapes, block + name, MLP, WIDTH)
     _linear(shapes, block + "mlp.fc2", WIDTH, MLP)
   _norm(shapes, "norm")
   return {**shapes, **dict(more)}
 
 
-def eva_dinov3_file(directory, qkv_bias=True, more=()):
-  tensors = random_tensors(eva_dinov3_shapes(qkv_bias, more))
+def eva_dinov3_file(directory, qkv_bias=True, more=(), swiglu=False):
+  tensors = random_tensors(eva_dinov3_shapes(qkv_bias, more, swiglu))
   path = str(directory / "dinov3.safetensors")
   save_file(tensors, path, metadata={"format": "pt"})
   return tensors, path
 
 
-@pytest.mark.parametrize("qkv_bias", [True, False])
+@pytest.mark.parametrize("qkv_bias,swiglu", [(True, False), (False, True)])
 def test_a_timm_dinov3_computes_its_pooled_features_and_writes_back(
-    tmp_path, qkv_bias):
+    tmp_path, qkv_bias, swiglu):
   """timm's DINOv3 ports average their patch tokens (its default
   global_pool "avg"): the class token is one more register. Any grid, as
-  images and as NaFlex patches; written back, the very same file."""
-  tensors, path = eva_dinov3_file(tmp_path, qkv_bias)
+  images and as NaFlex patches; written back, the very same file. The
+  largest have a SwiGLU MLP."""
+  tensors, path = eva_dinov3_file(tmp_path, qkv_bias, swiglu=swiglu)
   assert_options_from_headers(path)
   with pytest.raises(errors.InputError, match="--num_heads"):
     pretrained.load(path)  # A width of 32: DINOv3's heads are 64 wide.
@@ -491,9 +513,9 @@ def test_a_timm_dinov3_computes_its_pooled_features_and_writes_back(
   config = inference.model.config
   assert (config.rope, config.rope_theta, config.posemb, config.classifier,
           config.num_registers, config.layer_scale,
-          config.layer_norm_epsilon, config.final_norm) == (
+          config.layer_norm_epsilon, config.final_norm, config.mlp) == (
               "axial", 100.0, "none", "gap", REGISTERS + 1, 1.0, 1e-5,
-              "tokens")
+              "tokens", "swiglu" if swiglu else "gelu")
   wide = np.random.default_rng(8).uniform(-1, 1, (2, SIDE, 24, 3))
   expected = reference_vit.forward_eva_dinov3(tensors, wide, HEADS)
   _, features = models.logits_and_pre_logits(
@@ -515,6 +537,7 @@ def test_a_timm_dinov3_computes_its_pooled_features_and_writes_back(
                    "class_token=True", f"num_reg_tokens={REGISTERS}",
                    f"num_heads={HEADS}", "img_size=256", "eps=1e-05"):
     assert argument in how
+  assert ("swiglu_mlp=True" in how) == swiglu
   assert_same_tensors(load_file(out), tensors)
 
 
@@ -551,7 +574,6 @@ def test_a_rope_run_writes_a_timm_eva_without_a_key_bias(tmp_path):
 @pytest.mark.parametrize("more,why", [
     ({"rope.freqs": (2, 1, HEADS, WIDTH // HEADS // 2)}, "'mixed'"),
     ({"pos_embed": (1, 64, WIDTH)}, "'cat'"),
-    ({"blocks.0.mlp.fc1_g.weight": (MLP, WIDTH)}, "SwiGLU"),
 ])
 def test_timm_evas_we_cannot_compute_are_refused_by_name(tmp_path, more,
                                                          why):

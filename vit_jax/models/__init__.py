@@ -44,7 +44,8 @@ FUNCTION_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
 # source too, read from the params (`architecture_of`, `posemb_of`).
 ARCHITECTURE_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
                         for key in ("classifier", "num_registers",
-                                    "layer_scale", "qk_norm", "posemb")}
+                                    "layer_scale", "qk_norm", "mlp",
+                                    "posemb")}
 # Options a config may leave unset (None): a run resolves them from its
 # source (weights/pretrained.py), and a model made without one computes the
 # default.
@@ -142,7 +143,7 @@ def architecture_of(flat):
   dict) but posemb (`posemb_of`): a class token says classifier "token", a
   `MAPHead_0` "map", else "gap"; `ls1` layer scale (whose initial value
   does not matter to loaded params: 1.0), `Transformer/registers` their
-  count, `query_norm` qk_norm.
+  count, `query_norm` qk_norm, an MLP gate (`Dense_gate`) mlp "swiglu".
   """
   return dict(
       classifier=("token" if "cls" in flat else
@@ -151,7 +152,9 @@ def architecture_of(flat):
                      if "Transformer/registers" in flat else 0),
       layer_scale=1.0 if _BLOCK_0 + "ls1" in flat else None,
       qk_norm=(_BLOCK_0 + "MultiHeadDotProductAttention_1/query_norm/scale"
-               in flat))
+               in flat),
+      mlp="swiglu" if _BLOCK_0 + "MlpBlock_3/Dense_gate/kernel" in flat
+      else "gelu")
 
 
 def posemb_of(keys, function):

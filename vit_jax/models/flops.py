@@ -40,8 +40,9 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
   stem, channels, patches = _stem_and_patches(config, image_size, num_patches)
   tokens = patches + config.num_prefix_tokens
   embedding = stem + 2 * patches * (p * p * channels) * d
+  mlp_matmuls = 3 if config.mlp == "swiglu" else 2  # SwiGLU's gate too
   per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections
-               + 2 * tokens * 2 * d * mlp     # the MLP's two matmuls
+               + 2 * tokens * mlp_matmuls * d * mlp  # the MLP's matmuls
                + 2 * 2 * tokens * tokens * d)  # q.k and weights.v
   if config.rope:
     per_layer += 2 * 3 * patches * d  # q's and k's patches turned.

@@ -34,6 +34,7 @@ Dtype = Any
 # exact GELU; timm's average-pool models normalise the pooled features
 # ("fc_norm") instead of every token.
 GELU_KINDS = ("tanh", "exact")
+MLP_KINDS = ("gelu", "swiglu")
 FINAL_NORMS = ("tokens", "pooled")
 
 # Rematerialisation: what the backward pass keeps of each block's forward
@@ -170,6 +171,10 @@ class ViTConfig:
   qk_norm: bool = options.key(
       False, "a LayerNorm over each head's queries and keys; unset: "
       "init_from's, else off", config=None, before=False)
+  mlp: str = options.key(
+      "gelu", '"gelu" or "swiglu" (SiLU(x W_gate) * x W_0, the largest '
+      'DINOv3s\'); unset: init_from\'s, else "gelu"', config=None,
+      before="gelu")
   fp8: bool = options.key(
       False, "the blocks' dense matmuls in float8 (e4m3; gradients e5m2), "
       "for GPUs with float8 tensor cores (docs/models.md)",
@@ -319,7 +324,8 @@ def _fused_attention(query, keys, values, mask=None):
 
 class MlpBlock(nn.Module):
   """Dense -> GELU (`gelu`: "tanh", the release's approximation, or
-  "exact") -> Dense."""
+  "exact") -> Dense; or, `mlp` "swiglu", SiLU(x W_gate) * (x W_0) ->
+  Dense, with the gate beside Dense_0 as `Dense_gate`."""
   config: ViTConfig
 
   @nn.compact
@@ -332,8 +338,13 @@ class MlpBlock(nn.Module):
         bias_init=_init(nn.initializers.normal(stddev=1e-6), axes[-1:]),
         dot_general=_dot_general(config),
         name=name)
-    x = dense(config.mlp_dim, ("embed", "mlp"), "Dense_0")(x)
-    x = nn.gelu(x, approximate=config.gelu == "tanh")
+    if config.mlp == "swiglu":
+      gate = dense(config.mlp_dim, ("embed", "mlp"), "Dense_gate")(x)
+      x = nn.silu(gate) * dense(config.mlp_dim, ("embed", "mlp"),
+                                "Dense_0")(x)
+    else:
+      x = dense(config.mlp_dim, ("embed", "mlp"), "Dense_0")(x)
+      x = nn.gelu(x, approximate=config.gelu == "tanh")
     x = nn.Dropout(config.dropout_rate)(x, deterministic=not train)
     x = dense(width, ("mlp", "embed"), "Dense_1")(x)
     return nn.Dropout(config.dropout_rate)(x, deterministic=not train)
@@ -864,6 +875,9 @@ class VisionTransformer(nn.Module):
     if config.gelu not in GELU_KINDS:
       raise errors.InputError(f"gelu must be one of {GELU_KINDS}, got "
                               f"{config.gelu!r}")
+    if config.mlp not in MLP_KINDS:
+      raise errors.InputError(f"mlp must be one of {MLP_KINDS}, got "
+                              f"{config.mlp!r}")
     if config.final_norm not in FINAL_NORMS:
       raise errors.InputError(f"final_norm must be one of {FINAL_NORMS}, got "
                               f"{config.final_norm!r}")

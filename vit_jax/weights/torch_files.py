@@ -204,7 +204,8 @@ DINOV3_BIASES = {"query_bias": ("attention.q_proj",),
                  "key_bias": ("attention.k_proj",),
                  "value_bias": ("attention.v_proj",),
                  "proj_bias": ("attention.o_proj",),
-                 "mlp_bias": ("mlp.up_proj", "mlp.down_proj")}
+                 "mlp_bias": ("mlp.up_proj", "mlp.down_proj",
+                              "mlp.gate_proj")}
 DINOV3_DEFAULT_BIASES = {"key_bias": False}
 TWO_TOWERS = ("siglip", "siglip2")
 
@@ -226,12 +227,12 @@ def _hf_model(directory):
   family, eps, act = HF_FAMILIES[model_type]
   if model_type in TWO_TOWERS:
     config = config.get("vision_config", {})
-  if config.get("use_gated_mlp"):
-    raise errors.InputError(
-        f"{directory}: a DINOv3 with a SwiGLU MLP (use_gated_mlp); "
-        "vit_jax's blocks have a GELU MLP")
   act = config.get("hidden_act", act)
-  if act not in HF_GELU:
+  gated = bool(config.get("use_gated_mlp"))  # DINOv3's SwiGLU MLP
+  if gated and act != "silu":
+    raise errors.InputError(f"{directory}: a gated MLP of hidden_act "
+                            f"{act!r}; vit_jax's (mlp 'swiglu') is SiLU's")
+  if not gated and act not in HF_GELU:
     raise errors.InputError(f"{directory}: hidden_act {act!r}; vit_jax "
                             f"computes {sorted(HF_GELU)}")
   if config.get("num_channels", 3) != 3:
@@ -240,7 +241,7 @@ def _hf_model(directory):
   if config.get("use_swiglu_ffn"):
     raise errors.InputError(
         f"{directory}: a DINOv2 with a SwiGLU MLP (use_swiglu_ffn, "
-        "DINOv2-g); vit_jax's blocks have a GELU MLP")
+        "DINOv2-g), whose fused weights vit_jax does not read")
   if family == "siglip2" and not _is_square(config.get("num_patches", 256)):
     raise errors.InputError(
         f"{directory}: a SigLIP 2 tower of {config['num_patches']} "
@@ -248,7 +249,7 @@ def _hf_model(directory):
         "table as a square that it resizes to each image's grid")
   function = {**models.FUNCTION_OPTIONS,
               "layer_norm_epsilon": float(config.get("layer_norm_eps", eps)),
-              "gelu": HF_GELU[act], "final_norm": "tokens"}
+              "gelu": HF_GELU.get(act, "exact"), "final_norm": "tokens"}
   if family == "dinov3":
     function.update(rope="axial",
                     rope_theta=float(config.get("rope_theta", 100.0)))
@@ -384,7 +385,8 @@ def hf_options(directory):
                          "map" if named("head.probe") else "gap"),
           "num_registers": shapes[registers[0]][1] if registers else 0,
           "layer_scale": 1.0 if named(".layer_scale1.lambda1") else None,
-          "qk_norm": False}
+          "qk_norm": False,
+          "mlp": "swiglu" if model.config.get("use_gated_mlp") else "gelu"}
 
 
 def _refuse_dinov2_classifier(names, directory):
@@ -415,7 +417,9 @@ def timm_options(path):
           "layer_scale": 1.0 if any(
               key in shapes for key in ("blocks.0.ls1.gamma",
                                         "blocks.0.gamma_1")) else None,
-          "qk_norm": "blocks.0.attn.q_norm.weight" in shapes}
+          "qk_norm": "blocks.0.attn.q_norm.weight" in shapes,
+          "mlp": "swiglu" if "blocks.0.mlp.fc1_g.weight" in shapes else
+                 "gelu"}
 
 
 def _check_timm(names, path):
@@ -455,15 +459,17 @@ def _pools_class_token(keys, eva):
 # (`vit_*_patch16_dinov3*`): no position table but DINOv3's axial rotary
 # embedding at period 100, four registers beside the class token, layer
 # scales `gamma_1`/`gamma_2`, LayerNorm at epsilon 1e-5, the query and value
-# biases (`q_bias`, `v_bias`; the key's is a zero buffer) or none, and a
-# head dimension of 64. Other Evas (EVA-02, timm's `vit_*_rope_*`) rotate
-# with timm's own "cat" or learned "mixed" frequencies, or have a SwiGLU
-# MLP: none of which vit_jax computes.
+# biases (`q_bias`, `v_bias`; the key's is a zero buffer) or none, a
+# SwiGLU MLP in the largest (`fc1_g`, `fc1_x`, `fc2`), and heads 64 wide
+# but in the 7B's (32 heads of 128). Other Evas (EVA-02, timm's
+# `vit_*_rope_*`) rotate with timm's own "cat" or learned "mixed"
+# frequencies, which vit_jax does not compute.
 EVA_MARKS = ("blocks.0.gamma_1", "blocks.0.attn.q_bias", "rope.freqs",
-             "blocks.0.mlp.fc1_g.weight", "blocks.0.mlp.fc1_x.weight")
+             "blocks.0.mlp.fc1_g.weight")
 EVA_DINOV3_FUNCTION = {"rope": "axial", "rope_theta": 100.0,
                        "layer_norm_epsilon": 1e-5}
 EVA_HEAD_DIM = 64
+EVA_HEADS = {4096: 32}  # by width, where the heads are not 64 wide
 # timm's input size of its DINOv3 ports (their pretrained_cfg).
 EVA_DINOV3_IMAGE_SIZE = 256
 
@@ -475,9 +481,6 @@ def _is_dinov3_eva(names, path):
     return False
   if "rope.freqs" in names:
     why = "timm's learned 'mixed' rotary frequencies (vit_*_rope_mixed_*)"
-  elif any(mark.startswith("blocks.0.mlp.") and mark in names
-           for mark in EVA_MARKS):
-    why = "a SwiGLU MLP (vit_7b_patch16_dinov3, EVA-02)"
   elif "pos_embed" in names or "reg_token" not in names:
     why = ("timm's 'cat' rotary embedding (EVA-02, vit_*_rope_*), with a "
            "position table or without registers")
@@ -490,8 +493,9 @@ def _is_dinov3_eva(names, path):
 
 def _from_eva(tensors):
   """A DINOv3 Eva's `tensors` in timm VisionTransformer's names: its layer
-  scales as ls1/ls2.gamma, and one fused qkv bias, zero for the key (and
-  for all three where the Eva has none, which computes the same)."""
+  scales as ls1/ls2.gamma, one fused qkv bias, zero for the key (and for
+  all three where the Eva has none, which computes the same), and a
+  SwiGLU's `fc1_x` as `fc1` (its gate `fc1_g` is the timm layout's)."""
   tensors = dict(tensors)
   for name in [n for n in tensors if n.endswith(".attn.qkv.weight")]:
     attn = name[:-len("qkv.weight")]
@@ -500,7 +504,8 @@ def _from_eva(tensors):
     tensors[attn + "qkv.bias"] = np.concatenate([
         tensors.pop(attn + "q_bias", zeros), zeros,
         tensors.pop(attn + "v_bias", zeros)])
-  return {re.sub(r"\.gamma_([12])$", r".ls\1.gamma", name): value
+  return {re.sub(r"\.mlp\.fc1_x\.", ".mlp.fc1.",
+                 re.sub(r"\.gamma_([12])$", r".ls\1.gamma", name)): value
           for name, value in tensors.items()}
 
 
@@ -519,7 +524,7 @@ def read_timm(path, num_heads=None):
       raise errors.InputError(
           f"{path}: a DINOv3 of width {hidden}, no multiple of DINOv3's "
           f"head width {EVA_HEAD_DIM}: give its head count (--num_heads)")
-    num_heads = num_heads or hidden // EVA_HEAD_DIM
+    num_heads = num_heads or EVA_HEADS.get(hidden, hidden // EVA_HEAD_DIM)
   num_heads = num_heads or heads_for_width(hidden)
   return Read(torch_layouts.to_release(
       _timm_prefix_tokens(tensors, pooled), "timm", num_heads), function,
@@ -584,6 +589,8 @@ def _check_writable(flat, function, layout, what):
     cannot.append("a hybrid's ResNet stem")
   if models.POSEMB_KEY not in flat:
     cannot.append("a position embedding other than 'learn'")
+  if torch_layouts.BLOCK.format(0) + "MlpBlock_3/Dense_gate/kernel" in flat:
+    cannot.append("a SwiGLU MLP (mlp 'swiglu')")
   if "mpp_head/kernel" in flat or "head/kernel" not in flat:
     cannot.append("no classification head")
   if "pre_logits/kernel" in flat:
@@ -710,6 +717,7 @@ def write_dinov3(directory, flat, function, image_size, what):
       flat.setdefault(torch_layouts.BLOCK.format(i) + scale,
                       np.ones(width, dtype))
   registers = flat.get(torch_layouts.REGISTERS)
+  gated = models.architecture_of(flat)["mlp"] == "swiglu"
   tensors = torch_layouts.from_release(flat, "dinov3")
   # The masked-image-modelling token, which inference does not read.
   tensors["embeddings.mask_token"] = np.zeros((1, 1, width), dtype)
@@ -718,13 +726,13 @@ def write_dinov3(directory, flat, function, image_size, what):
       "hidden_size": width, "intermediate_size": sizes["mlp_dim"],
       "num_hidden_layers": sizes["num_layers"],
       "num_attention_heads": sizes["num_heads"],
-      "hidden_act": HF_ACT[function["gelu"]],
+      "hidden_act": "silu" if gated else HF_ACT[function["gelu"]],
       "layer_norm_eps": function["layer_norm_epsilon"],
       "rope_theta": function["rope_theta"], "image_size": int(image_size),
       "patch_size": sizes["patch_size"], "num_channels": 3,
       "query_bias": True,
       "key_bias": True, "value_bias": True, "proj_bias": True,
-      "mlp_bias": True, "layerscale_value": 1.0, "use_gated_mlp": False,
+      "mlp_bias": True, "layerscale_value": 1.0, "use_gated_mlp": gated,
       "num_register_tokens": 0 if registers is None else int(
           registers.shape[1]),
       "pos_embed_shift": None, "pos_embed_jitter": None,
@@ -745,6 +753,8 @@ def write_siglip2(directory, flat, function, what):
       ("conv_root/kernel", "a hybrid's ResNet stem"),
       ("pre_logits/kernel", "a pre-logits layer"),
       ("fc_norm/scale", "final_norm 'pooled'"),
+      (torch_layouts.BLOCK.format(0) + "MlpBlock_3/Dense_gate/kernel",
+       "a SwiGLU MLP (mlp 'swiglu')"),
       (torch_layouts.REGISTERS, "register tokens"),
       (torch_layouts.BLOCK.format(0) + "ls1", "layer scale"),
       (torch_layouts.BLOCK.format(0) + torch_layouts.ATTENTION
@@ -846,7 +856,7 @@ def write_eva(path, flat, function, image_size, what):
   zero; a key bias must be zero (Eva has none)."""
   architecture = models.architecture_of(flat)
   cannot = _dinov3_cannot(flat, function)
-  if function["gelu"] != "exact":
+  if function["gelu"] != "exact" and architecture["mlp"] == "gelu":
     cannot.append("the tanh GELU")
   sizes = _sizes(flat)
   keys = [torch_layouts.BLOCK.format(i) + torch_layouts.ATTENTION +
@@ -876,7 +886,9 @@ def write_eva(path, flat, function, image_size, what):
       zeros = np.zeros(tensors[name].shape[0] // 3, tensors[name].dtype)
       tensors.setdefault(name[:-len("qkv.weight")] + "q_bias", zeros)
       tensors.setdefault(name[:-len("qkv.weight")] + "v_bias", zeros)
-  tensors = {re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", name): value
+  swiglu = architecture["mlp"] == "swiglu"
+  tensors = {re.sub(r"\.mlp\.fc1\.", ".mlp.fc1_x." if swiglu else ".mlp.fc1.",
+                    re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", name)): value
              for name, value in tensors.items()}
   write_safetensors(tensors, path)
   arguments = dict(
@@ -892,6 +904,8 @@ def write_eva(path, flat, function, image_size, what):
       qkv_bias=qkv_bias, use_abs_pos_emb=False, use_rot_pos_emb=True,
       rope_type="dinov3", rope_temperature=function["rope_theta"],
       rope_rotate_half=True, use_fc_norm=False, dynamic_img_size=True)
+  if swiglu:  # Eva's separate gate and input Linears (its SwiGLU class).
+    arguments.update(swiglu_mlp=True, swiglu_align_to=1)
   if architecture["layer_scale"] is not None:
     arguments["init_values"] = architecture["layer_scale"]
   return _timm_lines(path, "eva.Eva", arguments,

@@ -77,6 +77,7 @@ TIMM_BLOCK = {
     "attn.k_norm": (ATTENTION + "/key_norm", "norm"),
     "attn.proj": (ATTENTION + "/out", "heads_out"),
     "mlp.fc1": ("MlpBlock_3/Dense_0", "dense"),
+    "mlp.fc1_g": ("MlpBlock_3/Dense_gate", "dense"),  # SwiGLU's gate
     "mlp.fc2": ("MlpBlock_3/Dense_1", "dense"),
     "norm1": ("LayerNorm_0", "norm"),
     "norm2": ("LayerNorm_2", "norm"),
@@ -169,6 +170,7 @@ DINOV3_BLOCK = {
     "attention.v_proj": (ATTENTION + "/value", "heads_in"),
     "attention.o_proj": (ATTENTION + "/out", "heads_out"),
     "mlp.up_proj": ("MlpBlock_3/Dense_0", "dense"),
+    "mlp.gate_proj": ("MlpBlock_3/Dense_gate", "dense"),  # use_gated_mlp
     "mlp.down_proj": ("MlpBlock_3/Dense_1", "dense"),
     "norm1": ("LayerNorm_0", "norm"),
     "norm2": ("LayerNorm_2", "norm"),
