@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 from tests.test_naflex import patchify
+from tests.test_todays_checkpoints import eva_dinov3_file
+from tests.test_torch_interchange import HEADS
 from tests.util import (
+  call_tool,
   randomize,
   run_tool,
 )
@@ -102,6 +105,73 @@ def test_mean_attention_distance_and_rollout_on_a_wide_grid():
       128 / 9)
   assert attention_lib.uniform_distance([(1, 3), (1, 1)], 16) == (
       pytest.approx(64 / 9))
+
+
+def with_registers(attention, count, class_token=True):
+  """`attention` over a class token (or none) and patches, with `count`
+  registers put after the class token, attending to themselves only and
+  read by no other token."""
+  *lead, tokens, _ = attention.shape
+  first = int(class_token)
+  grown = np.zeros((*lead, tokens + count, tokens + count))
+  kept = np.r_[0:first, first + count:tokens + count]
+  grown[..., kept[:, None], kept] = attention
+  added = np.arange(first, first + count)
+  grown[..., added, added] = 1
+  return grown
+
+
+def test_registers_are_left_out_of_the_distances_and_the_rollout():
+  """A DINOv3's registers: the distances are over the patches' weights on
+  the patches, renormalised, whatever the patches give the registers; a
+  rollout through registers no one reads is the one without them."""
+  attention = np.zeros((1, 2, 3, 5, 5))
+  rng = np.random.default_rng(0)
+  attention[..., 1:, 1:] = rng.uniform(size=(1, 2, 3, 4, 4))
+  attention[..., 0, 3] = 1
+  attention /= attention.sum(-1, keepdims=True)
+  distances = attention_lib.mean_attention_distance(attention, 2, 16)
+  registers = with_registers(attention, 2)
+  np.testing.assert_allclose(
+      attention_lib.mean_attention_distance(registers, 2, 16,
+                                            num_registers=2), distances)
+  registers[..., 3:, 1] = 0.7  # The patches' weight on a register.
+  registers /= registers.sum(-1, keepdims=True)
+  np.testing.assert_allclose(
+      attention_lib.mean_attention_distance(registers, 2, 16,
+                                            num_registers=2), distances)
+  np.testing.assert_allclose(
+      attention_lib.attention_rollout(with_registers(attention, 2),
+                                      num_registers=2),
+      attention_lib.attention_rollout(attention))
+  gap = attention[..., 1:, 1:] / attention[..., 1:, 1:].sum(-1,
+                                                            keepdims=True)
+  np.testing.assert_allclose(
+      attention_lib.attention_rollout(with_registers(gap, 2, False), False,
+                                      num_registers=2),
+      attention_lib.attention_rollout(gap, False), rtol=1e-12)
+
+
+def test_figures_of_a_headless_dinov3_with_registers(tmp_path):
+  """A timm DINOv3 (no head, no position table, 5 prefix tokens): its
+  filters, attention distances and rollout, at each image's own grid."""
+  _, path = eva_dinov3_file(tmp_path)
+  pixels = np.random.default_rng(4).integers(0, 256, (12, 20, 3), np.uint8)
+  png = str(tmp_path / "wide.png")
+  with open(png, "wb") as f:
+    f.write(tf_png(pixels))
+  status, stdout, stderr = call_tool(
+      "figures", f"--from={path}", f"--num_heads={HEADS}",
+      f"--out={tmp_path / 'figures'}", "--max_num_patches=64", png)
+  assert status == 0, stderr[-3000:]
+  written = sorted(os.listdir(tmp_path / "figures"))
+  assert written == ["attention_rollout.png", "embedding_filters.png",
+                     "mean_attention_distance.png"], stdout
+
+
+def tf_png(pixels):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.encode_png(pixels).numpy()
 
 
 def test_position_similarity_is_one_on_the_diagonal():

@@ -14,7 +14,9 @@ and a run's training curves. Writes PNGs into --out (default DIR/figures):
   mean_attention_distance.png  per layer and head, how far in pixels the
                                attention reaches (Fig. 7, right)
   attention_rollout.png        what the class token attends to, through all
-                               layers, over sample images (Fig. 6)
+                               layers, over sample images (Fig. 6); a
+                               model's registers are left out of it and
+                               of the distances
   training_curves.png          loss, learning rate, accuracy, throughput and
                                core-days from a run's metrics.jsonl
 
@@ -64,7 +66,9 @@ def main(argv):
     paths.check_reachable(given, flag)
   if f.out:
     workdir.check_output(f.out, "--out")
-  inference = shared_flags.model_from_flags()
+  # Headless sources too (a DINOv3, a SigLIP tower): the figures read no
+  # head.
+  inference = shared_flags.model_from_flags(features=True)
   dataset, data_dir = inference.data(f.dataset, f.data_dir)
   samples = attention_lib.sample_images(inference, f.images + argv[1:],
                                         f.num_images, dataset, f.split,

@@ -40,11 +40,8 @@ def attention_summary(model, params, inputs, rollout_count, batch_size=8):
   over many images (layers x heads x tokens^2 each) would not fit in host
   memory at once.
   """
-  if model.config.num_registers:
-    raise errors.InputError(
-        f"the model has {model.config.num_registers} register tokens: the "
-        "attention figures read a class token and patches only")
   token = model.config.classifier == "token"
+  registers = model.config.num_registers
   grids = patch_grids(model, inputs)
   logits, distance_sum, maps = [], 0, []
   for start in range(0, len(grids), batch_size):
@@ -52,12 +49,14 @@ def attention_summary(model, params, inputs, rollout_count, batch_size=8):
     batch_logits, attention = attention_weights(model, params, batch)
     logits.append(batch_logits)
     for i, (rows, cols) in enumerate(grids[start:start + batch_size]):
-      tokens = token + rows * cols  # The image's own; padding follows.
+      # The image's own; padding follows.
+      tokens = token + registers + rows * cols
       own = attention[:, i:i + 1, :, :tokens, :tokens]
       distance_sum = distance_sum + mean_attention_distance(
-          own, (rows, cols), model.token_stride, token)
+          own, (rows, cols), model.token_stride, token, registers)
       if start + i < rollout_count:
-        maps.append(attention_rollout(own, token, (rows, cols))[0])
+        maps.append(attention_rollout(own, token, (rows, cols),
+                                      registers)[0])
   return np.concatenate(logits), distance_sum / len(grids), maps
 
 
@@ -105,7 +104,8 @@ def _per_layer(intermediates):
   return np.stack([by_layer[i] for i in range(len(by_layer))])
 
 
-def attention_rollout(attentions, class_token=True, grid=None):
+def attention_rollout(attentions, class_token=True, grid=None,
+                      num_registers=0):
   """Attention rollout (Abnar & Zuidema, 2020): how much each patch feeds the
   output through all layers, [N, rows, cols] (a square grid unless `grid`
   gives its (rows, cols)).
@@ -114,35 +114,39 @@ def attention_rollout(attentions, class_token=True, grid=None):
   averaged, the identity added for the residual connection and the rows
   renormalised; the layers' matrices are then multiplied, first layer on
   the right. The map is the class token's row (class_token=True), or for a
-  GAP model the mean of all tokens' rows, over the patches.
+  GAP model the mean of the patches' rows, over the patches: the
+  `num_registers` registers after the class token take part in the
+  product but are no row or column of the map.
   """
   mixed = attentions.mean(axis=2) + np.eye(attentions.shape[-1])
   mixed /= mixed.sum(axis=-1, keepdims=True)
   rollout = mixed[0]
   for layer in mixed[1:]:
     rollout = layer @ rollout
+  prefix = int(class_token) + num_registers
   if class_token:
-    patches = rollout[:, 0, 1:]
+    patches = rollout[:, 0, prefix:]
   else:
-    patches = rollout.mean(axis=1)
+    patches = rollout[:, prefix:, prefix:].mean(axis=1)
   if grid is None:
     grid = (models.grid_side(patches.shape[-1]),) * 2
   return patches.reshape(-1, *grid)
 
 
 def mean_attention_distance(attentions, grid_size, patch_size,
-                            class_token=True):
+                            class_token=True, num_registers=0):
   """[layers, heads]: the attention-weighted mean distance in pixels between
   a query patch's centre and its key patches' centres, averaged over query
   patches and images.
 
   attentions: [layers, N, heads, tokens, tokens], over a grid of
-  grid_size x grid_size patches, or of (rows, cols). The class token is left
-  out as query and as key; each query's weights on the patches are
-  renormalised to sum to one.
+  grid_size x grid_size patches, or of (rows, cols). The class token and
+  the `num_registers` registers after it are left out as queries and as
+  keys; each query's weights on the patches are renormalised to sum to
+  one.
   """
-  if class_token:
-    attentions = attentions[..., 1:, 1:]
+  prefix = int(class_token) + num_registers
+  attentions = attentions[..., prefix:, prefix:]
   weights = attentions / attentions.sum(axis=-1, keepdims=True)
   height, width = np.broadcast_to(grid_size, 2)
   rows, cols = np.divmod(np.arange(height * width), width)
@@ -279,8 +283,9 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
       distances, uniform_distance(grids, model.token_stride),
       int(grids.max()) * model.token_stride, f"{title}\nover {source}",
       path("mean_attention_distance.png"))
+  # A headless source (its features only) names no class.
   captions = [caption(logits[i], names, None if labels is None else labels[i])
-              for i in range(len(maps))]
+              if logits.shape[-1] else "" for i in range(len(maps))]
   plots.attention_rollout(pictures(model, images)[:len(maps)], maps, captions,
                           title, path("attention_rollout.png"),
                           labels is not None)
