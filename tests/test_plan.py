@@ -143,6 +143,26 @@ def test_every_generation_is_planned(later_generations):
       275e12, 197e12, 459e12, 918e12]
 
 
+def test_a_dinov3_like_model_is_planned_with_ropes_and_its_gates_work():
+  """2-D RoPE with no table and the SwiGLU MLP (a DINOv3 H+'s parts)
+  compile for a TPU slice, and the plan's model FLOPs are the analytic
+  count with their work, near the compiler's."""
+  options = {"model.rope": "axial", "model.posemb": "none",
+             "model.mlp": "swiglu", "model.num_registers": 4}
+  got = cost_lib.plan(tiny_pretraining(batch_size=64, image_size=64,
+                                       **options), "v5p-8", classes=10)
+  model = models.create("Ti/16", 10, num_layers=1, rope="axial",
+                        posemb="none", mlp="swiglu", num_registers=4)
+  model_flops = flops_lib.flops_per_image(model, 64, train=True,
+                                          num_classes=10) * 64 / 4
+  assert got.fits and got.model_flops_per_device_per_step == pytest.approx(
+      model_flops)
+  assert model_flops > flops_lib.flops_per_image(
+      models.create("Ti/16", 10, num_layers=1, num_registers=4), 64,
+      train=True, num_classes=10) * 64 / 4
+  assert 0.8 * model_flops < got.flops_per_device_per_step < 1.3 * model_flops
+
+
 def test_splash_attentions_kernels_are_reported_not_counted_free(
     later_generations):
   """model.attention=splash compiles to Pallas kernels, whose work libtpu
