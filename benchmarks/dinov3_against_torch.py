@@ -11,9 +11,14 @@ timm themselves.
   python -m venv /tmp/torch && /tmp/torch/bin/pip install torch transformers timm
   /tmp/torch/bin/python benchmarks/dinov3_against_torch.py make \
       --library=transformers --dir=/tmp/dinov3
+  #    Also a random picture at the model's input size (a PNG) and its
+  #    features through the library's own preprocessing (transformers'
+  #    DINOv3ViTImageProcessor, saved beside the model; timm's
+  #    create_transform of the model's data config).
   # 2. In the project's: ours on the same arrays, as images and as NaFlex
-  #    patches, and the model written back (export --format=hf, or timm).
-  #    For timm, tests/reference_vit.py's float64 forward of the file too.
+  #    patches, and the model written back (export --format=hf, or timm);
+  #    `predict --features --json` of the picture. For timm,
+  #    tests/reference_vit.py's float64 forward of the file too.
   .venv/bin/python benchmarks/dinov3_against_torch.py check \
       --library=transformers --dir=/tmp/dinov3
   # 3. In the first: the written-back model against the original (for
@@ -70,6 +75,11 @@ def make(directory, library, timm_model, depth, gated):
         num_register_tokens=4, patch_size=PATCH, image_size=224, **gated)
     model = _perturbed(transformers.DINOv3ViTModel(config).eval())
     model.save_pretrained(_source(directory, library))
+    processor = transformers.DINOv3ViTImageProcessor()
+    processor.save_pretrained(_source(directory, library))
+    side = 224
+    preprocess = lambda picture: processor(
+        images=picture, return_tensors="pt")["pixel_values"]
     pool = lambda m, x: m(pixel_values=x).pooler_output
   else:
     import safetensors.torch  # pylint: disable=g-import-not-at-top
@@ -79,10 +89,22 @@ def make(directory, library, timm_model, depth, gated):
         **({"depth": depth} if depth else {})).eval())
     safetensors.torch.save_file(model.state_dict(),
                                 _source(directory, library))
+    data_config = timm.data.resolve_data_config({}, model=model)
+    side = data_config["input_size"][-1]
+    transform = timm.data.create_transform(**data_config)
+    preprocess = lambda picture: transform(picture)[None]
     pool = lambda m, x: m.forward_head(m.forward_features(x),
                                        pre_logits=True)
   model = model.double()
   rng = np.random.default_rng(0)
+  import PIL.Image  # pylint: disable=g-import-not-at-top
+  picture = PIL.Image.fromarray(rng.integers(0, 256, (side, side, 3),
+                                             np.uint8))
+  picture.save(os.path.join(directory, f"{library}_picture.png"))
+  with torch.no_grad():
+    pooled = pool(model, preprocess(picture).double())
+  np.save(os.path.join(directory, f"{library}_picture_pooled.npy"),
+          pooled.numpy()[0])
   for name, (height, width) in SHAPES.items():
     images = rng.uniform(-1, 1, (2, 3, height, width))
     with torch.no_grad():
@@ -134,6 +156,7 @@ def check(directory, library, num_heads):
                                              inference.params, batch)
     print(f"{name} {height}x{width}, NaFlex patches at {rows}x{cols} in "
           f"{budget}: {_relative(pooled, expected):.2e}")
+  _check_picture(directory, library, source, num_heads)
   back = os.path.join(directory, "back" if library == "transformers" else
                       "back.safetensors")
   how = exports.write(pretrained.load(source, num_heads), "hf" if library ==
@@ -142,6 +165,25 @@ def check(directory, library, num_heads):
   if library == "timm":  # The lines that load it, for step 3.
     with open(os.path.join(directory, "load_back.py"), "w") as f:
       f.write(how.split("\n", 1)[1] + "\n")
+
+
+def _check_picture(directory, library, source, num_heads):
+  """`predict --features --json` of the picture, as a user runs it."""
+  import json  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  command = [sys.executable, "-m", "vit_jax.predict", f"--from={source}",
+             "--features", "--json",
+             os.path.join(directory, f"{library}_picture.png")]
+  if num_heads:
+    command.append(f"--num_heads={num_heads}")
+  done = subprocess.run(command, capture_output=True, text=True, check=True)
+  notes = [line for line in done.stderr.splitlines()
+           if line.startswith("note:")]
+  got = json.loads(done.stdout)["features"]
+  expected = np.load(os.path.join(directory,
+                                  f"{library}_picture_pooled.npy"))
+  print(f"picture through predict --features --json: "
+        f"{_relative(got, expected):.2e}" + "".join(f"\n  {n}" for n in notes))
 
 
 def back(directory, library):
