@@ -12,7 +12,7 @@ conventions (Linear: x W^T + b; Conv2d weight [out, in, kh, kw]), sharing
 nothing with vit_jax.torch_layouts. `forward_siglip` (transformers' SigLIP
 and SigLIP 2 image towers), `forward_dinov2` (DINOv2, with or without
 registers), `forward_dinov3` (transformers' DINOv3 ViTs), `forward_eva_dinov3`
-(timm's DINOv3 ports) and `forward_timm` (timm's VisionTransformer with register
+(timm's DINOv3 ports), `forward_eva_rope` (timm's RoPE ViTs) and `forward_timm` (timm's VisionTransformer with register
 tokens, layer scale, query/key norms and attention pooling) read today's
 checkpoints the same way; each matched the real libraries (transformers
 5.23, timm 1.0.31, float64) to float64 rounding when it was written.
@@ -659,6 +659,77 @@ def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
                                             y, "exact")
   pooled = _torch_norm(t, "norm", x, eps)[:, num_prefix:].mean(axis=1)
   return _apply_head(pooled, head)
+
+
+def _interleaved_turned(t, angles):
+  """t [n, tokens, heads, Dh] with its patch tokens (after the first) turned
+  as timm's RoPE ViTs turn them: channels 2j and 2j + 1 as one complex
+  number, multiplied by exp(i angles[..., j]); angles [patches, Dh / 2] or
+  [patches, heads, Dh / 2]."""
+  if angles.ndim == 2:
+    angles = angles[:, None]
+  patches = t[:, 1:]
+  z = (patches[..., 0::2] + 1j * patches[..., 1::2]) * np.exp(1j * angles)
+  turned = np.stack([z.real, z.imag], axis=-1).reshape(patches.shape)
+  return np.concatenate([t[:, :1], turned], axis=1)
+
+
+def forward_eva_rope(tensors, images, num_heads, eps=1e-6, theta=100.0,
+                     features=False):
+  """Logits (or, with no head, the pooled features) of timm's RoPE ViTs
+  (its Eva class with attn_type "rope": `vit_*_rope_*`) for NHWC `images`,
+  float64: a class token, which is pooled after `norm`; `pos_embed` over
+  the class token and the patches, or the patches alone (no_embed_class),
+  where the file has one (the images at its grid); one fused qkv Linear with its bias; layer scales `gamma_1`,
+  `gamma_2`. The patches' queries and keys turn in interleaved channel
+  pairs, by timm's "cat" angles (no `rope.freqs`): pair j < Dh / 4 by
+  col / theta ** (4 j / Dh), pair Dh / 4 + j by row / theta ** (4 j / Dh),
+  col and row the patch's indices; or, with `rope.freqs` [2, depth,
+  heads, Dh / 2] ("mixed"), block l's pair j of head h by
+  col * freqs[0, l, h, j] + row * freqs[1, l, h, j]. `features`: the
+  pooled features, head or not."""
+  t = _strip(tensors, "")
+  x = _conv_patches(t, "patch_embed.proj", np.asarray(images, np.float64))
+  n, num_patches, width = x.shape
+  p = t["patch_embed.proj.weight"].shape[-1]
+  rows, cols = images.shape[1] // p, images.shape[2] // p
+  row, col = np.divmod(np.arange(rows * cols), cols)
+  if "pos_embed" in t:  # The patches' alone (no_embed_class), or with the
+    table = t["pos_embed"]  # class token's first.
+    x = x + table[:, -num_patches:]
+    cls = t["cls_token"] + (table[:, :1] if table.shape[1] > num_patches
+                            else 0)
+  else:
+    cls = t["cls_token"]
+  x = np.concatenate([np.broadcast_to(cls, (n, 1, width)), x], 1)
+  head_dim = width // num_heads
+  quarter = head_dim // 4
+  bands = 1 / theta ** (np.arange(quarter) / quarter)
+  cat = np.concatenate([col[:, None] * bands, row[:, None] * bands], axis=1)
+  heads = lambda y: y.reshape(n, -1, num_heads, head_dim)
+  num_layers = len({k.split(".")[1] for k in t if k.startswith("blocks.")})
+  for i in range(num_layers):
+    b = f"blocks.{i}."
+    angles = cat
+    if "rope.freqs" in t:
+      freqs = t["rope.freqs"][:, i]  # [2, heads, Dh / 2]
+      angles = (col[:, None, None] * freqs[0] + row[:, None, None] * freqs[1])
+    y = _torch_norm(t, b + "norm1", x, eps)
+    q, k, v = (heads(part) for part in np.split(
+        _linear(t, b + "attn.qkv", y), 3, axis=-1))
+    q, k = _interleaved_turned(q, angles), _interleaved_turned(k, angles)
+    logits = np.einsum("nqhd,nkhd->nhqk", q, k) / np.sqrt(head_dim)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    y = np.einsum("nhqk,nkhd->nqhd", weights, v).reshape(n, -1, width)
+    x = x + t[b + "gamma_1"] * _linear(t, b + "attn.proj", y)
+    y = _torch_norm(t, b + "norm2", x, eps)
+    x = x + t[b + "gamma_2"] * _torch_mlp(t, b + "mlp.fc1", b + "mlp.fc2", y,
+                                          "exact")
+  pooled = _torch_norm(t, "norm", x, eps)[:, 0]
+  if "head.weight" in t and not features:
+    return _linear(t, "head", pooled)
+  return pooled
 
 
 def forward_timm(tensors, images, num_heads, eps=1e-6, gelu="exact",

@@ -464,12 +464,11 @@ def test_a_gated_dinov3_computes_its_pooled_output_and_writes_back(
     pretrained.load(source)
 
 
-def eva_dinov3_shapes(qkv_bias=True, more=(), swiglu=False):
+def eva_dinov3_shapes(qkv_bias=True, swiglu=False):
   """timm's DINOv3 port (its Eva class): no position table, the class
   token and four registers, one fused qkv Linear whose biases are q_bias
   and v_bias (vit_*_dinov3_qkvb) or none (vit_*_dinov3), layer scales
-  gamma_1 and gamma_2, and (`swiglu`, the largest) a SwiGLU MLP. `more`:
-  other Evas' tensors, to be refused."""
+  gamma_1 and gamma_2, and (`swiglu`, the largest) a SwiGLU MLP."""
   shapes = {"cls_token": (1, 1, WIDTH), "reg_token": (1, REGISTERS, WIDTH),
             "patch_embed.proj.weight": (WIDTH, 3, PATCH, PATCH),
             "patch_embed.proj.bias": (WIDTH,)}
@@ -486,11 +485,11 @@ def eva_dinov3_shapes(qkv_bias=True, more=(), swiglu=False):
       _linear(shapes, block + name, MLP, WIDTH)
     _linear(shapes, block + "mlp.fc2", WIDTH, MLP)
   _norm(shapes, "norm")
-  return {**shapes, **dict(more)}
+  return shapes
 
 
-def eva_dinov3_file(directory, qkv_bias=True, more=(), swiglu=False):
-  tensors = random_tensors(eva_dinov3_shapes(qkv_bias, more, swiglu))
+def eva_dinov3_file(directory, qkv_bias=True, swiglu=False):
+  tensors = random_tensors(eva_dinov3_shapes(qkv_bias, swiglu))
   path = str(directory / "dinov3.safetensors")
   save_file(tensors, path, metadata={"format": "pt"})
   return tensors, path
@@ -571,13 +570,100 @@ def test_a_rope_run_writes_a_timm_eva_without_a_key_bias(tmp_path):
       rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("more,why", [
-    ({"rope.freqs": (2, 1, HEADS, WIDTH // HEADS // 2)}, "'mixed'"),
-    ({"pos_embed": (1, 64, WIDTH)}, "'cat'"),
+def eva_rope_shapes(kind, table=False):
+  """timm's RoPE ViTs (its Eva class, attn_type "rope"): a class token,
+  no registers, one fused qkv Linear with its bias, layer scales, a
+  classifier; `table`, a position table of the patches alone
+  (vit_*_rope_ape_*, no_embed_class); "mixed" (vit_*_rope_mixed_*) with
+  its learned frequencies."""
+  shapes = {"cls_token": (1, 1, WIDTH),
+            "patch_embed.proj.weight": (WIDTH, 3, PATCH, PATCH),
+            "patch_embed.proj.bias": (WIDTH,)}
+  if table:
+    shapes["pos_embed"] = (1, (SIDE // PATCH) ** 2, WIDTH)
+  if kind == "mixed":
+    shapes["rope.freqs"] = (2, LAYERS, HEADS, WIDTH // HEADS // 2)
+  for i in range(LAYERS):
+    block = f"blocks.{i}."
+    shapes[block + "gamma_1"] = shapes[block + "gamma_2"] = (WIDTH,)
+    _norm(shapes, block + "norm1")
+    _norm(shapes, block + "norm2")
+    _linear(shapes, block + "attn.qkv", 3 * WIDTH, WIDTH)
+    _linear(shapes, block + "attn.proj", WIDTH, WIDTH)
+    _linear(shapes, block + "mlp.fc1", MLP, WIDTH)
+    _linear(shapes, block + "mlp.fc2", WIDTH, MLP)
+  _norm(shapes, "norm")
+  _linear(shapes, "head", CLASSES, WIDTH)
+  return shapes
+
+
+@pytest.mark.parametrize("kind,table", [("index", False), ("mixed", False),
+                                        ("index", True)])
+def test_a_timm_rope_vit_computes_its_logits_and_writes_back(tmp_path, kind,
+                                                             table):
+  """timm's RoPE ViTs turn interleaved channel pairs, the column's first
+  (rope "index", timm's "cat"), or by learned frequencies ("mixed"): read
+  with their query and key channels permuted to vit_jax's pairs, they
+  compute timm's logits (the float64 reference, in timm's own terms), at
+  any grid without a table; written back, the very same file."""
+  tensors = random_tensors(eva_rope_shapes(kind, table))
+  if kind == "mixed":  # Frequencies of about a turn per patch or less.
+    tensors["rope.freqs"] = (tensors["rope.freqs"] * 5).astype(np.float32)
+  path = str(tmp_path / "rope.safetensors")
+  save_file(tensors, path, metadata={"format": "pt"})
+  assert_options_from_headers(path)
+  inference = pretrained.for_inference(path, HEADS)
+  config = inference.model.config
+  assert (config.rope, config.posemb, config.classifier,
+          config.num_registers, config.layer_scale) == (
+              kind, "learn" if table else "none", "token", 0, 1.0)
+  assert inference.image_size == SIDE if table else 224
+  x = images()
+  theta = 100.0 if kind == "index" else 10.0
+  check_logits(logits_of(inference, x), reference_vit.forward_eva_rope(
+      tensors, x, HEADS, theta=theta))
+  if not table:
+    wide = np.random.default_rng(8).uniform(-1, 1, (2, SIDE, 24, 3))
+    check_logits(logits_of(inference, wide.astype(np.float32)),
+                 reference_vit.forward_eva_rope(tensors, wide, HEADS,
+                                                theta=theta))
+  out = str(tmp_path / "back.safetensors")
+  how = exports.write(pretrained.load(path, HEADS), "timm", out)
+  for argument in ("timm.models.eva.Eva(", "attn_type='rope'",
+                   f"rope_type='{'cat' if kind == 'index' else 'mixed'}'",
+                   "rope_grid_indexing='xy'", "global_pool='token'"):
+    assert argument in how
+  assert ("no_embed_class=True" in how) == table
+  assert_same_tensors(load_file(out), tensors)
+
+
+def test_a_mixed_rope_model_learns_its_frequencies():
+  """rope "mixed": each block's frequencies are params (stacked when the
+  layers are scanned) that the loss reaches."""
+  for scan in (False, True):
+    model = models.create(f"Ti/{PATCH}", CLASSES, hidden_size=WIDTH,
+                          num_layers=LAYERS, mlp_dim=MLP, num_heads=HEADS,
+                          rope="mixed", posemb="none", scan_layers=scan)
+    x = images()
+    params = randomize(flax.linen.meta.unbox(model.init(
+        jax.random.key(0), x[:1], train=False)["params"]))
+    key = [k for k in flat(params) if k.endswith("rope_freqs")]
+    assert len(key) == (1 if scan else LAYERS)
+    grads = jax.grad(lambda p: model.apply(
+        {"params": p}, x, train=False).sum())(params)
+    assert np.abs(flat(grads)[key[0]]).max() > 0
+
+
+@pytest.mark.parametrize("shapes,why", [
+    ({**eva_dinov3_shapes(), "pos_embed": (1, 64, WIDTH)},
+     "registers and a position table"),
+    ({**eva_rope_shapes("index"), "blocks.0.mlp.fc1_g.weight": (MLP, WIDTH)},
+     "EVA-02"),
 ])
-def test_timm_evas_we_cannot_compute_are_refused_by_name(tmp_path, more,
+def test_timm_evas_we_cannot_compute_are_refused_by_name(tmp_path, shapes,
                                                          why):
-  _, path = eva_dinov3_file(tmp_path, more=more)
+  path = str(tmp_path / "eva.safetensors")
+  save_file(random_tensors(shapes), path, metadata={"format": "pt"})
   for read in (pretrained.load, pretrained.source_options):
     with pytest.raises(errors.InputError, match=why):
       read(path)

@@ -46,6 +46,8 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
                + 2 * 2 * tokens * tokens * d)  # q.k and weights.v
   if config.rope:
     per_layer += 2 * 3 * patches * d  # q's and k's patches turned.
+  if config.rope == "mixed":  # Each block's angles: col * f_x + row * f_y.
+    per_layer += 3 * patches * d // 2
   head_in = d
   pre_logits = 0
   if config.representation_size is not None:

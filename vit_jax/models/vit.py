@@ -8,6 +8,7 @@ maps them to mesh axes, so the model names none.
 """
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 import flax.linen as nn
@@ -125,8 +126,8 @@ class ViTConfig:
       "unset: init_from's where it says, else learn", config=None,
       before="learn")
   rope: str = options.key(
-      "", '"axial": DINOv3\'s 2-D rotary embeddings of the patches (also '
-      "with a posemb table); unset: init_from's, else none", config=None,
+      "", '2-D rotary embeddings: "axial" (DINOv3\'s), "index" or "mixed" '
+      "(timm's RoPE ViTs'); unset: init_from's, else none", config=None,
       before="")
   rope_theta: float = options.key(
       100.0, "RoPE's longest period, in half-images (the shortest is 1); "
@@ -224,7 +225,9 @@ class Attention(nn.Module):
   `mask` [N, keys] bool: the keys that may be attended to (NaFlex's real
   tokens, which come first), or None for all. `rope` [N or 1, patches,
   head_dim / 2]: the angles that turn the patches' queries and keys (the
-  last tokens; models/rope.py), or None."""
+  last tokens; models/rope.py); for rope "mixed", the patches' index
+  coordinates [N or 1, patches, 2], which this block's own frequencies
+  turn into angles; or None."""
   config: ViTConfig
   record: bool = True
 
@@ -233,6 +236,13 @@ class Attention(nn.Module):
     config = self.config
     width = x.shape[-1]
     head_dim = width // config.num_heads
+    if rope is not None and config.rope == "mixed":
+      frequencies = self.param(
+          "rope_freqs", _init(functools.partial(
+              rope_lib.init_mixed, theta=config.rope_theta),
+                              (None, "heads", None)),
+          (2, config.num_heads, head_dim // 2), jnp.float32)
+      rope = rope_lib.mixed_angles(rope, frequencies)
 
     def project(name):
       y = nn.DenseGeneral(
@@ -578,7 +588,8 @@ class Encoder(nn.Module):
   def _rope_angles(self, x, train, grid, naflex_grid):
     """[N or 1, patches, head_dim / 2] RoPE angles of x's patches (each
     image's own grid for a NaFlex batch; augmented in training where the
-    config says), or None without RoPE."""
+    config says), or None without RoPE; for rope "mixed", whose angles each
+    block makes, the coordinates [N or 1, patches, 2]."""
     config = self.config
     if not config.rope:
       return None
@@ -587,17 +598,19 @@ class Encoder(nn.Module):
       rows, cols = np.meshgrid(np.arange(grid[0]), np.arange(grid[1]),
                                indexing="ij")
       coords = rope_lib.coordinates(rows.reshape(1, -1), cols.reshape(1, -1),
-                                    grid[0], grid[1])
+                                    grid[0], grid[1], config.rope)
     else:
       rows, cols = naflex.patch_positions(naflex_grid, patches)
       coords = rope_lib.coordinates(rows, cols, naflex_grid[:, :1],
-                                    naflex_grid[:, 1:])
+                                    naflex_grid[:, 1:], config.rope)
     if train and config.rope_augmentation.any:
       coords = rope_lib.augment(
           jnp.broadcast_to(coords, (x.shape[0],) + coords.shape[1:]),
           config.rope_augmentation, self.make_rng("dropout"))
+    if config.rope == "mixed":
+      return coords
     return rope_lib.angles(coords, config.hidden_size // config.num_heads,
-                           config.rope_theta)
+                           config.rope_theta, config.rope)
 
 
 def unit_range(images):

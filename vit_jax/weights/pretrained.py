@@ -151,10 +151,14 @@ def flat_keys(params):
 
 def _function(keys):
   """The function of release-layout params with these keys: the
-  release's, with final_norm "pooled" where they hold an fc_norm."""
-  return {**models.FUNCTION_OPTIONS,
-          "final_norm": "pooled" if any(k.endswith("fc_norm/scale")
-                                        for k in keys) else "tokens"}
+  release's, with final_norm "pooled" where they hold an fc_norm, and
+  rope "mixed" where its blocks hold RoPE frequencies."""
+  function = {**models.FUNCTION_OPTIONS,
+              "final_norm": "pooled" if any(k.endswith("fc_norm/scale")
+                                            for k in keys) else "tokens"}
+  if any(k.endswith("/rope_freqs") for k in keys):
+    function["rope"] = "mixed"
+  return function
 
 
 def run_function(config):

@@ -82,7 +82,9 @@ TIMM_BLOCK = {
     "norm1": ("LayerNorm_0", "norm"),
     "norm2": ("LayerNorm_2", "norm"),
 }
-TIMM_BLOCK_LEAVES = {"ls1.gamma": "ls1", "ls2.gamma": "ls2"}
+TIMM_BLOCK_LEAVES = {"ls1.gamma": "ls1", "ls2.gamma": "ls2",
+                     # an Eva's "mixed" RoPE frequencies, one block's
+                     "attn.rope_freqs": ATTENTION + "/rope_freqs"}
 # `norm` normalises every token; average-pool models normalise the pooled
 # features instead (`fc_norm`, our final_norm "pooled"). `pre_logits.fc` is
 # the tanh representation layer of timm before 0.6. `attn_pool` is
