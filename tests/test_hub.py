@@ -22,6 +22,9 @@ from tests.test_todays_checkpoints import (
   TIMM_CASES,
   dinov2_config,
   dinov2_shapes,
+  dinov3_config,
+  dinov3_shapes,
+  eva_dinov3_file,
   siglip_tensors,
   timm_file,
 )
@@ -134,6 +137,41 @@ def test_hub_names_read_as_their_files(cache, tmp_path):
   inference = pretrained.for_inference("hf://google/vit-tiny")
   assert inference.what == f"hf://google/vit-tiny@{COMMIT[:7]}"
   assert inference.class_names[0] == "class 0"
+
+
+def test_dinov3s_by_name_read_as_their_files_with_their_own_input(
+    cache, tmp_path):
+  """A transformers DINOv3 with its image processor's config and a timm
+  DINOv3 with timm's config: by name, each is its files, and its input is
+  what its repository says (no line of what is assumed)."""
+  hf = write_hf_dir(tmp_path / "dinov3", random_tensors(dinov3_shapes()),
+                    dinov3_config())
+  (tmp_path / "dinov3" / "preprocessor_config.json").write_text(json.dumps({
+      "do_normalize": True, "image_mean": [0.4, 0.5, 0.6],
+      "image_std": [0.2, 0.25, 0.3]}))
+  folder = tmp_path / "timm_dinov3"
+  folder.mkdir()
+  _, path = eva_dinov3_file(folder)
+  os.rename(path, folder / "model.safetensors")
+  (folder / "config.json").write_text(json.dumps({
+      "architecture": "vit_small_patch16_dinov3", "num_classes": 0,
+      "model_args": {"num_heads": HEADS},
+      "pretrained_cfg": {"mean": [0.485, 0.456, 0.406],
+                         "std": [0.229, 0.224, 0.225]}}))
+  for repo, directory, file, said_by in (
+      ("facebook/dinov3-tiny", hf, None, "its preprocessor_config.json"),
+      ("timm/vit_small_patch16_dinov3.test", folder,
+       str(folder / "model.safetensors"), "its hub config.json")):
+    name = put_dir(cache, repo, directory)
+    loaded = pretrained.load(name)
+    direct = pretrained.load(file or directory, HEADS)
+    assert_trees_equal(loaded.params, direct.params)
+    assert loaded.function == direct.function
+    assert loaded.normalization.said_by == said_by
+    status, _, stderr = call_tool("predict", f"--from={name}", "--features",
+                                  "--json", "--max_num_patches=16",
+                                  "docs/digits_attention_rollout.png")
+    assert status == 0 and "note:" not in stderr, stderr[-2000:]
 
 
 def test_a_fine_tune_starts_from_the_commit_and_records_it(cache, tmp_path):

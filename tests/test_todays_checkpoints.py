@@ -794,16 +794,25 @@ def digits_sources(tmp_path):
   hf_dinov3 = write_hf_dir(
       tmp_path / "dinov3", random_tensors(dinov3_shapes(REGISTERS), seed=5),
       dinov3_config(REGISTERS, image_size=DIGITS_SIDE))
+  timm_dinov3 = str(tmp_path / "timm_dinov3.safetensors")
+  save_file(random_tensors(eva_dinov3_shapes(swiglu=True), seed=6),
+            timm_dinov3, metadata={"format": "pt"})
+  timm_rope = str(tmp_path / "timm_rope.safetensors")
+  save_file(random_tensors(eva_rope_shapes("mixed"), seed=7), timm_rope,
+            metadata={"format": "pt"})
   return {"siglip": hf_siglip, "siglip .npz": npz, "siglip2": hf_siglip2,
           "dinov2 with registers": hf_dinov2,
           "dinov3 with registers": hf_dinov3,
-          "timm map, registers, layer scale": timm}
+          "timm map, registers, layer scale": timm,
+          "timm dinov3, swiglu": timm_dinov3, "timm rope mixed": timm_rope}
 
 
 @pytest.mark.parametrize("source", ["siglip", "siglip .npz", "siglip2",
                                     "dinov2 with registers",
                                     "dinov3 with registers",
-                                    "timm map, registers, layer scale"])
+                                    "timm map, registers, layer scale",
+                                    "timm dinov3, swiglu",
+                                    "timm rope mixed"])
 def test_todays_sources_fine_tune_on_digits_with_no_other_flag(
     digits_data_dir, tmp_path, source):
   """init_from alone: the run takes the source's architecture and function,
