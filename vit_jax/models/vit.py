@@ -130,8 +130,9 @@ class ViTConfig:
       "(timm's RoPE ViTs'); unset: init_from's, else none", config=None,
       before="")
   rope_theta: float = options.key(
-      100.0, "RoPE's longest period, in half-images (the shortest is 1); "
-      "unset: init_from's, else 100", config=None, at_least=1.0,
+      100.0, "RoPE's longest period (axial: in half-images; index: "
+      "patches; mixed: its start); unset: init_from's, else 100",
+      config=None, at_least=1.0,
       before=100.0)
   rope_shift: Optional[float] = options.key(
       None, "in training, each image's RoPE coordinates shifted by a draw "
