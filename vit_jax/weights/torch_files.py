@@ -760,8 +760,11 @@ def _dinov3_cannot(flat, function):
   cannot = _eva_family_cannot(flat)
   if models.POSEMB_KEY in flat:
     cannot.append("a position table")
-  if function["rope"] != "axial":
+  if not function["rope"]:
     cannot.append("no 2-D rotary embeddings (rope 'axial')")
+  elif function["rope"] != "axial":
+    cannot.append(f"rope {function['rope']!r}, where DINOv3's is 'axial' "
+                  "(--format=timm writes timm's RoPE ViTs)")
   return cannot
 
 
