@@ -109,7 +109,8 @@ def test_an_npz_sources_options_from_its_headers_are_its_arrays(tmp_path,
                                                                 scanned):
   model = models.create("Ti/4", 10, hidden_size=32, num_layers=2, mlp_dim=64,
                         num_heads=4, classifier="gap", num_registers=2,
-                        layer_scale=0.1, qk_norm=True, final_norm="pooled")
+                        layer_scale=0.1, qk_norm=True, final_norm="pooled",
+                        mlp="swiglu")
   params = flat(model.init(jax.random.key(0), np.zeros((1, 8, 8, 3)),
                            train=False)["params"])
   params = jax.tree.map(np.asarray, nn.meta.unbox(params))
@@ -126,7 +127,7 @@ def test_an_npz_sources_options_from_its_headers_are_its_arrays(tmp_path,
       "layer_norm_epsilon": 1e-6, "gelu": "tanh", "final_norm": "pooled",
       "rope": "", "rope_theta": 100.0, "classifier": "gap",
       "num_registers": 2, "layer_scale": 1.0, "qk_norm": True,
-      "posemb": "learn"}
+      "mlp": "swiglu", "posemb": "learn"}
 
 
 def test_scanned_and_rematerialised_runs_exchange_params_with_plain_ones(

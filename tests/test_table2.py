@@ -233,7 +233,7 @@ def test_pretrain_is_table3(arg):
       attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="auto",
       scan_layers=True, attention="auto", posemb=None, mpp=False,
       layer_norm_epsilon=None, gelu=None, final_norm=None, head_bias_init=0.0,
-      layer_scale=None, num_registers=None, qk_norm=None, fp8=False,
+      layer_scale=None, num_registers=None, qk_norm=None, mlp=None, fp8=False,
       patch_size=None, hidden_size=None, num_layers=None, num_heads=None,
       mlp_dim=None, param_dtype=None, resnet_stages=None, resnet_width=None,
       rope=None, rope_theta=None, rope_shift=None, rope_jitter=None,
@@ -322,7 +322,7 @@ def test_finetune_is_table4(arg):
       attention="auto", posemb=None, mpp=False, layer_norm_epsilon=None,
       gelu=None,
       final_norm=None, head_bias_init=0.0, layer_scale=None,
-      num_registers=None, qk_norm=None, fp8=False, patch_size=None,
+      num_registers=None, qk_norm=None, mlp=None, fp8=False, patch_size=None,
       hidden_size=None, num_layers=None, num_heads=None, mlp_dim=None,
       param_dtype=None, resnet_stages=None, resnet_width=None, rope=None,
       rope_theta=None, rope_shift=None, rope_jitter=None, rope_rescale=None)
