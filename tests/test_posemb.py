@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.util import program_of, small_config, train_steps
+from tests.util import program_of, randomize, small_config, train_steps
 from vit_jax import errors, models
 from vit_jax.analysis import attention
 from vit_jax.models import rope, vit
@@ -207,3 +207,59 @@ def test_a_fine_tune_of_a_rope_run_computes_rope_with_no_flag(tmp_path):
   assert (model.rope, model.rope_theta) == ("axial", 10.0)
   config.model.rope = ""
   assert pretrained.with_source(settings.of(config)).model.rope == ""
+
+
+def test_ropes_training_draws_move_each_images_coordinates():
+  """rope_shift, rope_jitter and rope_rescale (DINOv3's training draws):
+  one translation, per-axis scale and common scale per image, drawn from
+  the step's dropout key; evaluation turns by the plain grid."""
+  # A 4 x 2 grid's patch centres (none at 0, for the ratios below).
+  coords = jnp.asarray(np.stack(np.meshgrid(np.linspace(-0.75, 0.75, 4),
+                                            np.linspace(-0.5, 0.5, 2),
+                                            indexing="ij"), -1).reshape(1, -1, 2))
+  coords = jnp.broadcast_to(coords, (3, 8, 2))
+  key = jax.random.key(0)
+  shifted = rope.augment(coords, rope.Augmentation(shift=0.25), key)
+  moved = np.asarray(shifted - coords)
+  np.testing.assert_allclose(moved, np.broadcast_to(moved[:, :1], moved.shape),
+                             atol=1e-6)  # A translation.
+  assert np.abs(moved).max() <= 0.25 and len(set(moved[:, 0, 0])) == 3
+  jittered = rope.augment(coords, rope.Augmentation(jitter=2.0), key)
+  scale = np.asarray(jittered / coords)
+  np.testing.assert_allclose(scale, np.broadcast_to(scale[:, :1], scale.shape),
+                             rtol=1e-5)  # Per axis.
+  assert ((scale >= 0.5) & (scale <= 2.0)).all()
+  rescaled = rope.augment(coords, rope.Augmentation(rescale=2.0), key)
+  scale = np.asarray(rescaled / coords)
+  np.testing.assert_allclose(scale, np.broadcast_to(scale[:, :1, :1],
+                                                    scale.shape), rtol=1e-5)
+  np.testing.assert_array_equal(
+      rope.augment(coords, rope.Augmentation(), key), coords)
+
+  model = models.create("Ti/4", 10, hidden_size=32, num_layers=1, mlp_dim=64,
+                        num_heads=4, rope="axial", posemb="none",
+                        dropout_rate=0.0, rope_shift=0.5, rope_jitter=1.5,
+                        rope_rescale=2.0)
+  x = jnp.broadcast_to(jax.random.uniform(jax.random.key(1), (1, 8, 8, 3)),
+                       (2, 8, 8, 3))
+  params = randomize(flax.linen.meta.unbox(model.init(
+      jax.random.key(0), x[:1], train=False)["params"]))
+  plain = model.apply({"params": params}, x, train=False)
+  train = lambda seed: model.apply({"params": params}, x, train=True,
+                                   rngs={"dropout": jax.random.key(seed)})
+  np.testing.assert_array_equal(train(3), train(3))
+  assert np.abs(train(3)[0] - train(3)[1]).max() > 1e-4  # Per image.
+  assert np.abs(train(3) - plain).max() > 1e-4
+  plain_model = models.create("Ti/4", 10, hidden_size=32, num_layers=1,
+                              mlp_dim=64, num_heads=4, rope="axial",
+                              posemb="none", dropout_rate=0.0)
+  np.testing.assert_array_equal(
+      plain_model.apply({"params": params}, x, train=True,
+                        rngs={"dropout": jax.random.key(3)}), plain)
+
+
+def test_a_rope_kind_or_head_width_that_cannot_turn_is_refused():
+  with pytest.raises(errors.InputError, match="rope must be one of"):
+    models.create("Ti/4", 10, hidden_size=32, num_heads=4, rope="cat")
+  with pytest.raises(errors.InputError, match="divisible by 4"):
+    models.create("Ti/4", 10, hidden_size=24, num_heads=4, rope="mixed")
