@@ -647,6 +647,15 @@ def _function_cannot(function):
   return []
 
 
+def _refuse(what, target, cannot):
+  """InputError naming what of `what` cannot be written `target` ("as a
+  DINOv3ViTModel", ...), where `cannot` lists anything."""
+  if cannot:
+    raise errors.InputError(
+        f"{what} cannot be written {target}: the model has "
+        f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+
+
 def _check_writable(flat, function, layout, what):
   """InputError unless `flat`, computing `function`, is a ViT the layout
   can hold."""
@@ -675,10 +684,7 @@ def _check_writable(flat, function, layout, what):
                      "query/key norms")):
     if layout == "hf" and key in flat:
       cannot.append(part + " (--format=timm writes it)")
-  if cannot:
-    raise errors.InputError(
-        f"{what} cannot be written for {layout}: the model has "
-        f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+  _refuse(what, f"for {layout}", cannot)
 
 
 # transformers' hidden_act of each of our GELUs.
@@ -778,10 +784,7 @@ def write_dinov3(directory, flat, function, image_size, what):
   cannot = _dinov3_cannot(flat, function)
   if "cls" not in flat:
     cannot.append("no class token")
-  if cannot:
-    raise errors.InputError(
-        f"{what} cannot be written as a DINOv3ViTModel: the model has "
-        f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+  _refuse(what, "as a DINOv3ViTModel", cannot)
   sizes = _sizes(flat)
   flat = dict(flat)
   flat.pop("head/kernel", None)
@@ -838,10 +841,7 @@ def write_siglip2(directory, flat, function, what):
   cannot += _function_cannot(function)
   if models.POSEMB_KEY not in flat:
     cannot.append("a position embedding other than 'learn'")
-  if cannot:
-    raise errors.InputError(
-        f"{what} cannot be written as a Siglip2VisionModel: the model has "
-        f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+  _refuse(what, "as a Siglip2VisionModel", cannot)
   sizes = _sizes(flat)
   config = {
       "architectures": ["Siglip2VisionModel"],
@@ -949,10 +949,7 @@ def write_eva(path, flat, function, image_size, what):
           "/key/bias" for i in range(sizes["num_layers"])]
   if kind == "axial" and any(np.any(flat[key]) for key in keys):
     cannot.append("a key bias (--format=hf writes it)")
-  if cannot:
-    raise errors.InputError(
-        f"{what} cannot be written as a timm Eva: the model has "
-        f"{'; '.join(cannot)}. --format=npz writes any of vit_jax's models")
+  _refuse(what, "as a timm Eva", cannot)
   flat = dict(flat)
   registers = flat.pop(torch_layouts.REGISTERS, None)
   if "cls" not in flat and registers is not None:
