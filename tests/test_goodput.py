@@ -61,6 +61,7 @@ def test_compiles_are_taken_out_of_the_bucket_they_happen_in():
       before_back = time.time()
     after_back = time.time()
     seconds = accounts.seconds()
+    after_seconds = time.time()
   finally:
     accounts.close()
     jax.monitoring.unregister_event_time_span_listener(compiled)
@@ -71,11 +72,13 @@ def test_compiles_are_taken_out_of_the_bucket_they_happen_in():
   # "eval", less the compile: counted twice, it would overshoot the bound.
   assert seconds["train"] >= 0.2
   # Within a millisecond: JAX times its compile spans with a clock of its
-  # own, which the train bucket gives back.
+  # own, which the train bucket gives back. Leaving `counting` switched back
+  # to train, which holds the moments up to `seconds()` too (milliseconds
+  # where the other worker has the core).
   slack = 1e-3
   assert (before_eval - after_train - slack
           <= seconds["train"] + seconds["compile"]
-          <= after_eval - before_train + slack)
+          <= after_eval - before_train + after_seconds - before_back + slack)
   assert 0.1 <= seconds["eval"] <= after_back - before_eval
   assert before_back - after_eval <= seconds["eval"]
   assert seconds["lost"] == seconds["input"] == 0
