@@ -5,7 +5,6 @@ import glob
 import logging
 import os
 import shutil
-import signal
 
 import grain
 import numpy as np
@@ -19,11 +18,11 @@ from tests.util import (
   made_once,
   metric_rows,
   run_training,
+  sigterm_at_step,
   small_config,
 )
 from vit_jax import errors
 from vit_jax.data import conversion, pipeline, preprocess, sources
-from vit_jax.training import step as step_lib
 
 # Positions in each split of the prepared digits whose image bytes are
 # replaced: by bytes that are no image, or by the first half of a PNG.
@@ -165,23 +164,10 @@ def test_a_run_trains_to_the_end_and_resumed_drops_the_same_records(
   for position in BROKEN["test"]:
     assert f"Skipped example {position} of digits test" in named
 
-  real_build = step_lib.build
-  steps = []
-
-  def sigterm_at_step_5(*args, **kwargs):
-    program = real_build(*args, **kwargs)
-
-    def step(state, batch):
-      steps.append(step)
-      if len(steps) == 5:
-        os.kill(os.getpid(), signal.SIGTERM)
-      return program.train_step(state, batch)
-    return program._replace(train_step=step)
-
   parted = str(tmp_path / "parted")
-  monkeypatch.setattr(step_lib, "build", sigterm_at_step_5)
-  assert run_training(config, parted)["stopped_at_step"] == 5
-  monkeypatch.setattr(step_lib, "build", real_build)
+  with monkeypatch.context() as patch:
+    sigterm_at_step(patch, 5)
+    assert run_training(config, parted)["stopped_at_step"] == 5
   result = run_training(config, parted)
   assert result["train_skipped_examples"] == 2 * len(BROKEN["train"])
   assert_trees_equal(latest_checkpoint(parted, config)[1],

@@ -111,8 +111,8 @@ def poison_step(monkeypatch, at_step):
   def poisoned(*args, **kwargs):
     train_step = real_make_train_step(*args, **kwargs)
 
-    def step(state, batch, numbers):
-      state, metrics = train_step(state, batch, numbers)
+    def step(state, batch, *bound):
+      state, metrics = train_step(state, batch, *bound)
       poison = jnp.where(state.step == at_step, jnp.nan, 1.0)
       state = state.replace(
           params=jax.tree.map(lambda p: p * poison, state.params))
@@ -120,6 +120,26 @@ def poison_step(monkeypatch, at_step):
     return step
 
   monkeypatch.setattr(step_lib, "make_train_step", poisoned)
+
+
+def sigterm_at_step(patch, at):
+  """Has the programs built from now on (while `patch`, a monkeypatch,
+  holds) send this process SIGTERM as the `at`-th train step they run
+  starts."""
+  from vit_jax.training import step as step_lib  # pylint: disable=g-import-not-at-top
+  real_build, steps = step_lib.build, []
+
+  def build(*args, **kwargs):
+    program = real_build(*args, **kwargs)
+
+    def step(state, batch):
+      steps.append(step)
+      if len(steps) == at:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return program.train_step(state, batch)
+    return program._replace(train_step=step)
+
+  patch.setattr(step_lib, "build", build)
 
 
 def train_steps(program, state, config, num_steps, augment=()):

@@ -117,6 +117,24 @@ class NaFlex:
 
 
 @dataclasses.dataclass(frozen=True)
+class Distill:
+  """config.distill: a frozen teacher's outputs as the student's targets
+  (training/distill.py)."""
+  teacher: str = key("", "the teacher, any source init_from takes ('': "
+                     "none); it sees the student's batch at its own "
+                     "resolution", before=AS_DEFAULT)
+  kind: str = key("soft", "soft: KL divergence from the teacher's softened "
+                  "probabilities; token: DeiT's hard labels through a "
+                  "distillation token", before=AS_DEFAULT)
+  temperature: float = key(1.0, "the softmax temperature of soft "
+                           "distillation (the KL term is scaled by its "
+                           "square)", at_least=0.0, before=AS_DEFAULT)
+  label_weight: float = key(0.0, "the label loss's share of the loss (0: "
+                            "pure function matching)", at_least=0.0,
+                            at_most=1.0, before=AS_DEFAULT)
+
+
+@dataclasses.dataclass(frozen=True)
 class Mesh:
   """config.mesh: the device mesh's axes (sharding.py); one may be -1,
   the devices the others leave."""
@@ -179,6 +197,7 @@ class Settings:
                        "(recorded at its commit)")
   polyak_decay: float = key(0.0, "the decay of a Polyak average of the "
                             "params (0: none)", at_least=0.0, below=1.0)
+  distill: Distill = section(Distill, "distillation from a teacher")
   mesh: Mesh = section(Mesh, "the device mesh", changeable=True)
   seed: int = key(0, "seeds the init, the data's order, the augmentations "
                   "and dropout")

@@ -43,19 +43,29 @@ def cross_entropy(kind, logits, targets):
 
 
 
-def of_batch(model, params, images, targets, weights, key, kind="softmax"):
-  """The loss the step differentiates: the examples' losses summed with
-  `weights` (1/n each for the mean over n; 0 leaves a row out). A
-  classifier's are cross-entropies (`kind`) with `targets`, and `key` draws
-  the dropout; masked patch prediction's are `masked_patch_losses`."""
+def of_batch(model, params, images, targets, weights, key, kind="softmax",
+             teacher=None, teacher_logits=None):
+  """(the loss the step differentiates, {name: a part of it}): the
+  examples' losses summed with `weights` (1/n each for the mean over n; 0
+  leaves a row out). A classifier's are cross-entropies (`kind`) with
+  `targets`, and `key` draws the dropout; masked patch prediction's are
+  `masked_patch_losses`. With a distill.Teacher and its logits on these
+  images, each example's loss mixes in its distillation term, logged as
+  the part "distill_loss"."""
   if isinstance(model, models.MaskedPatchViT):
     per_image = masked_patch_losses(model, params, images,
                                     *jax.random.split(key))
-  else:
-    logits = model.apply({"params": params}, images, train=True,
-                         rngs={"dropout": key})
-    per_image = cross_entropy(kind, logits, targets)
-  return (weights * per_image).sum()
+    return (weights * per_image).sum(), {}
+  logits = model.apply({"params": params}, images, train=True,
+                       rngs={"dropout": key})
+  per_image = cross_entropy(kind, logits, targets)
+  if teacher is None:
+    return (weights * per_image).sum(), {}
+  distilled = teacher.loss(logits, teacher_logits)
+  per_image = (teacher.label_weight * per_image
+               + (1 - teacher.label_weight) * distilled)
+  return (weights * per_image).sum(), {
+      "distill_loss": (weights * distilled).sum()}
 
 
 def masked_patch_losses(model, params, images, key, dropout_key):

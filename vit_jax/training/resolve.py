@@ -19,7 +19,8 @@ only config:
      a folder's files compared with the run's record before it is
      prepared;
   6. the model and the optimizer, built once for the dataset's classes
-     (step.parts) and checked against the mesh and the image size; an
+     (step.parts), with the teacher of a distilling run read once
+     (distill.py), and checked against the mesh and the image size; an
      attention and a remat policy of "auto" made concrete (fitting.py: on
      TPUs the step is compiled to choose the remat policy that fits);
   7. the input shares the training split is read in: as recorded, else as
@@ -41,7 +42,14 @@ from vit_jax import errors, paths, sharding
 from vit_jax.data import preprocess, shares, sources
 from vit_jax.models import naflex as naflex_lib
 from vit_jax.runs import settings, store, workdir as workdir_lib
-from vit_jax.training import evaluators, fitting, profiling, step, targets
+from vit_jax.training import (
+  distill,
+  evaluators,
+  fitting,
+  profiling,
+  step,
+  targets,
+)
 from vit_jax.weights import pretrained
 
 
@@ -88,7 +96,9 @@ def run(config, workdir, devices=None):
   checked = check_values(config)
   paths.check_reachable(workdir, "--workdir", writes=True)
   for value, flag in ((checked.settings.data_dir, "config.data_dir"),
-                      (checked.settings.init_from, "config.init_from")):
+                      (checked.settings.init_from, "config.init_from"),
+                      (checked.settings.distill.teacher,
+                       "config.distill.teacher")):
     paths.check_reachable(value, flag)
   workdir = workdir_lib.Workdir(workdir)
   recorded = workdir.read_config() if workdir.has_run() else None
@@ -100,7 +110,7 @@ def run(config, workdir, devices=None):
   keys = dataclasses.replace(
       keys, folder_contents=folder_contents(keys, recorded, data, workdir))
   check_data(checked, data)
-  fitted = fit(checked, mesh, data().num_classes)
+  fitted = fit(checked, mesh, data().num_classes, distill.load(keys))
   if fitted.program is not None and fitted.compiled is None:
     raise errors.ConfigError(
         "config.model.remat_policy='auto': the step does not fit the "
@@ -128,11 +138,13 @@ class Fitted(NamedTuple):
     return fitting.describe_tried(self.tried)
 
 
-def fit(checked, mesh, num_classes):
+def fit(checked, mesh, num_classes, teacher=None):
   """The Fitted program of `checked` over `mesh`: its model and optimizer
-  built for `num_classes`, its "auto" settings made concrete for the
-  devices (fitting.py): the attention, and the remat policy, the first of
-  fitting.REMAT_BY_MEMORY whose step fits, compiled in turn on TPUs."""
+  built for `num_classes`, with its distill.Teacher, its "auto" settings
+  made concrete for the devices (fitting.py): the attention, and the remat
+  policy, the first of fitting.REMAT_BY_MEMORY whose step fits, compiled
+  in turn on TPUs."""
+  distill.check_classes(teacher, num_classes)
   device = mesh.devices.flat[0]
   policy = checked.settings.model.remat_policy
   attention = fitting.attention(checked.settings.model, device)
@@ -142,7 +154,8 @@ def fit(checked, mesh, num_classes):
     keys = checked.settings
     keys = dataclasses.replace(keys, model=dataclasses.replace(
         keys.model, remat_policy=choice, attention=attention))
-    built = check_program(checked._replace(settings=keys), mesh, num_classes)
+    built = check_program(checked._replace(settings=keys), mesh, num_classes,
+                          teacher)
     if len(choices) == 1:  # Nothing to choose: nothing compiled here.
       return Fitted(keys, mesh, built, None, None, (), 0.0)
     program = step.build(keys, mesh, built)
@@ -163,7 +176,7 @@ def program(config, devices=None, num_classes=1):
   checked = check_values(config)
   mesh = sharding.make_mesh(dataclasses.asdict(checked.settings.mesh),
                             devices)
-  return fit(checked, mesh, num_classes)
+  return fit(checked, mesh, num_classes, distill.load(checked.settings))
 
 
 def check_values(config):
@@ -182,6 +195,7 @@ def check_values(config):
   except errors.InputError as e:
     raise errors.ConfigError(f"config.{e}") from e  # It names the key.
   targets.check(keys)
+  distill.check(keys)
   profiling.steps(keys.profile_steps)  # A ConfigError names the key.
   try:
     evaluations = evaluators.enabled(keys)
@@ -190,11 +204,11 @@ def check_values(config):
   return Checked(keys, augmentation, evaluations)
 
 
-def check_program(checked, mesh, num_classes):
-  """The model and the optimizer (step.Parts), built here once, and the
-  checks that need them and the mesh."""
+def check_program(checked, mesh, num_classes, teacher=None):
+  """The model and the optimizer (step.Parts, with `teacher`), built here
+  once, and the checks that need them and the mesh."""
   keys = checked.settings
-  built = step.parts(keys, num_classes)
+  built = step.parts(keys, num_classes, teacher)
   model = built.model
   data_parallel = sharding.data_parallel_size(mesh)
   per_step = data_parallel * keys.accum_steps

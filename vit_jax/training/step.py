@@ -60,25 +60,33 @@ def abstract_state(model, tx, image_size, polyak_decay, mesh,
 
 
 def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
-                    recipe, unroll=False):
-  """state, batch, numbers -> state, metrics; the gradient of the batch's
-  mean loss, summed over micro-batches. `recipe` (targets.py) makes the
-  batch's targets, smoothed and mixed, before it is split. The optimizer is
-  `optimizer_of(numbers)`: the schedule's numbers come in as data
-  (optimizer.schedule_numbers), not as constants of the compiled step.
+                    recipe, unroll=False, teacher=None):
+  """state, batch, numbers, teacher params -> state, metrics; the gradient
+  of the batch's mean loss, summed over micro-batches. `recipe`
+  (targets.py) makes the batch's targets, smoothed and mixed, before it is
+  split. The optimizer is `optimizer_of(numbers)`: the schedule's numbers
+  come in as data (optimizer.schedule_numbers), not as constants of the
+  compiled step. `teacher` (distill.py), where the run distils, runs on
+  each micro-batch's images as the student sees them; its params come in
+  as data too (None without one).
 
   unroll: trace the micro-batch loop unrolled, for vit_jax.plan (XLA's cost
   analysis counts a loop's body once); runs keep the loop, which compiles
   one micro-step and frees each one's activations before the next.
   """
 
-  def loss_and_grads(params, batch, weights, key):
-    def loss(params):
-      return losses.of_batch(model, params, naflex.inputs_of(batch),
-                             batch["target"], weights, key, recipe.loss)
-    return jax.value_and_grad(loss)(params)
+  def loss_and_grads(params, batch, weights, key, teacher_params):
+    """((loss, {part: value}), grads) of a batch or micro-batch."""
+    images = naflex.inputs_of(batch)
+    teacher_logits = (None if teacher is None
+                      else teacher.logits(teacher_params, images))
 
-  def train_step(state, batch, numbers):
+    def loss(params):
+      return losses.of_batch(model, params, images, batch["target"], weights,
+                             key, recipe.loss, teacher, teacher_logits)
+    return jax.value_and_grad(loss, has_aux=True)(params)
+
+  def train_step(state, batch, numbers, teacher_params):
     tx, schedule = optimizer_of(numbers)
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
     mix_key = jax.random.fold_in(
@@ -93,7 +101,8 @@ def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
     mask = batch["mask"]
     weights = mask / jnp.maximum(mask.sum(), 1)
     if accum_steps == 1:
-      loss, grads = loss_and_grads(state.params, batch, weights, dropout_key)
+      (loss, parts), grads = loss_and_grads(state.params, batch, weights,
+                                            dropout_key, teacher_params)
     else:
       # Micro-batch i takes examples i, i + A, i + 2A, ...: each device's
       # rows stay on that device, so splitting needs no communication.
@@ -103,21 +112,23 @@ def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
 
       def accumulate(carry, i):
         micro = jax.tree.map(lambda x: x[:, i], strided)
-        loss, grads = loss_and_grads(state.params, micro, micro["weight"],
-                                     jax.random.fold_in(dropout_key, i))
-        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+        (loss, parts), grads = loss_and_grads(
+            state.params, micro, micro["weight"],
+            jax.random.fold_in(dropout_key, i), teacher_params)
+        return jax.tree.map(jnp.add, carry, (loss, parts, grads)), None
 
       zeros = (jnp.zeros((), jnp.float32),
+               {} if teacher is None else {"distill_loss": jnp.zeros(())},
                jax.tree.map(jnp.zeros_like, state.params))
       # Weighted sums over the micro-batches add up to the batch's mean.
-      (loss, grads), _ = jax.lax.scan(accumulate, zeros,
-                                      jnp.arange(accum_steps), unroll=unroll)
+      (loss, parts, grads), _ = jax.lax.scan(
+          accumulate, zeros, jnp.arange(accum_steps), unroll=unroll)
 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {"train_loss": loss, "learning_rate": schedule(state.step),
                "grad_norm": optax.tree.norm(grads),
-               "skipped_examples": (mask == 0).sum()}
+               "skipped_examples": (mask == 0).sum(), **parts}
     average = polyak.update(state.polyak, params, polyak_decay)
     return TrainState(state.step + 1, params, opt_state, average), metrics
 
@@ -130,12 +141,14 @@ class Parts(NamedTuple):
   tx: optax.GradientTransformation  # for the state's structure
   numbers: np.ndarray    # the schedule's (optimizer.schedule_numbers)
   optimizer_of: Callable  # numbers -> (tx, schedule), for the train step
+  teacher: Any = None  # distill.Teacher, read once, where the run distils
 
 
-def parts(settings, num_classes):
+def parts(settings, num_classes, teacher=None):
   """The model and the optimizer of a run's `settings` (runs/settings.py),
-  for `num_classes` classes; an InputError naming the key where its model
-  (a ConfigError) or its optimizer cannot be built."""
+  for `num_classes` classes, with its `teacher` (distill.load's); an
+  InputError naming the key where its model (a ConfigError) or its
+  optimizer cannot be built."""
   try:
     model = models.create_from_config(dataclasses.asdict(settings.model),
                                       num_classes)
@@ -147,7 +160,7 @@ def parts(settings, num_classes):
                                    settings.total_steps,
                                    model.config.num_layers)
   tx, _ = optimizer_of(numbers)
-  return Parts(model, tx, numbers, optimizer_of)
+  return Parts(model, tx, numbers, optimizer_of, teacher)
 
 
 class Program(NamedTuple):
@@ -158,18 +171,21 @@ class Program(NamedTuple):
   batch_sharding: NamedSharding
   init: Callable         # rng -> sharded TrainState
   train_step: "BoundStep"  # state, batch -> state, metrics (state donated)
+  teacher: Any = None    # distill.OnMesh, where the run distils
 
 
 class BoundStep:
-  """The jitted train step with its schedule's numbers bound: called, and
-  lowered, with (state, batch). The numbers go in as a replicated array,
-  placed once."""
+  """The jitted train step with its schedule's numbers and its teacher's
+  params bound: called, and lowered, with (state, batch). The numbers go in
+  as a replicated array, placed once; the teacher's (a distill.OnMesh, or
+  None) as it places them."""
 
-  def __init__(self, jitted, numbers, mesh):
+  def __init__(self, jitted, numbers, mesh, teacher=None):
     self._jitted = jitted
     self._numbers = numbers
     self._sharding = sharding.replicated(mesh)
     self._placed = None
+    self._teacher = teacher
 
   def numbers_on_devices(self):
     """The numbers, replicated over the mesh (placed on the first call)."""
@@ -180,11 +196,13 @@ class BoundStep:
     return self._placed
 
   def __call__(self, state, batch):
-    return self._jitted(state, batch, self.numbers_on_devices())
+    return self._jitted(state, batch, self.numbers_on_devices(),
+                        self._teacher and self._teacher.params())
 
   def lower(self, state, batch):
     return self._jitted.lower(state, batch, jax.ShapeDtypeStruct(
-        self._numbers.shape, self._numbers.dtype, sharding=self._sharding))
+        self._numbers.shape, self._numbers.dtype, sharding=self._sharding),
+                              self._teacher and self._teacher.shapes)
 
 
 def build(settings, mesh, built, unroll=False):
@@ -196,6 +214,8 @@ def build(settings, mesh, built, unroll=False):
       model, tx, settings.image_size, settings.polyak_decay, mesh,
       settings.mesh.fsdp_min_bytes)
   batch_shard = sharding.batch_sharding(mesh)
+  teacher = built.teacher and built.teacher.on_mesh(
+      mesh, settings.mesh.fsdp_min_bytes)
   init = jax.jit(
       lambda rng: nn.meta.unbox(init_state(model, tx, settings.image_size,
                                            settings.polyak_decay, rng)),
@@ -205,13 +225,14 @@ def build(settings, mesh, built, unroll=False):
           make_train_step(model, built.optimizer_of, settings.accum_steps,
                           settings.seed, settings.polyak_decay,
                           targets.Recipe.of(settings, model.num_classes),
-                          unroll), mesh),
-      in_shardings=(state_shardings, batch_shard,
-                    sharding.replicated(mesh)),
+                          unroll, built.teacher), mesh),
+      in_shardings=(state_shardings, batch_shard, sharding.replicated(mesh),
+                    teacher and teacher.shardings),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)
   return Program(model, state_shapes, state_shardings, batch_shard, init,
-                 BoundStep(train_step, built.numbers, mesh))
+                 BoundStep(train_step, built.numbers, mesh, teacher),
+                 teacher)
 
 
 def initial_state(program, settings):

@@ -1,0 +1,170 @@
+"""Distillation: a frozen teacher's outputs as the student's targets.
+
+config.distill.teacher names any source that init_from takes (a workdir
+of ours, an .npz, an HF directory, a timm file, hf://ORG/NAME). It is read
+once, when the run is resolved, and taken on its own input: its mean and
+std are folded into its patch embedding (weights/exports.py), so it sees
+the student's [-1, 1] images. Inside the train step it runs on the very
+batch the student sees, after cropping, flipping, RandAugment and Mixup
+("consistent" teaching, Beyer et al. 2022), resized to its own
+resolution; its params are an argument of the step, sharded over the
+run's mesh by the same rules as the student's (FSDP where the mesh has
+it), never part of the train state, so checkpoints hold the student alone.
+
+  soft   per example, T^2 KL(softmax(t / T) || softmax(s / T)) of the
+         teacher's logits t and the student's s at temperature T (Hinton
+         et al. 2015; at T = 1 and no label loss, the function matching of
+         Beyer et al.). The loss is label_weight x the label loss +
+         (1 - label_weight) x this term.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from vit_jax import errors, sharding
+from vit_jax.models import flops, vit
+from vit_jax.weights import exports, pretrained
+
+KINDS = ("soft",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+  """A frozen model whose logits the student learns, with its params."""
+  model: nn.Module  # float32, taking vit_jax's images in [-1, 1]
+  params: dict  # numpy arrays, the model's tree
+  image_size: int  # the resolution it runs at
+  what: str  # where its params came from, for messages
+  temperature: float
+  label_weight: float
+
+  @property
+  def num_classes(self):
+    return self.model.num_classes
+
+  def on_mesh(self, mesh, fsdp_min_bytes=0):
+    """The teacher laid out over `mesh` (OnMesh)."""
+    return OnMesh(self, self.shapes(mesh, fsdp_min_bytes))
+
+  def shapes(self, mesh, fsdp_min_bytes=0):
+    """ShapeDtypeStructs of the params, carrying their shardings over
+    `mesh` (sharding.py's rules, as for the student's)."""
+    images = jnp.zeros((1, self.image_size, self.image_size, 3), jnp.float32)
+    boxed = jax.eval_shape(lambda: self.model.init(
+        jax.random.key(0), images, train=False)["params"])
+    shardings = sharding.tree_shardings(boxed, mesh, fsdp_min_bytes)
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, np.float32, sharding=s),
+        nn.meta.unbox(boxed), shardings)
+
+  def place(self, shapes):
+    """The params as arrays laid out as `shapes` (`shapes`'s)."""
+    return jax.tree.map(
+        lambda value, shape: jax.make_array_from_callback(
+            shape.shape, shape.sharding,
+            lambda index: np.asarray(value, np.float32)[index]),
+        self.params, shapes)
+
+  def logits(self, params, images):
+    """The teacher's float32 logits [n, classes] on the student's images
+    (uint8, or float in [-1, 1]), resized to its resolution; no gradient
+    flows back through them."""
+    images = vit.unit_range(images)
+    n, height, width, channels = images.shape
+    if (height, width) != (self.image_size, self.image_size):
+      images = jax.image.resize(
+          images, (n, self.image_size, self.image_size, channels), "bilinear")
+    return jax.lax.stop_gradient(
+        self.model.apply({"params": params}, images, train=False))
+
+  def loss(self, student_logits, teacher_logits):
+    """Each example's distillation term [n] (the module docstring)."""
+    t = self.temperature
+    teacher = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / t)
+    student = jax.nn.log_softmax(student_logits.astype(jnp.float32) / t)
+    return t * t * (jnp.exp(teacher) * (teacher - student)).sum(axis=-1)
+
+
+class OnMesh:
+  """A teacher, its params' shapes carrying their shardings over a run's
+  mesh, and the params placed so (at the first use: the train step and
+  the evaluators share them)."""
+
+  def __init__(self, teacher, shapes):
+    self.teacher, self.shapes = teacher, shapes
+    self._params = None
+
+  @property
+  def shardings(self):
+    return jax.tree.map(lambda x: x.sharding, self.shapes)
+
+  def params(self):
+    if self._params is None:
+      self._params = self.teacher.place(self.shapes)
+    return self._params
+
+
+def check(keys):
+  """ConfigErrors of config.distill's values alone, naming the key."""
+  distill = keys.distill
+  if not distill.teacher:
+    return
+  if distill.kind not in KINDS:
+    raise errors.ConfigError(
+        f"config.distill.kind must be one of {list(KINDS)}, got "
+        f"{distill.kind!r}")
+  if not distill.temperature > 0:
+    raise errors.ConfigError(f"config.distill.temperature must be > 0, got "
+                             f"{distill.temperature!r}")
+  if keys.model.mpp:
+    raise errors.ConfigError(
+        "config.distill.teacher: masked patch prediction predicts patch "
+        "colours, which no teacher gives; set config.model.mpp=False")
+  if keys.naflex.max_num_patches:
+    raise errors.ConfigError(
+        "config.distill.teacher: a teacher reads square images, and NaFlex "
+        "images differ in shape; set config.naflex.max_num_patches=0")
+
+
+def load(keys):
+  """The Teacher that `keys` (a run's Settings) name, read to host memory,
+  or None where they name none. A teacher that cannot be read, or has no
+  classifier, is a ConfigError naming the key."""
+  source = keys.distill.teacher
+  if not source:
+    return None
+  try:
+    loaded = exports.in_own_input(pretrained.load(source),
+                                  say=logging.warning)
+    inference = pretrained.inference_of(loaded)
+  except (errors.InputError, OSError) as e:
+    raise errors.ConfigError(f"config.distill.teacher={source!r}: {e}") from e
+  logging.info("distill: teacher %s at %d px", inference.what,
+               inference.image_size)
+  return Teacher(inference.model, inference.params, inference.image_size,
+                 inference.what, keys.distill.temperature,
+                 keys.distill.label_weight)
+
+
+def flops_per_image(teacher):
+  """The FLOPs of the teacher's forward pass on one image at its
+  resolution, which a distilling step adds to the student's; 0 without
+  one."""
+  if teacher is None:
+    return 0
+  return flops.flops_per_image(teacher.model, teacher.image_size,
+                               num_classes=teacher.num_classes)
+
+
+def check_classes(teacher, num_classes):
+  """A ConfigError where the teacher's classes are not the dataset's."""
+  if teacher is not None and teacher.num_classes != num_classes:
+    raise errors.ConfigError(
+        f"config.distill.teacher {teacher.what} predicts "
+        f"{teacher.num_classes} classes, the dataset has {num_classes}: a "
+        "teacher must classify the student's classes")
