@@ -37,7 +37,13 @@ from vit_jax import errors, paths
 from vit_jax.data import sources, vtab_tasks
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, report, work
-from vit_jax.training import fitting, resolve, step as step_lib, throughput
+from vit_jax.training import (
+  distill,
+  fitting,
+  resolve,
+  step as step_lib,
+  throughput,
+)
 
 # Evaluation, checkpoints and restarts after preemption, on top of the
 # training steps. A stated guess, not a measurement: Table 2's pre-training
@@ -452,9 +458,10 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
       cost = step_cost(compiled)
   num_patches = config.naflex.max_num_patches or None
   images_per_device = config.batch_size / len(devices)
-  model_flops = flops_lib.flops_per_image(
-      program.model, config.image_size, train=True, num_patches=num_patches,
-  ) * images_per_device
+  model_flops = (flops_lib.flops_per_image(
+      program.model, config.image_size, train=True, num_patches=num_patches)
+                 + distill.flops_per_image(fitted.parts.teacher)
+                 ) * images_per_device
   kernels = cost and round(cost["kernels"])
   kernel_flops = None
   if kernels:  # The splash attention's: the only kernels a model runs.

@@ -2,7 +2,9 @@
 
 Settings (config.evaluators.NAME): split, and dataset ("": the run's
 config.dataset). Logs NAME_accuracy and NAME_examples, the examples scored
-(and NAME_skipped_examples, those whose image does not decode, if any).
+(and NAME_skipped_examples, those whose image does not decode, if any);
+in a distilling run also NAME_teacher_agreement, the share of the examples
+scored whose top-1 class is the teacher's.
 """
 
 import jax.numpy as jnp
@@ -35,13 +37,9 @@ class Accuracy:
   def __init__(self, name, settings, run, program):
     self.name, self.settings, self.run = name, settings, run
     self.program = program
-    # Examples scored (mask 1) beside what `counts` counts: ReaL counts
-    # only those with a label set.
-    self.step = batches.jit(program, lambda params, batch: {
-        **self.counts(program.model.apply(
-            {"params": params}, naflex.inputs_of(batch), train=False),
-                      batch),
-        "examples": batch["mask"].sum()})
+    self.teacher = program.teacher and program.teacher.teacher
+    self.step = batches.jit(program, self.scores,
+                            with_teacher=self.teacher is not None)
     self.total = run.sources(settings.dataset).num_examples(settings.split)
     self.batches = batches.Batches(program, run, settings.dataset,
                                    settings.split, extras=self.extras)
@@ -53,7 +51,31 @@ class Accuracy:
   def extras(self, example):  # pylint: disable=unused-argument
     return {}
 
+  def scores(self, params, batch, teacher_params=None):
+    """What `counts` counts in a batch, the examples scored (mask 1: ReaL
+    counts only those with a label set), and those where the teacher's
+    top-1 class is the model's."""
+    images = naflex.inputs_of(batch)
+    logits = self.program.model.apply({"params": params}, images,
+                                      train=False)
+    scores = {**self.counts(logits, batch), "examples": batch["mask"].sum()}
+    if self.teacher is not None:
+      taught = jnp.argmax(self.teacher.logits(teacher_params, images), -1)
+      scores["agreed"] = ((taught == jnp.argmax(logits, -1))
+                          * batch["mask"]).sum()
+    return scores
+
   def __call__(self, params):
-    totals = batches.sum_over(self.step, params, self.batches)
+    step = self.step
+    if self.teacher is not None:
+      teacher_params = self.program.teacher.params()
+
+      def step(params, batch):
+        return self.step(params, batch, teacher_params)
+    totals = batches.sum_over(step, params, self.batches)
+    agreement = ({f"{self.name}_teacher_agreement":
+                  totals["agreed"] / totals["examples"]}
+                 if self.teacher is not None else {})
     return {f"{self.name}_accuracy": totals["correct"] / totals["count"],
+            **agreement,
             **batches.scored(self.name, self.total, totals["examples"])}

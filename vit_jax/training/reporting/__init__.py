@@ -16,7 +16,7 @@ from clu import parameter_overview
 
 from vit_jax.data import broken_records
 from vit_jax.runs import writers
-from vit_jax.training import throughput
+from vit_jax.training import distill, throughput
 from vit_jax.training.reporting import goodput, progress, timing
 
 
@@ -45,7 +45,9 @@ class Report:
                                  throughput.Throughput(
                                      program.model, keys.image_size,
                                      keys.batch_size,
-                                     keys.naflex.max_num_patches or None))
+                                     keys.naflex.max_num_patches or None,
+                                     distill.flops_per_image(
+                                         run.parts.teacher)))
     self._row = {}
     self.last = {}
     parameter_overview.log_parameter_overview(
