@@ -1,0 +1,183 @@
+"""Distillation (config.distill): a frozen teacher's outputs as targets."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from tests.conftest import DIGITS_RUN
+from tests.util import (
+  call_tool,
+  latest_checkpoint,
+  logged,
+  main_flags,
+  metric_rows,
+  run_tool,
+  run_training,
+  sigterm_at_step,
+  small_config,
+  typed,
+)
+from vit_jax import models, sharding
+from vit_jax.models import flops
+from vit_jax.training import distill, step as step_lib
+
+
+def test_a_copy_of_the_teacher_has_nothing_left_to_learn(digits_run,
+                                                         digits_data_dir,
+                                                         tmp_path):
+  """A student that starts as its teacher matches it on the very images it
+  sees, Mixup included: the distillation term starts at 0, and with no
+  label loss it is the whole loss. Were the teacher shown the batch before
+  mixing, or the student's images scaled otherwise, it would not be."""
+  teacher, _, _, _ = digits_run
+  config = small_config(digits_data_dir, **{
+      **DIGITS_RUN, "total_steps": 3, "optimizer.warmup_steps": 1,
+      "log_every": 1, "checkpoint_every": 3,
+      "evaluators.test.every": 1, "init_from": teacher,
+      "distill.teacher": teacher, "mixup.prob": 1.0, "mixup.alpha": 1.0})
+  run_training(config, str(tmp_path))
+  losses, distilled = logged(tmp_path), logged(tmp_path, "distill_loss")
+  # Step 1 (at the warm-up's learning rate of 0) leaves the student as it
+  # is; step 2 moves it off its teacher.
+  assert distilled[1] == distilled[2] == pytest.approx(0.0, abs=1e-5)
+  assert distilled[3] > 1e-4
+  assert losses == distilled
+  # Evaluated after step 1, the student is its teacher still.
+  assert logged(tmp_path, "test_teacher_agreement")[1] == 1.0
+
+
+def test_a_half_width_student_learns_from_the_digits_run(digits_run,
+                                                          digits_data_dir,
+                                                          tmp_path):
+  """configs/distill/digits.py's recipe, shortened: function matching
+  alone (no label loss) halves the distillation term and teaches the
+  student the digits; its FLOPs count the teacher's forward pass."""
+  teacher, _, teacher_accuracy, _ = digits_run
+  config = small_config(digits_data_dir, **{
+      **DIGITS_RUN, "model.hidden_size": 32, "model.mlp_dim": 64,
+      "total_steps": 150, "log_every": 10, "evaluators.test.every": 150,
+      "checkpoint_every": 150, "distill.teacher": teacher})
+  result = run_training(config, str(tmp_path))
+  distilled = logged(tmp_path, "distill_loss")
+  assert sorted(distilled) == list(range(10, 151, 10))
+  assert distilled[150] <= distilled[10] / 2
+  assert result["test_accuracy"] >= 0.8 * teacher_accuracy
+  # It learned the teacher's function, its mistakes too: it agrees with the
+  # teacher on more images than either is right on.
+  assert result["test_teacher_agreement"] >= max(result["test_accuracy"],
+                                                 teacher_accuracy)
+  alone = small_config(digits_data_dir, **{**DIGITS_RUN,
+                                           "model.hidden_size": 32,
+                                           "model.mlp_dim": 64})
+  row = next(r for r in metric_rows(tmp_path) if "flops_per_step" in r)
+  student = typed(alone)
+  built = step_lib.parts(student, 10)
+  teacher_model = distill.load(typed(config)).model
+  assert row["flops_per_step"] == pytest.approx(config.batch_size * (
+      flops.flops_per_image(built.model, 8, train=True)
+      + flops.flops_per_image(teacher_model, 8)))
+
+
+def test_a_distilling_run_stopped_by_sigterm_resumes_bitwise(
+    digits_run, digits_data_dir, tmp_path, monkeypatch):
+  """The teacher is read again on resume and never saved: a run stopped by
+  SIGTERM (saved at the step it was in) and resumed ends with the
+  uninterrupted run's params, bit for bit, having logged the same
+  distillation losses."""
+  teacher, _, _, _ = digits_run
+  config = small_config(digits_data_dir, **{"distill.teacher": teacher,
+                                            "distill.label_weight": 0.5,
+                                            "distill.temperature": 2.0,
+                                            "log_every": 1})
+  run_training(config, str(tmp_path / "straight"))
+  with monkeypatch.context() as patch:
+    sigterm_at_step(patch, 4)
+    stopped = run_training(config, str(tmp_path / "resumed"))
+  assert stopped["stopped_at_step"] == 4
+  assert latest_checkpoint(str(tmp_path / "resumed"), config)[0] == 4
+  run_training(config, str(tmp_path / "resumed"))
+  step_a, straight, _ = latest_checkpoint(str(tmp_path / "straight"), config)
+  step_b, resumed, _ = latest_checkpoint(str(tmp_path / "resumed"), config)
+  assert step_a == step_b == 6
+  jax.tree.map(np.testing.assert_array_equal, resumed, straight)
+  assert (logged(tmp_path / "resumed", "distill_loss")
+          == logged(tmp_path / "straight", "distill_loss"))
+
+
+def test_the_teacher_is_sharded_as_the_student_and_kept_out_of_the_state(
+    digits_run):
+  """Over a mesh with an fsdp axis the teacher's large kernels are split as
+  the student's are; the train state (what checkpoints hold) has no part
+  of it."""
+  teacher, _, _, run_config = digits_run
+  config = run_config.copy_and_resolve_references()
+  config.distill.teacher = teacher
+  config.mesh.update(data=2, fsdp=2, model=2)
+  config.mesh.fsdp_min_bytes = 0
+  keys = typed(config)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "model": 2})
+  loaded = distill.load(keys)
+  program = step_lib.build(keys, mesh, step_lib.parts(keys, 10, loaded))
+  shapes = program.teacher.shapes
+  mlp = shapes["Transformer"]["encoderblock_0"]["MlpBlock_3"]["Dense_0"]
+  assert set(mlp["kernel"].sharding.spec) == {"fsdp", "model"}
+  state_leaves = jax.tree.leaves(program.state_shapes)
+  teacher_leaves = jax.tree.leaves(shapes)
+  assert sum(x.size for x in state_leaves) < 4 * sum(
+      x.size for x in teacher_leaves)  # Params, 2 moments, a counter.
+  assert "teacher" not in str(jax.tree.structure(program.state_shapes))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"distill.teacher": "{missing}"},
+     "error: config.distill.teacher='{missing}': {missing} holds no run: it "
+     "has no config.json"),
+    ({"distill.kind": "token", "distill.teacher": "{teacher}"},
+     "error: config.distill.kind must be one of ['soft'], got 'token'"),
+    ({"distill.temperature": 0.0, "distill.teacher": "{teacher}"},
+     "error: config.distill.temperature must be > 0, got 0.0"),
+    ({"distill.teacher": "{teacher}", "dataset": "digits/5to9"},
+     "error: config.distill.teacher {teacher} step 100 (params) predicts 10 "
+     "classes, the dataset has 5: a teacher must classify the student's "
+     "classes"),
+])
+def test_a_teacher_that_cannot_teach_is_refused_in_one_line(
+    digits_run, digits_data_dir, tmp_path, overrides, message):
+  teacher, _, _, _ = digits_run
+  names = {"teacher": teacher, "missing": str(tmp_path / "no_run")}
+  (tmp_path / "no_run").mkdir()
+  flags = main_flags(tmp_path / "run", digits_data_dir, **{
+      key: value.format(**names) if isinstance(value, str) else value
+      for key, value in overrides.items()})
+  status, stdout, stderr = call_tool("main", *flags)
+  assert (status, stderr.splitlines()[-1:]) == (2, [message.format(**names)])
+  assert "Training" not in stdout
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_plan_counts_the_teacher_in_flops_and_memory(digits_run):
+  """configs/distill/digits.py planned on v3-8: the model FLOPs are the
+  student's training step and the teacher's forward pass, and the
+  teacher's float32 params are among the step's arguments in HBM."""
+  teacher, _, _, _ = digits_run
+  got = json.loads(run_tool(
+      "plan", "--config=configs/distill/digits.py",
+      f"--config.distill.teacher={teacher}", "--topology=v3-8", "--json"))
+  student = models.create("Ti/2", 10, hidden_size=32, mlp_dim=128,
+                          num_layers=4, num_heads=4)
+  loaded = distill.load(typed(small_config("", **{
+      **DIGITS_RUN, "distill.teacher": teacher})))
+  model_flops = (flops.flops_per_image(student, 8, train=True)
+                 + flops.flops_per_image(loaded.model, 8)) * 128 / 8
+  assert got["model_flops_per_core_per_step"] == pytest.approx(model_flops)
+  assert got["flops_per_core_per_step"] > 0.9 * model_flops
+  sizes = [sum(x.size for x in jax.tree.leaves(tree)) for tree in (
+      jax.eval_shape(lambda: student.init(
+          jax.random.key(0), np.zeros((1, 8, 8, 3)), train=False)),
+      loaded.params)]
+  # Replicated over the 8 cores: the student's params and Adam's moments,
+  # 12 bytes each, and the teacher's params, 4.
+  assert 12 * sizes[0] + 4 * sizes[1] < got["hbm_argument_bytes"] < (
+      12 * sizes[0] + 4 * sizes[1] + 2**20)
