@@ -41,6 +41,7 @@ from tests.util import assert_trees_equal, call_tool, program_of, small_config
 from vit_jax import cli, errors
 from vit_jax.runs import settings, store
 from vit_jax.runs.workdir import Workdir
+from vit_jax.training import distill
 from vit_jax.weights import adaptation, hub, pretrained
 
 COMMIT = hashlib.sha1(b"the first").hexdigest()
@@ -308,3 +309,26 @@ def test_a_resume_keeps_what_it_recorded_of_any_other_source():
   assert hub.as_recorded("hf://a/b", "/models/vit") == "hf://a/b"
   assert hub.as_recorded("hf://a/b@v2", f"hf://a/b@{COMMIT}") == (
       f"hf://a/b@{COMMIT}")
+
+
+def test_a_teacher_by_its_hub_name_is_pinned_to_its_commit(cache, tmp_path):
+  """As init_from's: the run records the commit, and a resume that names the
+  same repository keeps it while main moves on."""
+  name = put_dir(cache, "google/vit-tiny", vit_dir(tmp_path / "vit"))
+  keys = distill.pinned(settings.of(small_config(
+      str(tmp_path), **{"distill.teacher": name})))
+  assert keys.distill.teacher == f"{name}@{COMMIT}"
+  assert distill.load(keys).what == f"{name}@{COMMIT[:7]}"
+  put_dir(cache, "google/vit-tiny", vit_dir(tmp_path / "later", seed=1),
+          commit=LATER)
+  workdir = Workdir(str(tmp_path / "run"))
+  store.record(keys, workdir, {})
+  recorded = workdir.read_config()
+  resumed = distill.pinned(settings.of(small_config(
+      str(tmp_path), **{"distill.teacher": f"{name}@main"})), recorded)
+  assert resumed.distill.teacher == f"{name}@{COMMIT}"
+  assert store.differences_allowed(resumed, recorded, workdir) == {}
+  other = distill.pinned(settings.of(small_config(
+      str(tmp_path), **{"distill.teacher": f"{name}@{LATER}"})), recorded)
+  with pytest.raises(errors.ConfigError, match="distill.teacher"):
+    store.differences_allowed(other, recorded, workdir)

@@ -28,7 +28,7 @@ from absl import logging
 
 from vit_jax import errors, sharding
 from vit_jax.models import flops, vit
-from vit_jax.weights import exports, pretrained
+from vit_jax.weights import exports, hub, pretrained
 
 KINDS = ("soft",)
 
@@ -129,6 +129,26 @@ def check(keys):
     raise errors.ConfigError(
         "config.distill.teacher: a teacher reads square images, and NaFlex "
         "images differ in shape; set config.naflex.max_num_patches=0")
+
+
+def pinned(keys, recorded=None):
+  """`keys` with a hub name of a teacher made the commit it resolves to,
+  as the run records it; a resumed run's name of the same repository is
+  the one its `recorded` Settings hold (hub.as_recorded), as for
+  init_from."""
+  teacher = keys.distill.teacher
+  if not hub.is_name(teacher):
+    return keys
+  if recorded is not None:
+    name = hub.as_recorded(teacher, recorded.distill.teacher)
+  else:
+    try:
+      name = pretrained.local(teacher).name
+    except (errors.InputError, OSError) as e:
+      raise errors.ConfigError(
+          f"config.distill.teacher={teacher!r}: {e}") from e
+  return dataclasses.replace(
+      keys, distill=dataclasses.replace(keys.distill, teacher=name))
 
 
 def load(keys):

@@ -102,8 +102,8 @@ def run(config, workdir, devices=None):
     paths.check_reachable(value, flag)
   workdir = workdir_lib.Workdir(workdir)
   recorded = workdir.read_config() if workdir.has_run() else None
-  checked = checked._replace(
-      settings=pretrained.with_source(checked.settings, recorded))
+  checked = checked._replace(settings=distill.pinned(
+      pretrained.with_source(checked.settings, recorded), recorded))
   keys = checked.settings
   mesh = sharding.make_mesh(dataclasses.asdict(keys.mesh), devices)
   data = sources.Sources(keys.dataset, keys.data_dir)
