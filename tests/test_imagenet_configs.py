@@ -94,6 +94,36 @@ def test_full_size_config_passes_its_checks(name):
   check_config(config)
 
 
+@pytest.mark.usefixtures("mock_tfds")
+@pytest.mark.parametrize("epochs, steps", [(300, 92_898), (1200, 371_589)])
+def test_distilling_is_function_matching_of_a_b16_into_an_s16(epochs, steps):
+  """configs/distill/imagenet.py: big_vision's function matching (every
+  batch mixed with Beta(1, 1), KL at temperature 1, no label loss, batch
+  4096, Adam's first moment in bfloat16) with the plain S/16's rates; the
+  student's config passes every check (the teacher, a hub name, is not in
+  this machine's cache)."""
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from configs.distill import imagenet  # pylint: disable=g-import-not-at-top
+  config = imagenet.get_config(str(epochs))
+  assert flat_keys(config) == flat_keys(digits.get_config())
+  assert config.total_steps == steps  # ceil(epochs * TRAIN_IMAGES / 4096)
+  assert config.distill.to_dict() == dict(
+      teacher="hf://google/vit-base-patch16-224", kind="soft",
+      temperature=1.0, label_weight=0.0)
+  assert config.mixup.to_dict() == dict(prob=1.0, alpha=1.0)
+  assert config.augment == "inception_crop,flip" and not config.randaugment
+  assert (config.batch_size, config.model.name) == (4096, "S/16")
+  assert config.optimizer.to_dict() | {"momentum": None} == dict(
+      name="adam", learning_rate=1e-3, warmup_steps=10_000,
+      decay="cosine", weight_decay=0.1, grad_clip_norm=1.0, b1=0.9,
+      b2=0.999, mu_dtype="bfloat16", momentum=None, layer_decay=1.0,
+      lr_mults=(), frozen="")
+  config.distill.teacher = ""
+  check_config(config)
+  with pytest.raises(ValueError, match="EPOCHS, one of 300, 1200"):
+    imagenet.get_config("90")
+
+
 def test_bad_arguments_show_the_usage():
   with pytest.raises(ValueError, match="MODEL, one of"):
     paper.get_config("S/16")

@@ -217,11 +217,12 @@ class Plan:
     return out
 
 
-def build_step(config, devices, classes, unroll=False):
+def build_step(config, devices, classes, unroll=False, teacher=None):
   """(program, batch shapes) of `config`'s step over `devices`: checked
   (vit_jax/training/resolve.py) and built as a run builds it, nothing
-  compiled yet where its remat policy is concrete."""
-  fitted = resolve.program(config, devices, classes)
+  compiled yet where its remat policy is concrete. `teacher`: its
+  distill.Teacher, where one was read for it already."""
+  fitted = resolve.program(config, devices, classes, teacher)
   program = step_lib.build(fitted.settings, fitted.mesh, fitted.parts, unroll)
   return program, fitting.batch_shapes(fitted.settings, program.model,
                                        program.batch_sharding)
@@ -292,7 +293,7 @@ def dcn_bytes(text):
   return total
 
 
-def unrolled_cost(config, devices, classes):
+def unrolled_cost(config, devices, classes, teacher=None):
   """({flops, optimal_seconds} or None, compile seconds) of `config`'s step
   as if its loops were unrolled.
 
@@ -302,7 +303,8 @@ def unrolled_cost(config, devices, classes):
   linear in the layers L and in the micro-batches A: twins of the step with
   L in {1, 2} (or all its layers, when not scanned) and A in {1, 2} (or 1),
   each at the same micro-batch and with nothing looped, give it. None when
-  a twin does not fit.
+  a twin does not fit. The twins share `teacher`, a distilling config's,
+  read once.
   """
   layers = flops_lib.model_sizes(config.model).config.num_layers
   accum = config.accum_steps
@@ -318,7 +320,7 @@ def unrolled_cost(config, devices, classes):
       twin.update(accum_steps=micro_batches,
                   batch_size=micro_batch * micro_batches)
       compiled, _, took = fitting.compile_step(
-          *build_step(twin, devices, classes, unroll=True))
+          *build_step(twin, devices, classes, unroll=True, teacher=teacher))
       seconds += took
       if compiled is None:
         return None, seconds
@@ -453,7 +455,8 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
     hbm = (arguments + memory.output_size_in_bytes - memory.alias_size_in_bytes
            + temporaries + memory.generated_code_size_in_bytes)
     if config.model.scan_layers or config.accum_steps > 1:
-      cost, cost_seconds = unrolled_cost(config, devices, classes)
+      cost, cost_seconds = unrolled_cost(config, devices, classes,
+                                         fitted.parts.teacher)
     else:
       cost = step_cost(compiled)
   num_patches = config.naflex.max_num_patches or None

@@ -168,15 +168,17 @@ def fit(checked, mesh, num_classes, teacher=None):
   return Fitted(keys, mesh, built, program, compiled, tuple(tried), seconds)
 
 
-def program(config, devices=None, num_classes=1):
+def program(config, devices=None, num_classes=1, teacher=None):
   """The Fitted program of `config` over `devices` for `num_classes`, with
   every check that compiling the train step needs; no data or checkpoint is
-  read (vit_jax.plan stops here: what a run computes, its function options,
-  costs the same)."""
+  read but a distilling run's teacher, unless given as `teacher` (read
+  already for the same config) (vit_jax.plan stops here: what a run
+  computes, its function options, costs the same)."""
   checked = check_values(config)
   mesh = sharding.make_mesh(dataclasses.asdict(checked.settings.mesh),
                             devices)
-  return fit(checked, mesh, num_classes, distill.load(checked.settings))
+  return fit(checked, mesh, num_classes,
+             teacher or distill.load(checked.settings))
 
 
 def check_values(config):
