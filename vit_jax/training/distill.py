@@ -63,11 +63,11 @@ class Teacher:
         nn.meta.unbox(boxed), shardings)
 
   def place(self, shapes):
-    """The params as arrays laid out as `shapes` (`shapes`'s)."""
+    """The params (float32 already: pretrained.inference_of's) as arrays
+    laid out as `shapes` says, each device given its own slice."""
     return jax.tree.map(
         lambda value, shape: jax.make_array_from_callback(
-            shape.shape, shape.sharding,
-            lambda index: np.asarray(value, np.float32)[index]),
+            shape.shape, shape.sharding, lambda index: value[index]),
         self.params, shapes)
 
   def logits(self, params, images):
