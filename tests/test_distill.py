@@ -112,11 +112,13 @@ def test_a_distilling_run_stopped_by_sigterm_resumes_bitwise(
 def test_the_teacher_is_sharded_as_the_student_and_kept_out_of_the_state(
     digits_run):
   """Over a mesh with an fsdp axis the teacher's large kernels are split as
-  the student's are; the train state (what checkpoints hold) has no part
-  of it."""
+  the student's are, its params float32 and its compute the student's
+  (bfloat16 here); the train state (what checkpoints hold) has no part of
+  it."""
   teacher, _, _, run_config = digits_run
   config = run_config.copy_and_resolve_references()
   config.distill.teacher = teacher
+  config.model.dtype = "bfloat16"
   config.mesh.update(data=2, fsdp=2, model=2)
   config.mesh.fsdp_min_bytes = 0
   keys = typed(config)
@@ -126,6 +128,8 @@ def test_the_teacher_is_sharded_as_the_student_and_kept_out_of_the_state(
   shapes = program.teacher.shapes
   mlp = shapes["Transformer"]["encoderblock_0"]["MlpBlock_3"]["Dense_0"]
   assert set(mlp["kernel"].sharding.spec) == {"fsdp", "model"}
+  assert mlp["kernel"].dtype == np.float32
+  assert program.teacher.teacher.model.config.dtype == "bfloat16"
   state_leaves = jax.tree.leaves(program.state_shapes)
   teacher_leaves = jax.tree.leaves(shapes)
   assert sum(x.size for x in state_leaves) < 4 * sum(

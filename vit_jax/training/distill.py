@@ -36,7 +36,8 @@ KINDS = ("soft",)
 @dataclasses.dataclass(frozen=True)
 class Teacher:
   """A frozen model whose logits the student learns, with its params."""
-  model: nn.Module  # float32, taking vit_jax's images in [-1, 1]
+  model: nn.Module  # in the student's compute dtype, taking vit_jax's
+  #                    images in [-1, 1]
   params: dict  # numpy arrays, the model's tree
   image_size: int  # the resolution it runs at
   what: str  # where its params came from, for messages
@@ -166,7 +167,11 @@ def load(keys):
     raise errors.ConfigError(f"config.distill.teacher={source!r}: {e}") from e
   logging.info("distill: teacher %s at %d px", inference.what,
                inference.image_size)
-  return Teacher(inference.model, inference.params, inference.image_size,
+  # It computes as the student does (bfloat16 on TPUs, in the Table 2 and
+  # ImageNet configs), its params staying float32.
+  model = inference.model.clone(config=dataclasses.replace(
+      inference.model.config, dtype=keys.model.dtype))
+  return Teacher(model, inference.params, inference.image_size,
                  inference.what, keys.distill.temperature,
                  keys.distill.label_weight)
 
