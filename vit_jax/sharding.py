@@ -253,6 +253,17 @@ def partition_spec(names, shape, mesh, path="param", fsdp_min_bytes=0):
   return P(*spec)
 
 
+def sharded_shapes(boxed_tree, mesh, fsdp_min_bytes=0):
+  """(ShapeDtypeStructs carrying their shardings, the shardings) of a tree
+  of abstract values whose leaves may be boxed (jax.eval_shape of an
+  init): what compiling needs, nothing allocated."""
+  shardings = tree_shardings(boxed_tree, mesh, fsdp_min_bytes)
+  shapes = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      nn.meta.unbox(boxed_tree), shardings)
+  return shapes, shardings
+
+
 def tree_shardings(boxed_tree, mesh, fsdp_min_bytes=0):
   """NamedShardings for a tree whose array leaves may be nn.Partitioned boxes.
 

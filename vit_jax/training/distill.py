@@ -23,7 +23,6 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import logging
 
 from vit_jax import errors, sharding
@@ -49,19 +48,13 @@ class Teacher:
     return self.model.num_classes
 
   def on_mesh(self, mesh, fsdp_min_bytes=0):
-    """The teacher laid out over `mesh` (OnMesh)."""
-    return OnMesh(self, self.shapes(mesh, fsdp_min_bytes))
-
-  def shapes(self, mesh, fsdp_min_bytes=0):
-    """ShapeDtypeStructs of the params, carrying their shardings over
-    `mesh` (sharding.py's rules, as for the student's)."""
+    """The teacher laid out over `mesh` by sharding.py's rules, as the
+    student's params are (OnMesh)."""
     images = jnp.zeros((1, self.image_size, self.image_size, 3), jnp.float32)
-    boxed = jax.eval_shape(lambda: self.model.init(
-        jax.random.key(0), images, train=False)["params"])
-    shardings = sharding.tree_shardings(boxed, mesh, fsdp_min_bytes)
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, np.float32, sharding=s),
-        nn.meta.unbox(boxed), shardings)
+    return OnMesh(self, *sharding.sharded_shapes(
+        jax.eval_shape(lambda: self.model.init(
+            jax.random.key(0), images, train=False)["params"]),
+        mesh, fsdp_min_bytes))
 
   def place(self, shapes):
     """The params (float32 already: pretrained.inference_of's) as arrays
@@ -96,13 +89,9 @@ class OnMesh:
   mesh, and the params placed so (at the first use: the train step and
   the evaluators share them)."""
 
-  def __init__(self, teacher, shapes):
-    self.teacher, self.shapes = teacher, shapes
+  def __init__(self, teacher, shapes, shardings):
+    self.teacher, self.shapes, self.shardings = teacher, shapes, shardings
     self._params = None
-
-  @property
-  def shardings(self):
-    return jax.tree.map(lambda x: x.sharding, self.shapes)
 
   def params(self):
     if self._params is None:

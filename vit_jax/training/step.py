@@ -50,13 +50,10 @@ def abstract_state(model, tx, image_size, polyak_decay, mesh,
   This is all that compiling the train step needs, here or ahead of time for
   a TPU topology.
   """
-  boxed = jax.eval_shape(lambda: init_state(model, tx, image_size,
-                                            polyak_decay, jax.random.key(0)))
-  shardings = sharding.tree_shardings(boxed, mesh, fsdp_min_bytes)
-  shapes = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      nn.meta.unbox(boxed), shardings)
-  return shapes, shardings
+  return sharding.sharded_shapes(
+      jax.eval_shape(lambda: init_state(model, tx, image_size, polyak_decay,
+                                        jax.random.key(0))),
+      mesh, fsdp_min_bytes)
 
 
 def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
