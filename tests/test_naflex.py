@@ -120,7 +120,10 @@ def test_padding_changes_nothing():
   short = _features(model, params, _batch(images, 16))
   long = _features(model, params, _batch(
       [images[0], _image(4, 6, seed=5), images[1]], 40))
-  np.testing.assert_allclose(long[[0, 2]], short, rtol=1e-5, atol=1e-6)
+  # To float32 rounding of the largest feature: XLA:CPU sums another
+  # length's rows in another order on some CPUs (AVX-512 Xeons).
+  scale = np.abs(short).max()
+  np.testing.assert_allclose(long[[0, 2]], short, rtol=0, atol=1e-5 * scale)
   # Garbage in the padding changes nothing either.
   batch = _batch(images, 16)
   noisy = batch.pixels + jnp.where(
