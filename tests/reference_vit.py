@@ -350,7 +350,9 @@ def forward_torch(tensors, images, layout, num_heads, eps, gelu):
   """Logits (or, with no head, the pooled features) of a PyTorch ViT state
   dict for NHWC `images`, float64. layout: "hf" (transformers' hub names,
   with or without the "vit." prefix of ViTForImageClassification) or
-  "timm"."""
+  "timm" (its VisionTransformer, or with a `dist_token` DeiT's
+  VisionTransformerDistilled at inference: the class and distillation
+  tokens each read by a head, the logits their mean)."""
   t = {k[len("vit."):] if k.startswith("vit.") else k: np.asarray(v, np.float64)
        for k, v in tensors.items()}
   images = np.asarray(images, np.float64)
@@ -368,8 +370,10 @@ def forward_torch(tensors, images, layout, num_heads, eps, gelu):
              "pos_embed"]
   if cls is not None and posemb.shape[1] == x.shape[1]:  # no_embed_class
     x = x + posemb
-  if cls is not None:
-    x = np.concatenate([np.broadcast_to(cls, (n, 1, width)), x], axis=1)
+  dist = t.get("dist_token")
+  prefix = [token for token in (cls, dist) if token is not None]
+  x = np.concatenate([np.broadcast_to(token, (n, 1, width))
+                      for token in prefix] + [x], axis=1)
   if posemb.shape[1] == x.shape[1]:
     x = x + posemb
   if layout == "hf":
@@ -395,6 +399,12 @@ def forward_torch(tensors, images, layout, num_heads, eps, gelu):
                                                             num_heads))
     y = _torch_norm(t, b + names["norm2"], x, eps)
     x = x + _linear(t, b + names["fc2"], act(_linear(t, b + names["fc1"], y)))
+  if dist is not None:  # DeiT's: neither fc_norm nor pre-logits.
+    x = _torch_norm(t, names["norm"], x, eps)
+    if names["head"] + ".weight" not in t:
+      return (x[:, 0] + x[:, 1]) / 2
+    return (_linear(t, names["head"], x[:, 0])
+            + _linear(t, "head_dist", x[:, 1])) / 2
   if "fc_norm.weight" in t:
     x = _torch_norm(t, "fc_norm", x.mean(axis=1), eps)
   else:

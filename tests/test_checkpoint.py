@@ -316,11 +316,11 @@ def test_posemb_224_to_384_keeps_class_token_and_interpolates_grid():
 def test_posemb_at_equal_size_is_reproduced_exactly():
   posemb = np.random.default_rng(0).standard_normal((1, 197, 8))
   np.testing.assert_array_equal(
-      adaptation.resize_posemb(posemb, (1, 197, 8), has_class_token=True),
+      adaptation.resize_posemb(posemb, (1, 197, 8), num_extra=1),
       posemb)
   gap = posemb[:, 1:]
   np.testing.assert_array_equal(
-      adaptation.resize_posemb(gap, (1, 196, 8), has_class_token=False), gap)
+      adaptation.resize_posemb(gap, (1, 196, 8), num_extra=0), gap)
 
 
 def test_adapt_replaces_head_and_drops_pre_logits(trained_tiny):

@@ -66,6 +66,19 @@ def test_a_swiglu_mlps_gate_is_counted_as_xla_counts_it():
   assert added == pytest.approx(xla_added, rel=0.05)
 
 
+def test_a_distillation_tokens_flops_are_what_xla_counts_it_adding():
+  """DeiT's token is one more token through every block, and a second
+  head."""
+  options = dict(distill_token=True)
+  added = (flops_lib.flops_per_image(models.create("Ti/16", 1000, **options),
+                                     224)
+           - flops_lib.flops_per_image("Ti/16", 224))
+  xla_added = (xla_forward_flops("Ti/16", 224, **options)
+               - xla_forward_flops("Ti/16", 224))
+  assert added > 2 * 192 * 1000
+  assert added == pytest.approx(xla_added, rel=0.05)
+
+
 def test_flops_by_hand_and_the_papers_ratio():
   # Ti/16 at 32 px: 4 patches + class token, D=192, MLP 768, 12 layers.
   tokens, d = 5, 192

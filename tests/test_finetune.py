@@ -75,7 +75,7 @@ def test_init_from_loads_the_checkpoint_and_adapts_only_what_it_must(
     if key == POSEMB:
       assert value.shape == (1, 65, 32)
       np.testing.assert_array_equal(value, adaptation.resize_posemb(
-          loaded[key], (1, 65, 32), has_class_token=True))
+          loaded[key], (1, 65, 32), num_extra=1))
     elif key.startswith("head/"):  # It sat on the dropped pre-logits.
       assert not value.any()
     else:
@@ -126,7 +126,8 @@ def test_an_npz_sources_options_from_its_headers_are_its_arrays(tmp_path,
   assert from_arrays == {
       "layer_norm_epsilon": 1e-6, "gelu": "tanh", "final_norm": "pooled",
       "rope": "", "rope_theta": 100.0, "classifier": "gap",
-      "num_registers": 2, "layer_scale": 1.0, "qk_norm": True,
+      "num_registers": 2, "distill_token": False, "layer_scale": 1.0,
+      "qk_norm": True,
       "mlp": "swiglu", "posemb": "learn"}
 
 

@@ -93,16 +93,22 @@ def to_hf5(tensors):
 
 
 def timm_shapes(width=WIDTH, class_token=True, fc_norm=False,
-                no_embed_class=False, pre_logits=False):
-  """timm's VisionTransformer state dict."""
+                no_embed_class=False, pre_logits=False, distilled=False):
+  """timm's VisionTransformer state dict; `distilled`: DeiT's
+  VisionTransformerDistilled's, with a distillation token and its head."""
   shapes = {
-      "pos_embed": (1, TOKENS + (class_token and not no_embed_class), width),
+      "pos_embed": (1, TOKENS + (class_token and not no_embed_class)
+                    + distilled, width),
       "patch_embed.proj.weight": (width, 3, PATCH, PATCH),
       "patch_embed.proj.bias": (width,),
       "head.weight": (CLASSES, width), "head.bias": (CLASSES,),
   }
   if class_token:
     shapes["cls_token"] = (1, 1, width)
+  if distilled:
+    shapes["dist_token"] = (1, 1, width)
+    shapes["head_dist.weight"], shapes["head_dist.bias"] = (
+        (CLASSES, width), (CLASSES,))
   norm = "fc_norm" if fc_norm else "norm"
   shapes[f"{norm}.weight"] = shapes[f"{norm}.bias"] = (width,)
   for i in range(LAYERS):
@@ -132,7 +138,7 @@ def random_tensors(shapes, seed=0):
       value = 1 + 0.2 * rng.standard_normal(shape)
     elif key.endswith(".weight"):
       value = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
-      if key in ("head.weight", "classifier.weight"):
+      if key in ("head.weight", "head_dist.weight", "classifier.weight"):
         value *= 4  # Logits of a few units, as a trained model's.
     else:
       value = 0.2 * rng.standard_normal(shape)
@@ -252,6 +258,7 @@ TIMM_CASES = {
     "average pool, norm on tokens": dict(class_token=False),
     "no_embed_class": dict(no_embed_class=True),
     "pre-logits (timm < 0.6)": dict(pre_logits=True),
+    "DeiT distilled": dict(distilled=True),
 }
 
 
@@ -275,6 +282,7 @@ def test_a_timm_file_computes_its_logits_and_writes_back_bitwise(
                                else "gap")
   assert config.final_norm == ("pooled" if options.get("fc_norm") else
                                "tokens")
+  assert config.distill_token == options.get("distilled", False)
 
   x = images()
   expected = reference_vit.forward_torch(tensors, x, "timm", heads, 1e-6,
@@ -295,6 +303,8 @@ def test_a_timm_file_computes_its_logits_and_writes_back_bitwise(
         [np.zeros((1, 1, width), np.float32), tensors["pos_embed"]], axis=1)
   assert_same_tensors(written, tensors)
   assert f"num_heads={heads}" in how and "load_state_dict" in how
+  assert ("deit.VisionTransformerDistilled(" in how) == options.get(
+      "distilled", False)
 
 
 def test_a_timm_width_of_no_variant_needs_its_head_count(tmp_path):
@@ -417,7 +427,7 @@ def test_init_from_an_hf_model_at_a_new_resolution_and_class_count(
   assert "pre_logits/kernel" in loaded and "pre_logits/kernel" not in started
   assert started[POSEMB].shape == (1, 17, WIDTH)
   np.testing.assert_array_equal(started[POSEMB], adaptation.resize_posemb(
-      loaded[POSEMB], (1, 17, WIDTH), has_class_token=True))
+      loaded[POSEMB], (1, 17, WIDTH), num_extra=1))
   assert started["head/kernel"].shape == (WIDTH, 10)
   assert not started["head/kernel"].any()
   query = "Transformer/encoderblock_1/MultiHeadDotProductAttention_1/query/"
@@ -461,12 +471,34 @@ def test_init_from_a_timm_file_at_a_new_resolution_and_class_count(
   assert started[POSEMB].shape == (1, 16, WIDTH)
   np.testing.assert_array_equal(started[POSEMB], adaptation.resize_posemb(
       flat(pretrained.load(path, HEADS).params)[POSEMB], (1, 16, WIDTH),
-      has_class_token=False))
+      num_extra=0))
   np.testing.assert_array_equal(started["fc_norm/scale"],
                                 tensors["fc_norm.weight"])
   assert "Transformer/encoder_norm/scale" not in started
   assert started["head/kernel"].shape == (WIDTH, 10)
   assert not started["head/kernel"].any()
+
+
+def test_init_from_a_distilled_deit_keeps_its_token_and_starts_both_heads(
+    digits_data_dir, tmp_path):
+  """A fine-tune of timm's distilled DeiT takes its distillation token
+  from the file; the position table is resized past both tokens' rows,
+  and both heads start afresh for the new classes."""
+  tensors = random_tensors(timm_shapes(distilled=True))
+  path = str(tmp_path / "deit.safetensors")
+  save_file(tensors, path)
+  config = pretrained.with_source(settings.of(small_config(
+      digits_data_dir, init_from=path)))
+  assert config.model.distill_token
+  state, _ = start_of(config)
+  started = flat(state.params)
+  np.testing.assert_array_equal(started["dist"], tensors["dist_token"])
+  assert started[POSEMB].shape == (1, 2 + 16, WIDTH)
+  np.testing.assert_array_equal(started[POSEMB], adaptation.resize_posemb(
+      tensors["pos_embed"], (1, 18, WIDTH), num_extra=2))
+  for head in ("head", "head_dist"):
+    assert started[f"{head}/kernel"].shape == (WIDTH, 10)
+    assert not started[f"{head}/kernel"].any()
 
 
 def test_an_imagenet_normalised_model_folded_takes_our_images(tmp_path):

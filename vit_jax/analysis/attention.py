@@ -41,7 +41,9 @@ def attention_summary(model, params, inputs, rollout_count, batch_size=8):
   memory at once.
   """
   token = model.config.classifier == "token"
-  registers = model.config.num_registers
+  # A distillation token is left out as the registers are: the maps are
+  # the class token's, the distances the patches'.
+  registers = model.config.num_prefix_tokens - token
   grids = patch_grids(model, inputs)
   logits, distance_sum, maps = [], 0, []
   for start in range(0, len(grids), batch_size):
@@ -162,20 +164,21 @@ def position_table(model, params, image_size):
   if model.config.posemb == "none":
     return None
   grid = image_size // model.token_stride
-  tokens = grid * grid + (model.config.classifier == "token")
+  tokens = grid * grid + model.config.embedded_prefix_tokens
   module = vit.AddPositionEmbedding(model.config.posemb, (grid, grid))
   variables = {"params": params["Transformer"].get("posembed_input", {})}
   return np.asarray(module.apply(
       variables, np.zeros((1, tokens, model.config.hidden_size), np.float32)))
 
 
-def position_similarity(posemb, class_token=True):
+def position_similarity(posemb, extra=1):
   """[grid, grid, grid, grid]: cosine similarity between the position
   embedding of patch (i, j) and that of patch (k, l).
 
-  posemb: [1, tokens, D], the class token's first when class_token.
+  posemb: [1, extra + tokens, D], the `extra` rows of the class (and
+  distillation) tokens first.
   """
-  grid_embeddings = posemb[0, 1:] if class_token else posemb[0]
+  grid_embeddings = posemb[0, extra:]
   unit = grid_embeddings / np.linalg.norm(grid_embeddings, axis=-1,
                                           keepdims=True)
   grid = models.grid_side(len(unit))
@@ -257,7 +260,6 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
     title = describe(model, f"at most {images.pixels.shape[1]} patches")
   else:
     title = describe(model, f"{size}px")
-  token = model.config.classifier == "token"  # Else GAP: no class token.
   # Made first, so that a folder that cannot be made fails before the
   # model runs; a bucket has no folders to make.
   if not paths.is_url(out):
@@ -274,8 +276,9 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
         path("embedding_filters.png"))
   posemb = position_table(model, params, size)
   if posemb is not None:
-    plots.position_similarity(position_similarity(posemb, token), title,
-                                path("position_embedding_similarity.png"))
+    plots.position_similarity(
+        position_similarity(posemb, model.config.embedded_prefix_tokens),
+        title, path("position_embedding_similarity.png"))
 
   logits, distances, maps = attention_summary(model, params, images,
                                               rollout_images)

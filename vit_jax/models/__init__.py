@@ -44,8 +44,12 @@ FUNCTION_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
 # source too, read from the params (`architecture_of`, `posemb_of`).
 ARCHITECTURE_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
                         for key in ("classifier", "num_registers",
-                                    "layer_scale", "qk_norm", "mlp",
+                                    "distill_token", "layer_scale", "qk_norm", "mlp",
                                     "posemb")}
+# The classification heads of release-layout params: a distillation
+# token's has its own (vit.py). A fine-tune to other classes starts both
+# afresh.
+HEADS = ("head", "head_dist")
 # Options a config may leave unset (None): a run resolves them from its
 # source (weights/pretrained.py), and a model made without one computes the
 # default.
@@ -143,18 +147,26 @@ def architecture_of(flat):
   dict) but posemb (`posemb_of`): a class token says classifier "token", a
   `MAPHead_0` "map", else "gap"; `ls1` layer scale (whose initial value
   does not matter to loaded params: 1.0), `Transformer/registers` their
-  count, `query_norm` qk_norm, an MLP gate (`Dense_gate`) mlp "swiglu".
+  count, `dist` a distillation token, `query_norm` qk_norm, an MLP gate
+  (`Dense_gate`) mlp "swiglu".
   """
   return dict(
       classifier=("token" if "cls" in flat else
                   "map" if "MAPHead_0/probe" in flat else "gap"),
       num_registers=(np.shape(flat["Transformer/registers"])[1]
                      if "Transformer/registers" in flat else 0),
+      distill_token="dist" in flat,
       layer_scale=1.0 if _BLOCK_0 + "ls1" in flat else None,
       qk_norm=(_BLOCK_0 + "MultiHeadDotProductAttention_1/query_norm/scale"
                in flat),
       mlp="swiglu" if _BLOCK_0 + "MlpBlock_3/Dense_gate/kernel" in flat
       else "gelu")
+
+
+def posemb_prefix(flat):
+  """The rows of release-layout params' learned position table ahead of
+  the patches': the class token's and the distillation token's."""
+  return int("cls" in flat) + int("dist" in flat)
 
 
 def posemb_of(keys, function):
@@ -213,8 +225,8 @@ def from_params(params, posemb=None, **function):
   architecture = architecture_of(flat)
   grid = None
   if posemb == "learn":
-    grid = grid_side(np.shape(flat[POSEMB_KEY])[1] -
-                     (architecture["classifier"] == "token"), POSEMB_KEY)
+    grid = grid_side(np.shape(flat[POSEMB_KEY])[1] - posemb_prefix(flat),
+                     POSEMB_KEY)
   elif posemb == "learn2d":
     grid = np.shape(flat[POSEMB_2D_KEYS[0]])[0]
   config = ViTConfig(

@@ -4,11 +4,11 @@ into FLOP/s and MFU).
 FLOPs count multiply-adds as two: a hybrid's ResNet convolutions, the matmuls
 of the patch embedding, the attention projections and the MLPs, the
 attention itself (queries x keys and weights x values), the pre-logits layer
-and the head, and 2-D RoPE's turning of the patches' queries and keys (two
-multiplies and an add per number). Layer norms, GroupNorms, softmax, GELU
-and biases are left out:
-they are small next to the matmuls, and the count stays within 5% of XLA's
-own (tests/test_compute.py and tests/test_hybrid.py; docs/runs.md). A
+and the head (each twice with a distillation token), and 2-D RoPE's turning
+of the patches' queries and keys (two multiplies and an add per number).
+Layer norms, GroupNorms, softmax, GELU and biases are left out: they are
+small next to the matmuls, and the count stays within 5% of XLA's own
+(tests/test_compute.py and tests/test_hybrid.py; docs/runs.md). A
 training step is three forward passes per image: the forward, and a
 backward of twice its cost.
 """
@@ -54,6 +54,8 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
     pre_logits = 2 * d * config.representation_size
     head_in = config.representation_size
   head = 2 * head_in * vit.num_classes
+  if config.distill_token:  # Both tokens through the layers and a head.
+    pre_logits, head = 2 * pre_logits, 2 * head
   if config.classifier == "map":  # One query's attention, then an MLP.
     head += (2 * 2 * d * d              # the probe's query, the output
              + 2 * tokens * 2 * d * d   # every token's key and value

@@ -119,9 +119,9 @@ class Budget(NamedTuple):
 def attention_bytes(config, max_num_patches):
   """The bytes one image's attention takes in one layer under the budget
   `max_num_patches`: its float32 logits and their softmax, every head,
-  every token (the patches and the class and register tokens)."""
-  tokens = (max_num_patches + (config.classifier == "token")
-            + config.num_registers)
+  every token (the patches, the class and distillation tokens and the
+  registers)."""
+  tokens = max_num_patches + config.num_prefix_tokens
   return 2 * 4 * config.num_heads * tokens ** 2
 
 

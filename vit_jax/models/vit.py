@@ -73,9 +73,14 @@ class ViTConfig:
   layer_norm_epsilon, gelu and final_norm are what differs between the
   release's function (the defaults) and the weights of HF transformers and
   timm (vit_jax/weights/torch_layouts.py); final_norm "pooled" keeps the
-  last LayerNorm's params as `fc_norm`. Registers follow the class token
-  once the position embedding is added (they get none) and are left out
-  of "gap"'s mean and "map"'s pooling. fp8 rounds the operands of the
+  last LayerNorm's params as `fc_norm`. A distillation token (DeiT's,
+  `dist`) follows the class token and has its own row of the position
+  embedding and its own head (`head_dist`); the model's logits are the
+  mean of the two heads', as timm's are at inference, and training with a
+  teacher (training/distill.py) asks for the pair (`both_heads`).
+  Registers follow the class and distillation tokens once the position
+  embedding is added (they get none) and are left out of "gap"'s mean and
+  "map"'s pooling. fp8 rounds the operands of the
   encoder blocks' dense layers (models/fp8.py); the patch embedding, the
   pooling head and the classifier keep the compute dtype.
   """
@@ -170,6 +175,10 @@ class ViTConfig:
   num_registers: int = options.key(
       0, "register tokens after the class token; unset: init_from's, else 0",
       config=None, before=0, at_least=0)
+  distill_token: bool = options.key(
+      False, "DeiT's distillation token, with a head of its own (logits: "
+      "the two heads' mean); unset: init_from's, else off", config=None,
+      before=False)
   qk_norm: bool = options.key(
       False, "a LayerNorm over each head's queries and keys; unset: "
       "init_from's, else off", config=None, before=False)
@@ -187,9 +196,16 @@ class ViTConfig:
     return self.classifier == "token"
 
   @property
+  def embedded_prefix_tokens(self):
+    """Tokens before the patches that get a position embedding: the class
+    and distillation tokens."""
+    return int(self.class_token) + int(self.distill_token)
+
+  @property
   def num_prefix_tokens(self):
-    """Tokens before the patches: the class token and the registers."""
-    return int(self.class_token) + self.num_registers
+    """Tokens before the patches: the class and distillation tokens and
+    the registers."""
+    return self.embedded_prefix_tokens + self.num_registers
 
   @property
   def rope_augmentation(self):
@@ -420,19 +436,19 @@ def sincos2d(row, col, width, temperature=10_000.0, xp=jnp):
 
 class AddPositionEmbedding(nn.Module):
   """Adds position embeddings to [N, extra + rows * cols, D] tokens, the
-  `extra` (class) token first and the patches row-major.
+  `extra` (class and distillation) tokens first and the patches row-major.
 
   kind (Appendix D.4):
     "learn": one learned [1, tokens, D] table, as in the released models.
     "learn2d": a learned row table [rows, D/2] and column table
       [cols, D - D/2]; a patch's embedding is its row's and its column's,
-      concatenated. The class token has its own learned vector.
-    "sincos2d": fixed, `sincos2d_table`; zero for the class token.
+      concatenated. Each extra token has its own learned vector.
+    "sincos2d": fixed, `sincos2d_table`; zero for the extra tokens.
     "none": nothing is added.
   grid: (rows, cols) of the patch grid; only the 2-D kinds read it.
 
   A NaFlex batch (`naflex_grid`, [N, 2], each image's rows and cols, and
-  `class_tokens` before the patches) has no grid of its own: the learned
+  `class_tokens` extra tokens before the patches) has no grid of its own: the learned
   tables, made at a square image size, are resized to each image's grid
   (naflex.position_weights), and "sincos2d" is computed at each patch's
   place.
@@ -546,14 +562,15 @@ class Encoder(nn.Module):
     x = AddPositionEmbedding(kind=config.posemb, grid=grid,
                              param_dtype=config.param_dtype,
                              name="posembed_input")(
-                                 x, naflex_grid, int(config.class_token))
+                                 x, naflex_grid, config.embedded_prefix_tokens)
     rope = self._rope_angles(x, train, grid, naflex_grid)
     mask = None
     if naflex_grid is not None:  # The real tokens: the prefix and patches.
       n, tokens, _ = x.shape
       mask = jnp.concatenate([
           jnp.ones((n, config.num_prefix_tokens), bool),
-          naflex.patch_mask(naflex_grid, tokens - int(config.class_token))],
+          naflex.patch_mask(naflex_grid,
+                            tokens - config.embedded_prefix_tokens)],
                              axis=1)
     if config.num_registers:
       registers = self.param(
@@ -561,7 +578,7 @@ class Encoder(nn.Module):
                              (None, None, "embed")),
           (1, config.num_registers, x.shape[-1]), config.param_dtype)
       registers = jnp.tile(registers.astype(x.dtype), (x.shape[0], 1, 1))
-      first = int(config.class_token)
+      first = config.embedded_prefix_tokens
       x = jnp.concatenate([x[:, :first], registers, x[:, first:]], axis=1)
     x = nn.Dropout(config.dropout_rate)(x, deterministic=not train)
     block = EncoderBlock
@@ -594,7 +611,7 @@ class Encoder(nn.Module):
     config = self.config
     if not config.rope:
       return None
-    patches = x.shape[1] - int(config.class_token)
+    patches = x.shape[1] - config.embedded_prefix_tokens
     if naflex_grid is None:
       rows, cols = np.meshgrid(np.arange(grid[0]), np.arange(grid[1]),
                                indexing="ij")
@@ -629,7 +646,8 @@ class ImageEncoder(nn.Module):
   uint8 images are scaled to [-1, 1] here, on the device; an optional BiT
   ResNet stem; the patch embedding; for masked patch prediction, a learned
   [mask] embedding that a `corruption` puts in when `mask_token`; the
-  class token first for classifier "token"; then the Encoder.
+  class token first for classifier "token", and the distillation token
+  after it; then the Encoder.
 
   A NaFlex batch (naflex.Patches) in place of images: each patch is
   embedded by the same convolution, and the Encoder is told each image's
@@ -670,11 +688,20 @@ class ImageEncoder(nn.Module):
           (1, 1, d), config.param_dtype)
       if corruption is not None:
         x = mpp_lib.apply(corruption, x, mask)
+    prefix = []
     if config.class_token:
-      cls = self.param(
+      prefix.append(self.param(
           "cls", _init(nn.initializers.zeros, (None, None, "embed")),
-          (1, 1, d), config.param_dtype)
-      x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
+          (1, 1, d), config.param_dtype))
+    if config.distill_token:
+      # Drawn, not zero as the class token is: the two then differ from the
+      # first step, as in DeiT.
+      prefix.append(self.param(
+          "dist", _init(nn.initializers.normal(stddev=0.02),
+                        (None, None, "embed")), (1, 1, d), config.param_dtype))
+    if prefix:
+      x = jnp.concatenate([jnp.tile(token.astype(x.dtype), (n, 1, 1))
+                           for token in prefix] + [x], axis=1)
     return Encoder(config=config, name="Transformer")(x, train=train, **grid)
 
 
@@ -702,15 +729,21 @@ class ClassifierHead(nn.Module):
   is "pooled" (timm's fc_norm), an optional tanh pre-logits layer of
   `representation_size`, and a zero-initialised linear head.
   `patch_mask` [N, patches]: a NaFlex batch's real patches, the only ones
-  pooled."""
+  pooled. With a distillation token, the class and distillation tokens
+  each go through the same layers to a head of their own (`head`,
+  `head_dist`): the logits are the heads' mean, or with `both_heads` the
+  pair (class head's, distillation head's); the features are the mean of
+  what the two heads read."""
   num_classes: int
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x, patch_mask=None):
+  def __call__(self, x, patch_mask=None, both_heads=False):
     config = self.config
     patches = x[:, config.num_prefix_tokens:]
-    if config.classifier == "token":
+    if config.distill_token:
+      x = x[:, :2]  # [N, 2, D]: the layers below act on each token alone.
+    elif config.classifier == "token":
       x = x[:, 0]
     elif config.classifier == "map":
       x = MAPHead(config=config, name="MAPHead_0")(patches, patch_mask)
@@ -732,15 +765,19 @@ class ClassifierHead(nn.Module):
       x = nn.tanh(x)
     # What the head reads (the pre-logits): few-shot evaluation fits its own
     # linear classifiers to these.
-    self.sow("intermediates", "features", x)
+    self.sow("intermediates", "features",
+             x.mean(axis=1) if config.distill_token else x)
     # A zero kernel: a fresh head predicts the same for every image.
-    logits = nn.Dense(
+    head = lambda name, features: nn.Dense(
         self.num_classes, dtype=config.dtype, param_dtype=config.param_dtype,
         kernel_init=_init(nn.initializers.zeros, (None, "classes")),
         bias_init=_init(nn.initializers.constant(config.head_bias_init),
                         ("classes",)),
-        name="head")(x)
-    return logits.astype(jnp.float32)
+        name=name)(features).astype(jnp.float32)
+    if not config.distill_token:
+      return head("head", x)
+    pair = head("head", x[:, 0]), head("head_dist", x[:, 1])
+    return pair if both_heads else (pair[0] + pair[1]) / 2
 
 
 def logits_and_pre_logits(model, params, images):
@@ -832,13 +869,15 @@ class VisionTransformer(nn.Module):
                                    config=self.config)
     nn.share_scope(self, self.classify)
 
-  def __call__(self, images, *, train):
-    """images: NHWC, or a NaFlex batch (naflex.Patches)."""
+  def __call__(self, images, *, train, both_heads=False):
+    """images: NHWC, or a NaFlex batch (naflex.Patches). `both_heads`: a
+    model with a distillation token returns the pair (class head's,
+    distillation head's logits) rather than their mean."""
     self.check_image_size(images)
     mask = None
     if isinstance(images, naflex.Patches):
       mask = naflex.patch_mask(images.grid, images.pixels.shape[1])
-    return self.classify(self.encoder(images, train=train), mask)
+    return self.classify(self.encoder(images, train=train), mask, both_heads)
 
   @nn.nowrap
   def check_options(self):
@@ -866,6 +905,10 @@ class VisionTransformer(nn.Module):
     if config.classifier not in CLASSIFIERS:
       raise errors.InputError(f"classifier must be one of {CLASSIFIERS}, got "
                               f"{config.classifier!r}")
+    if config.distill_token and config.classifier != "token":
+      raise errors.InputError(
+          f"distill_token: the distillation token is read beside the class "
+          f"token; it needs classifier 'token', got {config.classifier!r}")
     if config.layer_scale is not None and (
         isinstance(config.layer_scale, bool)
         or not isinstance(config.layer_scale, (int, float))):

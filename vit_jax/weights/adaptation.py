@@ -47,7 +47,7 @@ def adapt(restored, init_params):
 
   out = {}
   for key, target in dst.items():
-    if key.startswith("head/") and (
+    if key.split("/")[0] in models.HEADS and (
         dropped_pre_logits or key not in src or src[key].shape != target.shape):
       logging.info("adapt: %s starts afresh, %s (checkpoint: %s)", key,
                    tuple(target.shape), tuple(np.shape(src[key]))
@@ -61,7 +61,7 @@ def adapt(restored, init_params):
     if key == npz.POSEMB_KEY and value.shape != target.shape:
       logging.info("adapt: %s interpolated from %s to %s", key, value.shape,
                    tuple(target.shape))
-      value = resize_posemb(value, target.shape, has_class_token="cls" in dst)
+      value = resize_posemb(value, target.shape, models.posemb_prefix(dst))
     if key in models.POSEMB_2D_KEYS and value.shape != target.shape:
       logging.info("adapt: %s interpolated from %s to %s", key, value.shape,
                    tuple(target.shape))
@@ -87,9 +87,10 @@ def adapt(restored, init_params):
   return flax.traverse_util.unflatten_dict(out, sep="/")
 
 
-def resize_posemb(posemb, target_shape, has_class_token):
-  """(1, [1+] g*g, D) -> (1, [1+] G*G, D) by bilinear interpolation of the grid."""
-  num_extra = 1 if has_class_token else 0
+def resize_posemb(posemb, target_shape, num_extra):
+  """(1, num_extra + g*g, D) -> (1, num_extra + G*G, D) by bilinear
+  interpolation of the grid; the `num_extra` rows of the class and
+  distillation tokens are kept."""
   src_grid = models.grid_side(posemb.shape[1] - num_extra,
                               _cannot_interpolate(posemb.shape))
   dst_grid = models.grid_side(target_shape[1] - num_extra,

@@ -143,11 +143,11 @@ _PREFIXES = ("opt/target/", "params/", "params/img/", "img/")
 
 
 # What the release and big_vision layouts have at the top of the tree.
-_ROOT_LEAVES = ("cls", "pos_embedding")
+_ROOT_LEAVES = ("cls", "dist", "pos_embedding")
 
 
 _ROOT_MODULES = ("embedding/", "Transformer/", "fc_norm/", "pre_logits/",
-                 "head/", "MAPHead_0/")
+                 "head/", "head_dist/", "MAPHead_0/")
 
 
 def _is_param_key(key):

@@ -298,7 +298,8 @@ def initial_params(source, param_shapes, num_heads, dataset=None):
     params = loaded.params
     if (loaded.config is not None and dataset is not None
         and loaded.config.dataset != dataset):
-      params = {key: value for key, value in params.items() if key != "head"}
+      params = {key: value for key, value in params.items()
+                if key not in models.HEADS}
     return adaptation.adapt(params, param_shapes)
   except (errors.InputError, OSError) as e:  # What the user gave, named.
     raise errors.ConfigError(f"config.init_from={source!r}: {e}") from e
@@ -368,8 +369,9 @@ def inference_of(loaded, features=False):
         "features (python -m vit_jax.predict --features), or give it to "
         "config.init_from to fine-tune one")
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), loaded.params)
-  if "head" not in params:
-    params = {**params, "head": placeholder_head(params)}
+  if "head" not in params:  # A distillation token's head too.
+    params = {**params, **{name: placeholder_head(params) for name in
+                           models.HEADS[:1 + ("dist" in params)]}}
   # final_norm is read from the params (an fc_norm).
   model, image_size = models.from_params(
       params, config.model.posemb if config else None,

@@ -384,6 +384,7 @@ def hf_options(directory):
           "classifier": ("token" if named("embeddings.cls_token") else
                          "map" if named("head.probe") else "gap"),
           "num_registers": shapes[registers[0]][1] if registers else 0,
+          "distill_token": False,
           "layer_scale": 1.0 if named(".layer_scale1.lambda1") else None,
           "qk_norm": False,
           "mlp": "swiglu" if model.config.get("use_gated_mlp") else "gelu"}
@@ -414,6 +415,7 @@ def timm_options(path):
           "classifier": ("token" if pooled else
                          "map" if "attn_pool.latent" in shapes else "gap"),
           "num_registers": prefix_tokens - pooled,
+          "distill_token": "dist_token" in shapes,
           "layer_scale": 1.0 if any(
               key in shapes for key in ("blocks.0.ls1.gamma",
                                         "blocks.0.gamma_1")) else None,
@@ -608,8 +610,13 @@ def _timm_prefix_tokens(tensors, pooled_token):
   model pools (global_pool "avg" or "map", which read the patch tokens
   only, as timm's default pool_include_prefix=False does) is one more
   register. One it pools keeps its own row of the position embedding,
-  zero under no_embed_class.
+  zero under no_embed_class. DeiT's distilled models (a `dist_token`)
+  keep theirs as vit_jax does: the class and distillation tokens' rows
+  ahead of the patches', no registers.
   """
+  if "dist_token" in tensors:
+    _check_deit(tensors)
+    return tensors
   tensors = dict(tensors)
   tokens = [tensors.pop(key) for key in ("cls_token", "reg_token")
             if key in tensors]
@@ -634,6 +641,20 @@ def _timm_prefix_tokens(tensors, pooled_token):
     tensors["reg_token"] = prefix if prefix_pos is None else (
         prefix + prefix_pos)
   return tensors
+
+
+def _check_deit(tensors):
+  """InputError unless a timm model with a distillation token is laid out
+  as DeiT's distilled models are (VisionTransformerDistilled): no
+  registers, a position table with the class and distillation tokens'
+  rows first."""
+  posemb = tensors.get("pos_embed")
+  if ("reg_token" in tensors or "cls_token" not in tensors or posemb is None
+      or not _is_square(posemb.shape[1] - 2)):
+    raise errors.InputError(
+        "a timm model with a dist_token that is no DeiT distilled model: "
+        "vit_jax reads its class token, distillation token and a position "
+        "table with their rows first, and no registers")
 
 
 def _is_square(n):
@@ -674,12 +695,15 @@ def _check_writable(flat, function, layout, what):
     cannot.append("no class token (classifier 'gap')")
   if layout == "hf" and "fc_norm/scale" in flat:
     cannot.append("final_norm 'pooled'")
+  if "dist" in flat and torch_layouts.REGISTERS in flat:
+    cannot.append("a distillation token beside registers")
   # The parts of today's checkpoints (docs/models.md, "Today's options"):
   # timm's VisionTransformer has them all, HF's ViT none.
   block = torch_layouts.BLOCK.format(0)
   for key, part in ((torch_layouts.MAP_PROBE, "attention pooling "
                      "(classifier 'map')"), (block + "ls1", "layer scale"),
                     (torch_layouts.REGISTERS, "register tokens"),
+                    ("dist", "a distillation token"),
                     (block + torch_layouts.ATTENTION + "/query_norm/scale",
                      "query/key norms")):
     if layout == "hf" and key in flat:
@@ -697,7 +721,7 @@ def _sizes(flat):
   patch, _, _, hidden = flat["embedding/kernel"].shape
   image_size = None
   if models.POSEMB_KEY in flat:
-    tokens = flat[models.POSEMB_KEY].shape[1] - ("cls" in flat)
+    tokens = flat[models.POSEMB_KEY].shape[1] - models.posemb_prefix(flat)
     image_size = models.grid_side(tokens, models.POSEMB_KEY) * int(patch)
   query = flat[torch_layouts.BLOCK.format(0) + torch_layouts.ATTENTION +
                "/query/kernel"]
@@ -752,6 +776,7 @@ def _eva_family_cannot(flat):
   DINOv3ViTModel nor timm's Eva holds."""
   return [part for key, part in (
       ("conv_root/kernel", "a hybrid's ResNet stem"),
+      ("dist", "a distillation token"),
       ("pre_logits/kernel", "a pre-logits layer"),
       ("fc_norm/scale", "final_norm 'pooled'"),
       (models.POSEMB_2D_KEYS[0], "a 2-D position table"),
@@ -868,8 +893,9 @@ def write_siglip2(directory, flat, function, what):
 
 def write_timm(path, flat, function, what, image_size=None):
   """A timm state dict; returns the Python lines that load it into timm's
-  VisionTransformer (or, for a model with DINOv3's rotary embedding, its
-  Eva: `write_eva`), whose arguments a state dict does not record."""
+  VisionTransformer (a model with a distillation token: DeiT's
+  VisionTransformerDistilled; with 2-D rotary embeddings, its Eva:
+  `write_eva`), whose arguments a state dict does not record."""
   if function["rope"]:
     return write_eva(path, flat, function, image_size, what)
   _check_writable(flat, function, "timm", what)
@@ -902,7 +928,10 @@ def write_timm(path, flat, function, what, image_size=None):
     arguments["qk_norm"] = True
   if function["gelu"] == "tanh":
     arguments["act_layer"] = "gelu_tanh"
-  return _timm_lines(path, "vision_transformer.VisionTransformer", arguments,
+  model_class = ("deit.VisionTransformerDistilled"
+                 if architecture["distill_token"]
+                 else "vision_transformer.VisionTransformer")
+  return _timm_lines(path, model_class, arguments,
                      function["layer_norm_epsilon"])
 
 

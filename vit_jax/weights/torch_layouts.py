@@ -5,7 +5,7 @@ The layouts: Hugging Face transformers' `ViTModel` /
 transformers 4 and 5 both load and save), as transformers 5.23's
 modules name them in a state_dict saved directly ("hf5");
 timm's `VisionTransformer` ("timm", with its layer scale, query/key norms,
-register token and attention pooling); and, read only, transformers'
+register token and attention pooling, and its DeiT distillation token); and, read only, transformers'
 SigLIP and SigLIP 2 vision towers ("siglip", "siglip2"), DINOv2, with or
 without registers ("dinov2"), and DINOv3's ViTs ("dinov3"). Each stores a torch module as `NAME.weight`
 and `NAME.bias`; the tables below map every module to its place in the
@@ -102,8 +102,9 @@ TIMM_TOP = {
     "attn_pool.mlp.fc1": (MAP + "MlpBlock_0/Dense_0", "dense"),
     "attn_pool.mlp.fc2": (MAP + "MlpBlock_0/Dense_1", "dense"),
     "head": ("head", "dense"),
+    "head_dist": ("head_dist", "dense"),  # DeiT's distillation head
 }
-TIMM_LEAVES = {"cls_token": "cls", "pos_embed": POSEMB_KEY,
+TIMM_LEAVES = {"cls_token": "cls", "dist_token": "dist", "pos_embed": POSEMB_KEY,
                "reg_token": REGISTERS, "attn_pool.latent": MAP_PROBE}
 
 # transformers' SigLIP vision tower: no class token, a position embedding
