@@ -2,8 +2,11 @@
 
 import json
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from tests.conftest import DIGITS_RUN
@@ -21,7 +24,7 @@ from tests.util import (
 )
 from vit_jax import models, sharding
 from vit_jax.models import flops
-from vit_jax.training import distill, step as step_lib
+from vit_jax.training import distill, losses, step as step_lib
 
 
 def test_a_copy_of_the_teacher_has_nothing_left_to_learn(digits_run,
@@ -80,18 +83,63 @@ def test_a_half_width_student_learns_from_the_digits_run(digits_run,
       + flops.flops_per_image(teacher_model, 8)))
 
 
+@pytest.mark.parametrize("kind", distill.KINDS)
+def test_each_kind_of_term_and_each_head_of_a_deit_student(kind):
+  """The loss of a batch, against its definition: label_weight x the
+  label cross-entropy + (1 - label_weight) x the distillation term (soft:
+  T^2 KL at temperature T; hard: the cross-entropy with the teacher's top
+  class). A student with a distillation token learns the labels by its
+  class head and the teacher by its distillation head, and predicts with
+  their mean."""
+  model = models.create("Ti/2", 10, hidden_size=32, num_layers=1, mlp_dim=64,
+                        num_heads=4, distill_token=True)
+  images = jax.random.uniform(jax.random.key(1), (6, 8, 8, 3), minval=-1)
+  params = nn.meta.unbox(model.init(jax.random.key(0), images,
+                                    train=False)["params"])
+  # Heads start at zero; random ones tell the two apart.
+  for head in ("head", "head_dist"):
+    params[head]["kernel"] = jax.random.normal(
+        jax.random.key(len(head)), params[head]["kernel"].shape)
+  labels = np.arange(6) % 10
+  teacher_logits = 3 * jax.random.normal(jax.random.key(2), (6, 10))
+  teacher = distill.Teacher(None, None, 8, "a teacher", kind, 2.0, 0.25)
+  weights = np.full(6, 1 / 6)
+  loss, parts = losses.of_batch(model, params, images, labels, weights,
+                                jax.random.key(3), "softmax", teacher,
+                                teacher_logits)
+  class_logits, distill_logits = model.apply(
+      {"params": params}, images, train=False, both_heads=True)
+  np.testing.assert_allclose(
+      model.apply({"params": params}, images, train=False),
+      (class_logits + distill_logits) / 2, rtol=1e-6)
+  if kind == "soft":
+    t = 2.0
+    p = jax.nn.softmax(teacher_logits / t)
+    term = t * t * (p * (jnp.log(p) - jax.nn.log_softmax(
+        distill_logits / t))).sum(-1)
+  else:
+    term = optax.softmax_cross_entropy_with_integer_labels(
+        distill_logits, teacher_logits.argmax(-1))
+  label_term = optax.softmax_cross_entropy_with_integer_labels(class_logits,
+                                                               labels)
+  np.testing.assert_allclose(parts["distill_loss"], term.mean(), rtol=1e-5)
+  np.testing.assert_allclose(
+      loss, (0.25 * label_term + 0.75 * term).mean(), rtol=1e-5)
+
+
 def test_a_distilling_run_stopped_by_sigterm_resumes_bitwise(
     digits_run, digits_data_dir, tmp_path, monkeypatch):
   """The teacher is read again on resume and never saved: a run stopped by
   SIGTERM (saved at the step it was in) and resumed ends with the
   uninterrupted run's params, bit for bit, having logged the same
-  distillation losses. The student reads 16-pixel images, which the
-  8-pixel teacher sees resized."""
+  distillation losses. DeiT's recipe (configs/distill/digits.py:deit): a
+  student with a distillation token, hard distillation. The student reads
+  16-pixel images, which the 8-pixel teacher sees resized."""
   teacher, _, _, _ = digits_run
   config = small_config(digits_data_dir, **{
       "distill.teacher": teacher, "distill.label_weight": 0.5,
-      "distill.temperature": 2.0, "log_every": 1, "image_size": 16,
-      "model.patch_size": 4})
+      "distill.kind": "hard", "model.distill_token": True, "log_every": 1,
+      "image_size": 16, "model.patch_size": 4})
   run_training(config, str(tmp_path / "straight"))
   with monkeypatch.context() as patch:
     sigterm_at_step(patch, 4)
@@ -102,6 +150,7 @@ def test_a_distilling_run_stopped_by_sigterm_resumes_bitwise(
   step_a, straight, _ = latest_checkpoint(str(tmp_path / "straight"), config)
   step_b, resumed, _ = latest_checkpoint(str(tmp_path / "resumed"), config)
   assert step_a == step_b == 6
+  assert resumed["dist"].shape == (1, 1, 32)  # The student's own token.
   jax.tree.map(np.testing.assert_array_equal, resumed, straight)
   distilled = logged(tmp_path / "straight", "distill_loss")
   assert logged(tmp_path / "resumed", "distill_loss") == distilled
@@ -142,7 +191,16 @@ def test_the_teacher_is_sharded_as_the_student_and_kept_out_of_the_state(
      "error: config.distill.teacher='{missing}': {missing} holds no run: it "
      "has no config.json"),
     ({"distill.kind": "token", "distill.teacher": "{teacher}"},
-     "error: config.distill.kind must be one of ['soft'], got 'token'"),
+     "error: config.distill.kind must be one of ['soft', 'hard'], got "
+     "'token'"),
+    ({"distill.teacher": "{teacher}", "model.distill_token": True},
+     "error: config.distill.label_weight=0.0: a student with a distillation "
+     "token learns the labels by its class head and the teacher by its "
+     "distillation head; give each a share, 0 < label_weight < 1 (DeiT's: "
+     "0.5)"),
+    ({"model.distill_token": True, "model.classifier": "gap"},
+     "error: config.model: distill_token: the distillation token is read "
+     "beside the class token; it needs classifier 'token', got 'gap'"),
     ({"distill.temperature": 0.0, "distill.teacher": "{teacher}"},
      "error: config.distill.temperature must be > 0, got 0.0"),
     ({"distill.teacher": "{teacher}", "dataset": "digits/5to9"},

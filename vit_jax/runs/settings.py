@@ -124,7 +124,8 @@ class Distill:
                      "none); it sees the student's batch at its own "
                      "resolution", before=AS_DEFAULT)
   kind: str = key("soft", "soft: KL divergence from the teacher's softened "
-                  "probabilities (the one kind so far)", before=AS_DEFAULT)
+                  "probabilities; hard: cross-entropy with its top class "
+                  "(DeiT's)", before=AS_DEFAULT)
   temperature: float = key(1.0, "the softmax temperature of soft "
                            "distillation (the KL term is scaled by its "
                            "square)", at_least=0.0, before=AS_DEFAULT)

@@ -14,8 +14,17 @@ it), never part of the train state, so checkpoints hold the student alone.
   soft   per example, T^2 KL(softmax(t / T) || softmax(s / T)) of the
          teacher's logits t and the student's s at temperature T (Hinton
          et al. 2015; at T = 1 and no label loss, the function matching of
-         Beyer et al.). The loss is label_weight x the label loss +
-         (1 - label_weight) x this term.
+         Beyer et al.).
+  hard   per example, the cross-entropy of the student's s with the
+         teacher's top class, argmax t (DeiT's hard distillation, Touvron
+         et al. 2021); the temperature plays no part.
+
+The loss is label_weight x the label loss + (1 - label_weight) x this
+term. A student with a distillation token (config.model.distill_token,
+DeiT's) learns the labels by its class head and the teacher by its
+distillation head (s is that head's logits), so both shares must be
+above 0; DeiT's recipe is kind hard with label_weight 0.5. Such a
+student predicts with the mean of its heads.
 """
 
 import dataclasses
@@ -23,13 +32,14 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 from absl import logging
 
 from vit_jax import errors, sharding
 from vit_jax.models import flops, vit
 from vit_jax.weights import exports, hub, pretrained
 
-KINDS = ("soft",)
+KINDS = ("soft", "hard")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +50,7 @@ class Teacher:
   params: dict  # numpy arrays, the model's tree
   image_size: int  # the resolution it runs at
   what: str  # where its params came from, for messages
+  kind: str  # KINDS
   temperature: float
   label_weight: float
 
@@ -78,6 +89,9 @@ class Teacher:
 
   def loss(self, student_logits, teacher_logits):
     """Each example's distillation term [n] (the module docstring)."""
+    if self.kind == "hard":
+      return optax.softmax_cross_entropy_with_integer_labels(
+          student_logits.astype(jnp.float32), teacher_logits.argmax(-1))
     t = self.temperature
     teacher = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / t)
     student = jax.nn.log_softmax(student_logits.astype(jnp.float32) / t)
@@ -161,7 +175,7 @@ def load(keys):
   model = inference.model.clone(config=dataclasses.replace(
       inference.model.config, dtype=keys.model.dtype))
   return Teacher(model, inference.params, inference.image_size,
-                 inference.what, keys.distill.temperature,
+                 inference.what, keys.distill.kind, keys.distill.temperature,
                  keys.distill.label_weight)
 
 
@@ -182,3 +196,16 @@ def check_classes(teacher, num_classes):
         f"config.distill.teacher {teacher.what} predicts "
         f"{teacher.num_classes} classes, the dataset has {num_classes}: a "
         "teacher must classify the student's classes")
+
+
+def check_student(keys, model):
+  """A ConfigError where a student with a distillation token would leave
+  one of its heads untaught (the module docstring)."""
+  weight = keys.distill.label_weight
+  if keys.distill.teacher and model.config.distill_token and not (
+      0 < weight < 1):
+    raise errors.ConfigError(
+        f"config.distill.label_weight={weight!r}: a student with a "
+        "distillation token learns the labels by its class head and the "
+        "teacher by its distillation head; give each a share, 0 < "
+        "label_weight < 1 (DeiT's: 0.5)")

@@ -51,17 +51,20 @@ def of_batch(model, params, images, targets, weights, key, kind="softmax",
   `targets`, and `key` draws the dropout; masked patch prediction's are
   `masked_patch_losses`. With a distill.Teacher and its logits on these
   images, each example's loss mixes in its distillation term, logged as
-  the part "distill_loss"."""
+  the part "distill_loss"; a model with a distillation token then learns
+  the targets by its class head and the teacher by its own head."""
   if isinstance(model, models.MaskedPatchViT):
     per_image = masked_patch_losses(model, params, images,
                                     *jax.random.split(key))
     return (weights * per_image).sum(), {}
+  both_heads = teacher is not None and model.config.distill_token
   logits = model.apply({"params": params}, images, train=True,
-                       rngs={"dropout": key})
+                       both_heads=both_heads, rngs={"dropout": key})
+  logits, distill_logits = logits if both_heads else (logits, logits)
   per_image = cross_entropy(kind, logits, targets)
   if teacher is None:
     return (weights * per_image).sum(), {}
-  distilled = teacher.loss(logits, teacher_logits)
+  distilled = teacher.loss(distill_logits, teacher_logits)
   per_image = (teacher.label_weight * per_image
                + (1 - teacher.label_weight) * distilled)
   return (weights * per_image).sum(), {

@@ -212,6 +212,7 @@ def check_program(checked, mesh, num_classes, teacher=None):
   keys = checked.settings
   built = step.parts(keys, num_classes, teacher)
   model = built.model
+  distill.check_student(keys, model)
   data_parallel = sharding.data_parallel_size(mesh)
   per_step = data_parallel * keys.accum_steps
   if keys.batch_size % per_step:
