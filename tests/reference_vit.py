@@ -349,12 +349,15 @@ def _heads_attention(q, k, v, num_heads):
 def forward_torch(tensors, images, layout, num_heads, eps, gelu):
   """Logits (or, with no head, the pooled features) of a PyTorch ViT state
   dict for NHWC `images`, float64. layout: "hf" (transformers' hub names,
-  with or without the "vit." prefix of ViTForImageClassification) or
-  "timm" (its VisionTransformer, or with a `dist_token` DeiT's
-  VisionTransformerDistilled at inference: the class and distillation
-  tokens each read by a head, the logits their mean)."""
-  t = {k[len("vit."):] if k.startswith("vit.") else k: np.asarray(v, np.float64)
-       for k, v in tensors.items()}
+  with or without the "vit." prefix of ViTForImageClassification; a DeiT's
+  under "deit.") or "timm" (its VisionTransformer). A distillation token
+  (timm's `dist_token`, transformers' `distillation_token`) follows the
+  class token; where a head reads it (timm's `head_dist`, transformers'
+  `distillation_classifier`), the logits are the mean of its head's and
+  the class head's (`cls_classifier` in transformers), as DeiT gives them
+  at inference."""
+  t = {k.split(".", 1)[1] if k.startswith(("vit.", "deit.")) else k:
+       np.asarray(v, np.float64) for k, v in tensors.items()}
   images = np.asarray(images, np.float64)
   act = GELU[gelu]
   embed = ("embeddings.patch_embeddings.projection" if layout == "hf"
@@ -370,7 +373,8 @@ def forward_torch(tensors, images, layout, num_heads, eps, gelu):
              "pos_embed"]
   if cls is not None and posemb.shape[1] == x.shape[1]:  # no_embed_class
     x = x + posemb
-  dist = t.get("dist_token")
+  dist = t.get("embeddings.distillation_token" if layout == "hf"
+              else "dist_token")
   prefix = [token for token in (cls, dist) if token is not None]
   x = np.concatenate([np.broadcast_to(token, (n, 1, width))
                       for token in prefix] + [x], axis=1)
@@ -399,12 +403,14 @@ def forward_torch(tensors, images, layout, num_heads, eps, gelu):
                                                             num_heads))
     y = _torch_norm(t, b + names["norm2"], x, eps)
     x = x + _linear(t, b + names["fc2"], act(_linear(t, b + names["fc1"], y)))
-  if dist is not None:  # DeiT's: neither fc_norm nor pre-logits.
+  heads = (("cls_classifier", "distillation_classifier") if layout == "hf"
+           else ("head", "head_dist"))
+  if heads[1] + ".weight" in t:  # DeiT's: neither fc_norm nor pre-logits.
     x = _torch_norm(t, names["norm"], x, eps)
-    if names["head"] + ".weight" not in t:
-      return (x[:, 0] + x[:, 1]) / 2
-    return (_linear(t, names["head"], x[:, 0])
-            + _linear(t, "head_dist", x[:, 1])) / 2
+    return (_linear(t, heads[0], x[:, 0]) + _linear(t, heads[1], x[:, 1])) / 2
+  if dist is not None and layout == "timm" and "head.weight" not in t:
+    x = _torch_norm(t, names["norm"], x, eps)  # timm's headless DeiT
+    return (x[:, 0] + x[:, 1]) / 2
   if "fc_norm.weight" in t:
     x = _torch_norm(t, "fc_norm", x.mean(axis=1), eps)
   else:

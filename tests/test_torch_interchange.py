@@ -35,13 +35,17 @@ WIDTH, LAYERS, MLP, HEADS, PATCH, SIDE, CLASSES = 32, 2, 64, 4, 2, 16, 5
 TOKENS = (SIDE // PATCH) ** 2
 
 
-def hf_shapes(classifier=True, pooler=False, width=WIDTH):
+def hf_shapes(classifier=True, pooler=False, width=WIDTH, deit=None):
   """transformers' ViT state dict as the hub's files name it: `vit.`
-  before the ViTModel inside ViTForImageClassification."""
-  vit = "vit." if classifier else ""
+  before the ViTModel inside ViTForImageClassification. `deit`: a DeiT's
+  instead, under `deit.`, with its distillation token: "teacher" for
+  DeiTForImageClassificationWithTeacher (a head on each token), "plain"
+  for DeiTForImageClassification (the class token's only)."""
+  vit = ("deit." if deit else "vit.") if classifier else ""
   shapes = {
       f"{vit}embeddings.cls_token": (1, 1, width),
-      f"{vit}embeddings.position_embeddings": (1, 1 + TOKENS, width),
+      f"{vit}embeddings.position_embeddings": (1, 1 + bool(deit) + TOKENS,
+                                               width),
       f"{vit}embeddings.patch_embeddings.projection.weight":
           (width, 3, PATCH, PATCH),
       f"{vit}embeddings.patch_embeddings.projection.bias": (width,),
@@ -64,8 +68,12 @@ def hf_shapes(classifier=True, pooler=False, width=WIDTH):
   if pooler:
     shapes["pooler.dense.weight"], shapes["pooler.dense.bias"] = (
         (width, width), (width,))
-  if classifier:
-    shapes["classifier.weight"], shapes["classifier.bias"] = (
+  if deit:
+    shapes[f"{vit}embeddings.distillation_token"] = (1, 1, width)
+  heads = (("cls_classifier", "distillation_classifier") if deit == "teacher"
+           else ("classifier",) if classifier else ())
+  for head in heads:
+    shapes[f"{head}.weight"], shapes[f"{head}.bias"] = (
         (CLASSES, width), (CLASSES,))
   return shapes
 
@@ -138,7 +146,8 @@ def random_tensors(shapes, seed=0):
       value = 1 + 0.2 * rng.standard_normal(shape)
     elif key.endswith(".weight"):
       value = rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))
-      if key in ("head.weight", "head_dist.weight", "classifier.weight"):
+      if key in ("head.weight", "head_dist.weight", "classifier.weight",
+                 "cls_classifier.weight", "distillation_classifier.weight"):
         value *= 4  # Logits of a few units, as a trained model's.
     else:
       value = 0.2 * rng.standard_normal(shape)
@@ -237,6 +246,37 @@ def test_an_hf_classifier_computes_its_logits_and_writes_back_bitwise(
       **hf_config(expected_act, eps), "architectures":
       ["ViTForImageClassification"]}
   assert written["label2id"]["class 3"] == 3
+
+
+@pytest.mark.parametrize("deit", ["teacher", "plain"])
+def test_an_hf_deit_reads_with_its_distillation_token(tmp_path, deit):
+  """DeiTForImageClassificationWithTeacher is a model with a distillation
+  token (its two heads averaged), written back as timm's distilled DeiT;
+  DeiTForImageClassification's classifier reads the class token alone,
+  and its distillation token is a register. Both take ImageNet's mean and
+  std, DeiT's image processor's."""
+  tensors = random_tensors(hf_shapes(deit=deit))
+  source = write_hf_dir(tmp_path / "hf", tensors, hf_config(
+      model_type="deit", architectures=["DeiTForImageClassification"]))
+  inference = pretrained.for_inference(source, HEADS)
+  assert_options_from_headers(source)
+  config = inference.model.config
+  assert (config.distill_token, config.num_registers) == (
+      (True, 0) if deit == "teacher" else (False, 1))
+  assert pretrained.load(source).normalization.mean == (
+      torch_files.IMAGENET.mean)
+  x = images()
+  expected = reference_vit.forward_torch(tensors, x, "hf", HEADS, 1e-12,
+                                         "exact")
+  assert np.abs(expected).max() > 1
+  np.testing.assert_allclose(logits_of(inference, x), expected, rtol=1e-5,
+                             atol=1e-5)
+  if deit == "teacher":
+    out = str(tmp_path / "deit.safetensors")
+    exports.write(pretrained.load(source), "timm", out)
+    np.testing.assert_allclose(reference_vit.forward_torch(
+        load_file(out), x, "timm", HEADS, 1e-12, "exact"), expected,
+                               rtol=1e-9, atol=1e-9)
 
 
 def test_an_hf_config_without_qkv_bias_reads_as_zero_biases(tmp_path):

@@ -186,6 +186,7 @@ def _read_json(path):
 # silent). A two-tower SigLIP's image tower has its own `vision_config`.
 HF_FAMILIES = {
     "vit": ("vit", 1e-12, "gelu"),
+    "deit": ("deit", 1e-12, "gelu"),
     "siglip_vision_model": ("siglip", 1e-6, "gelu_pytorch_tanh"),
     "siglip": ("siglip", 1e-6, "gelu_pytorch_tanh"),
     "siglip2_vision_model": ("siglip2", 1e-6, "gelu_pytorch_tanh"),
@@ -196,8 +197,8 @@ HF_FAMILIES = {
 }
 # Each family's input where its directory has no HF_PREPROCESSOR: its
 # image processor's default in transformers.
-HF_NORMALIZATION = {"vit": HALF, "siglip": HALF, "siglip2": HALF,
-                    "dinov2": IMAGENET, "dinov3": IMAGENET}
+HF_NORMALIZATION = {"vit": HALF, "deit": IMAGENET, "siglip": HALF,
+                    "siglip2": HALF, "dinov2": IMAGENET, "dinov3": IMAGENET}
 # DINOv3's config says which of its projections have a bias (a missing
 # one computes as a zero bias), and the period of its rotary embedding.
 DINOV3_BIASES = {"query_bias": ("attention.q_proj",),
@@ -257,18 +258,23 @@ def _hf_model(directory):
 
 
 def read_hf(directory):
-  """The ViT in an HF transformers directory: a ViT, a SigLIP or SigLIP 2
-  vision tower (alone or a two-tower model's) or a DINOv2, with or without
-  registers."""
+  """The ViT in an HF transformers directory: a ViT, a DeiT (with its
+  distillation head: a model with a distillation token; without: the
+  token read as a register), a SigLIP or SigLIP 2 vision tower (alone or
+  a two-tower model's), a DINOv2, with or without registers, or a
+  DINOv3."""
   model = _hf_model(directory)
   config = model.config
   tensors = {}
   for path in _hf_weight_files(directory):
     tensors.update(read_safetensors(path))
-  if model.family == "vit":
-    prefix = "vit." if any(k.startswith("vit.") for k in tensors) else ""
+  if model.family in ("vit", "deit"):
+    prefix = f"{model.family}."
+    if not any(k.startswith(prefix) for k in tensors):
+      prefix = ""
     layout = ("hf5" if any(k.startswith(prefix + "layers.") for k in tensors)
               else "hf")
+    tensors = _deit_heads(tensors)
   elif model.family in ("dinov2", "dinov3"):
     prefix, layout = "", model.family
     _refuse_dinov2_classifier(tensors, directory)
@@ -296,6 +302,8 @@ def read_hf(directory):
   if model.family == "dinov3":
     _add_zero_biases(tensors, config)
   flat = torch_layouts.to_release(tensors, layout, heads, prefix)
+  if "dist" in flat and "head_dist/kernel" not in flat:
+    flat = _deit_token_as_register(flat)
   names = None
   if "head/kernel" in flat and config.get("id2label"):
     labels = config["id2label"]
@@ -308,6 +316,26 @@ def read_hf(directory):
                   else max(image_size))
   return Read(flat, model.function, names, image_size,
               hf_normalization(directory, model.family))
+
+
+def _deit_heads(tensors):
+  """A DeiTForImageClassificationWithTeacher's class head (`cls_classifier`)
+  under the name of ViT's (`classifier`), beside its distillation head."""
+  return {re.sub(r"^cls_classifier\.", "classifier.", name): value
+          for name, value in tensors.items()}
+
+
+def _deit_token_as_register(flat):
+  """Release-layout params of an HF DeiT whose distillation token no head
+  reads (DeiTForImageClassification, DeiTModel): the token as a register,
+  which computes the same with its row of the position embedding added to
+  it (registers get none)."""
+  flat = dict(flat)
+  posemb = flat[models.POSEMB_KEY]
+  flat[torch_layouts.REGISTERS] = flat.pop("dist") + posemb[:, 1:2]
+  flat[models.POSEMB_KEY] = np.concatenate([posemb[:, :1], posemb[:, 2:]],
+                                           axis=1)
+  return flat
 
 
 def hf_normalization(directory, family):
@@ -378,13 +406,17 @@ def hf_options(directory):
   if model.family in ("dinov2", "dinov3"):
     _refuse_dinov2_classifier(shapes, directory)
   registers = named("embeddings.register_tokens")
+  # A DeiT's distillation token, where no head reads it, is a register.
+  dist = named("embeddings.distillation_token")
+  dist_head = bool(dist) and bool(named("distillation_classifier.weight"))
   # Each family but DINOv3 has a learned table; DINOv3 none but RoPE.
   return {**model.function, "posemb": "none" if model.function["rope"]
           else "learn",
           "classifier": ("token" if named("embeddings.cls_token") else
                          "map" if named("head.probe") else "gap"),
-          "num_registers": shapes[registers[0]][1] if registers else 0,
-          "distill_token": False,
+          "num_registers": (shapes[registers[0]][1] if registers else
+                            int(bool(dist) and not dist_head)),
+          "distill_token": dist_head,
           "layer_scale": 1.0 if named(".layer_scale1.lambda1") else None,
           "qk_norm": False,
           "mlp": "swiglu" if model.config.get("use_gated_mlp") else "gelu"}

@@ -2,15 +2,16 @@
 
 The layouts: Hugging Face transformers' `ViTModel` /
 `ViTForImageClassification` as the hub's files name them ("hf", which
-transformers 4 and 5 both load and save), as transformers 5.23's
-modules name them in a state_dict saved directly ("hf5");
-timm's `VisionTransformer` ("timm", with its layer scale, query/key norms,
-register token and attention pooling, and its DeiT distillation token); and, read only, transformers'
-SigLIP and SigLIP 2 vision towers ("siglip", "siglip2"), DINOv2, with or
-without registers ("dinov2"), and DINOv3's ViTs ("dinov3"). Each stores a torch module as `NAME.weight`
-and `NAME.bias`; the tables below map every module to its place in the
-release layout (`Transformer/encoderblock_{i}/...`) and say how its arrays
-convert, and the leaves (single parameters) to theirs. Everything here is
+transformers 4 and 5 both load and save; its DeiTs too, under "deit."), as
+transformers 5.23's modules name them in a state_dict saved directly
+("hf5"); timm's `VisionTransformer` ("timm", with its layer scale,
+query/key norms, register token and attention pooling, and DeiT's
+distillation token); and, read only, transformers' SigLIP and SigLIP 2
+vision towers ("siglip", "siglip2"), DINOv2, with or without registers
+("dinov2"), and DINOv3's ViTs ("dinov3"). Each stores a torch module as
+`NAME.weight` and `NAME.bias`; the tables below map every module to its
+place in the release layout (`Transformer/encoderblock_{i}/...`) and say
+how its arrays convert, and the leaves (single parameters) to theirs. Everything here is
 numpy and exact: transposes and reshapes, no arithmetic, so a file read and
 written back is bitwise equal.
 
@@ -66,8 +67,12 @@ HF_TOP = {
     "layernorm": ("Transformer/encoder_norm", "norm"),
     "pooler.dense": ("pre_logits", "dense"),
 }
-HF_HEAD = {"classifier": ("head", "dense")}  # Outside the "vit." prefix.
+# Outside the "vit." (or "deit.") prefix; a DeiT with its teacher's head
+# names its class head `cls_classifier` (read as `classifier`).
+HF_HEAD = {"classifier": ("head", "dense"),
+           "distillation_classifier": ("head_dist", "dense")}
 HF_LEAVES = {"embeddings.cls_token": "cls",
+             "embeddings.distillation_token": "dist",  # DeiT's
              "embeddings.position_embeddings": POSEMB_KEY}
 
 # timm fuses the query, key and value projections into one [3D, D] Linear.
