@@ -185,6 +185,18 @@ def logits_of(inference, x):
       {"params": p}, x, train=False))(params, x))
 
 
+def assert_computes_as_torch(inference, tensors, layout, heads, eps, gelu):
+  """The model's logits on images() are the float64 reader's of the torch
+  state dict `tensors`, logits that say something; returns (images,
+  those logits)."""
+  x = images()
+  expected = reference_vit.forward_torch(tensors, x, layout, heads, eps, gelu)
+  assert np.abs(expected).max() > 1
+  np.testing.assert_allclose(logits_of(inference, x), expected, rtol=1e-5,
+                             atol=1e-5)
+  return x, expected
+
+
 def assert_same_tensors(got, expected):
   assert {k: v.shape for k, v in got.items()} == {
       k: v.shape for k, v in expected.items()}
@@ -228,11 +240,7 @@ def test_an_hf_classifier_computes_its_logits_and_writes_back_bitwise(
                                                        "token", SIDE)
   assert inference.class_names == [f"class {i}" for i in range(CLASSES)]
 
-  x = images()
-  expected = reference_vit.forward_torch(tensors, x, "hf", HEADS, eps, gelu)
-  assert np.abs(expected).max() > 1  # Logits that say something.
-  np.testing.assert_allclose(logits_of(inference, x), expected, rtol=1e-5,
-                             atol=1e-5)
+  assert_computes_as_torch(inference, tensors, "hf", HEADS, eps, gelu)
 
   out = str(tmp_path / "out")
   exports.write(pretrained.load(source), "hf", out)
@@ -265,12 +273,8 @@ def test_an_hf_deit_reads_with_its_distillation_token(tmp_path, deit):
       (True, 0) if deit == "teacher" else (False, 1))
   assert pretrained.load(source).normalization.mean == (
       torch_files.IMAGENET.mean)
-  x = images()
-  expected = reference_vit.forward_torch(tensors, x, "hf", HEADS, 1e-12,
-                                         "exact")
-  assert np.abs(expected).max() > 1
-  np.testing.assert_allclose(logits_of(inference, x), expected, rtol=1e-5,
-                             atol=1e-5)
+  x, expected = assert_computes_as_torch(inference, tensors, "hf", HEADS,
+                                         1e-12, "exact")
   if deit == "teacher":
     out = str(tmp_path / "deit.safetensors")
     exports.write(pretrained.load(source), "timm", out)
@@ -324,12 +328,7 @@ def test_a_timm_file_computes_its_logits_and_writes_back_bitwise(
                                "tokens")
   assert config.distill_token == options.get("distilled", False)
 
-  x = images()
-  expected = reference_vit.forward_torch(tensors, x, "timm", heads, 1e-6,
-                                         "exact")
-  assert np.abs(expected).max() > 1
-  np.testing.assert_allclose(logits_of(inference, x), expected, rtol=1e-5,
-                             atol=1e-5)
+  assert_computes_as_torch(inference, tensors, "timm", heads, 1e-6, "exact")
 
   out = str(tmp_path / "out.safetensors")
   if options.get("pre_logits"):  # timm's VisionTransformer has none now.
