@@ -103,6 +103,84 @@ def test_features_match_the_float64_reference(overrides):
       assert error < 1e-5, (grid, budget, error)
 
 
+def _packed(sequences, length, slots):
+  """A packed batch (naflex.Packed) of `sequences`, each a list of images
+  at their own grids, their patches one image after another."""
+  n = len(sequences)
+  pixels = np.zeros((n, length, PATCH * PATCH * 3), np.float32)
+  segments = np.zeros((n, length), np.int32)
+  positions = np.zeros((n, length, 2), np.int32)
+  grids = np.zeros((n, slots, 2), np.int32)
+  for i, images in enumerate(sequences):
+    at = 0
+    for slot, image in enumerate(images):
+      rows, cols = image.shape[0] // PATCH, image.shape[1] // PATCH
+      count = rows * cols
+      pixels[i, at:at + count] = patchify(image, PATCH, count)[0]
+      segments[i, at:at + count] = slot + 1
+      positions[i, at:at + count] = np.stack(np.divmod(np.arange(count),
+                                                       cols), axis=-1)
+      grids[i, slot] = rows, cols
+      at += count
+  return naflex.Packed(*map(jnp.asarray, (pixels, segments, positions,
+                                          grids)))
+
+
+PACKED_CASES = {
+    "map": dict(classifier="map"),
+    "token-registers": dict(classifier="token", num_registers=2),
+    "gap-learn2d": dict(classifier="gap", posemb="learn2d", layer_scale=0.5),
+    "rope": dict(classifier="token", num_registers=2, posemb="none",
+                 rope="axial"),
+    "distillation token, sincos2d, fused": dict(
+        classifier="token", distill_token=True, posemb="sincos2d",
+        attention="fused"),
+}
+
+
+@pytest.mark.parametrize("case", list(PACKED_CASES))
+def test_each_image_of_a_packed_sequence_computes_as_it_alone(case):
+  """Three images at their own grids (10, 9 and 16 patches) in one
+  sequence of 40 with a slot to spare, and two of them the other way round
+  in a second: each image's logits are its own, as the float64 reference
+  computes it on that image alone (the model's NaFlex path where the
+  reference has no distillation token); the empty slot's are finite."""
+  model, params = _model_and_params(**PACKED_CASES[case])
+  images = [_image(2, 5, seed=1), _image(3, 3, seed=2), _image(4, 4, seed=3)]
+  batch = _packed([images, images[2:0:-1]], 40, 4)
+  logits = np.asarray(jax.jit(lambda p, x: model.apply(
+      {"params": p}, x, train=False))(params, batch))
+  assert logits.shape == (2, 4, 5)
+  assert np.isfinite(logits).all()
+  config = model.config
+  alone = []
+  for image in images:
+    patches, grid = patchify(image, PATCH, 16)
+    if config.distill_token:
+      alone.append(np.asarray(model.apply(
+          {"params": params}, _batch([image], 16), train=False))[0])
+    else:
+      alone.append(reference_vit.forward_naflex(
+          _flat(params), patches, grid, config.classifier,
+          rope_theta=config.rope_theta if config.rope else None))
+  for got, expected in zip(
+      [*logits[0, :3], *logits[1, :2]], [*alone, alone[2], alone[1]]):
+    error = np.abs(got - expected).max() / np.abs(expected).max()
+    assert error < 1e-5, (case, error)
+
+
+def test_packed_sequences_refuse_what_they_do_not_yet_do():
+  model, params = _model_and_params(attention="splash")
+  batch = _packed([[_image(2, 2)]], 8, 2)
+  with pytest.raises(errors.InputError, match="splash"):
+    model.apply({"params": params}, batch, train=False)
+  model, params = _model_and_params(rope="axial", posemb="none",
+                                    rope_shift=0.1)
+  with pytest.raises(errors.InputError, match="rope_shift"):
+    model.apply({"params": params}, batch, train=True,
+                rngs={"dropout": jax.random.key(0)})
+
+
 def test_the_grids_are_three_aspect_ratios():
   """What the test above covers: grids shaped as their images, not all
   squares, and bigger at the bigger budget."""

@@ -10,6 +10,9 @@ in the input pipeline). A batch of them is a
 learned position table to each image's grid (`position_weights`), and keeps
 the padding out of attention and out of what its head pools.
 
+Several images may share a sequence instead (`Packed`, NaViT's Patch n'
+Pack): each at its own grid, attending to its own tokens, pooled alone.
+
 The grid rule (host-side) and the weights of the position table's resize
 (device-side) live here together: both are the model's reading of an
 image, and the data wing, which calls the rule, is above this floor.
@@ -37,6 +40,53 @@ class Patches(NamedTuple):
   """
   pixels: jax.Array
   grid: jax.Array
+
+
+class Packed(NamedTuple):
+  """Several images in each sequence (NaViT's Patch n' Pack), what
+  VisionTransformer takes in place of images: each image at its own grid,
+  its patches row-major and contiguous, its tokens attending to its own
+  alone; the logits are [N, K, classes], one row per slot.
+
+  pixels: [N, L, p * p * 3], as Patches' (uint8, or floats in [-1, 1]).
+  segments: [N, L] int32: the slot (1 .. K) of the image each patch is
+    of; 0 for padding.
+  positions: [N, L, 2] int32: each patch's (row, col) in its image's grid.
+  grids: [N, K, 2] int32: each slot's image's (rows, cols); (0, 0) for a
+    slot that holds none (its logits are the model's on no patches:
+    finite, and a loss gives them no weight).
+  """
+  pixels: jax.Array
+  segments: jax.Array
+  positions: jax.Array
+  grids: jax.Array
+
+  @property
+  def slots(self):
+    return self.grids.shape[1]
+
+  def token_grids(self):
+    """[N, L, 2] int32: each patch's image's (rows, cols); (1, 1) for
+    padding, so that no padding token's place is undefined."""
+    slot = jnp.maximum(self.segments - 1, 0)
+    grids = jnp.take_along_axis(self.grids, slot[..., None], axis=1)
+    return jnp.where(self.segments[..., None] > 0, grids, 1)
+
+  def token_slots(self, prefix_tokens, registers):
+    """[N, prefix_tokens * K + registers * K + L] int32: the slot of every
+    token of the sequence the model makes of it: each slot's prefix
+    tokens, each slot's registers, then the patches (0: padding)."""
+    n = self.segments.shape[0]
+    slots = jnp.arange(1, self.slots + 1, dtype=jnp.int32)
+    prefix = [jnp.repeat(slots, count) for count in (prefix_tokens, registers)]
+    return jnp.concatenate([jnp.broadcast_to(p, (n, p.shape[0]))
+                            for p in prefix] + [self.segments], axis=1)
+
+  def attention_mask(self, prefix_tokens, registers):
+    """[N, T, T] bool: which tokens each token attends to, those of its
+    own slot (padding to padding, which no image reads)."""
+    ids = self.token_slots(prefix_tokens, registers)
+    return ids[:, :, None] == ids[:, None, :]
 
 
 def patch_mask(grid, length):

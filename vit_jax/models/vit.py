@@ -240,11 +240,12 @@ class Attention(nn.Module):
   q/k/v kernels are (D, heads, D/heads). `record`: keep the weights for the
   Section 4.5 figures (the blocks' attention, not a pooling head's).
   `mask` [N, keys] bool: the keys that may be attended to (NaFlex's real
-  tokens, which come first), or None for all. `rope` [N or 1, patches,
-  head_dim / 2]: the angles that turn the patches' queries and keys (the
-  last tokens; models/rope.py); for rope "mixed", the patches' index
-  coordinates [N or 1, patches, 2], which this block's own frequencies
-  turn into angles; or None."""
+  tokens, which come first); or [N, queries, keys], the keys each query
+  may attend to (a packed sequence's images, naflex.Packed); or None for
+  all. `rope` [N or 1, patches, head_dim / 2]: the angles that turn the
+  patches' queries and keys (the last tokens; models/rope.py); for rope
+  "mixed", the patches' index coordinates [N or 1, patches, 2], which
+  this block's own frequencies turn into angles; or None."""
   config: ViTConfig
   record: bool = True
 
@@ -299,9 +300,9 @@ class Attention(nn.Module):
     if mask is not None:
       # Masked keys' logits pushed to the lowest finite value (not -inf: a
       # row with no key to attend to, a batch's empty rows, averages rather
-      # than gives NaN), by a bias of one row per image.
-      logits = logits + jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min)[
-          :, None, None, :]
+      # than gives NaN), by a bias the same for every head.
+      logits = logits + _heads_axis(jnp.where(
+          mask, 0.0, jnp.finfo(jnp.float32).min))
     weights = nn.softmax(logits / jnp.sqrt(head_dim).astype(jnp.float32))
     if self.record:  # The Section 4.5 figures: distance, rollout.
       self.sow("intermediates", "attention_weights", weights)
@@ -323,15 +324,21 @@ def _attention_out(out, width, config):
       name="out")(out)
 
 
+def _heads_axis(mask):
+  """A [N, keys] or [N, queries, keys] mask (or bias) as [N, 1, queries or
+  1, keys], the same for every head."""
+  return mask[:, None, None, :] if mask.ndim == 2 else mask[:, None]
+
+
 def _fused_attention(query, keys, values, mask=None):
   """jax.nn.dot_product_attention of [N, tokens, heads, head_dim] inputs:
-  cuDNN's kernel where it runs (NVIDIA GPUs, half precision), else XLA's.
-  `mask` [N, keys]: the real keys, which come first."""
-  if jax.default_backend() != "gpu" or query.dtype not in (jnp.bfloat16,
-                                                            jnp.float16):
+  cuDNN's kernel where it runs (NVIDIA GPUs, half precision, no mask or
+  the real keys first), else XLA's. `mask`: Attention's."""
+  if jax.default_backend() != "gpu" or query.dtype not in (
+      jnp.bfloat16, jnp.float16) or (mask is not None and mask.ndim == 3):
     return jax.nn.dot_product_attention(
         query, keys, values, implementation="xla",
-        mask=None if mask is None else mask[:, None, None, :])
+        mask=None if mask is None else _heads_axis(mask))
   # cuDNN trains on even token counts only (a ViT has 197 tokens): pad the
   # queries and keys with one token each, masked out, and drop its output.
   tokens, key_tokens = query.shape[1], keys.shape[1]
@@ -381,8 +388,9 @@ class EncoderBlock(nn.Module):
   """Pre-LN block: z' = MSA(LN(z)) + z; z = MLP(LN(z')) + z'.
 
   Returns (z, None), the form nn.scan takes; `train` is positional so that
-  nn.remat can hold it static. `mask` [N, tokens]: the real tokens
-  (NaFlex), or None; `rope`: the patches' RoPE angles, or None.
+  nn.remat can hold it static. `mask`: Attention's, the keys each token
+  may attend to (NaFlex's, a packed sequence's), or None; `rope`: the
+  patches' RoPE angles, or None.
   """
   config: ViTConfig
 
@@ -458,13 +466,22 @@ class AddPositionEmbedding(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x, naflex_grid=None, class_tokens=0):
+  def __call__(self, x, naflex_grid=None, class_tokens=0, packed=None):
     _, tokens, width = x.shape
     init = nn.initializers.normal(stddev=0.02)
     if self.kind == "none":
       return x
+    if packed is not None:
+      grids = packed.token_grids().astype(jnp.float32)
+      return x + self._resized(
+          x, packed.positions[..., 0], packed.positions[..., 1],
+          grids[..., 0], grids[..., 1], class_tokens,
+          packed.slots).astype(x.dtype)
     if naflex_grid is not None:
-      return x + self._resized(x, naflex_grid, class_tokens).astype(x.dtype)
+      rows, cols = naflex.patch_positions(naflex_grid, tokens - class_tokens)
+      grid = naflex_grid.astype(jnp.float32)
+      return x + self._resized(x, rows, cols, grid[:, :1], grid[:, 1:],
+                               class_tokens).astype(x.dtype)
     if self.kind == "learn":
       posemb = self.param("pos_embedding", _init(init, (None, None, "embed")),
                           (1, tokens, width), self.param_dtype)
@@ -490,11 +507,13 @@ class AddPositionEmbedding(nn.Module):
     posemb = jnp.concatenate([token.astype(table.dtype), table])
     return x + posemb[None].astype(x.dtype)
 
-  def _resized(self, x, grid, class_tokens):
-    """[N, tokens, D] float32 embeddings of a NaFlex batch's tokens."""
+  def _resized(self, x, rows, cols, grid_rows, grid_cols, class_tokens,
+               slots=1):
+    """[N, tokens, D] float32 embeddings of a NaFlex or packed batch's
+    tokens: `slots` groups of `class_tokens` extra tokens, then patches at
+    (`rows`, `cols`) [N, L] of grids of `grid_rows` x `grid_cols` (float
+    [N, L], or [N, 1] for one image a row)."""
     n, tokens, width = x.shape
-    rows, cols = naflex.patch_positions(grid, tokens - class_tokens)
-    grid = grid.astype(jnp.float32)
     if self.kind == "sincos2d":
       patches = sincos2d(rows, cols, width)
       token = jnp.zeros((class_tokens, width))
@@ -506,21 +525,21 @@ class AddPositionEmbedding(nn.Module):
       # Each patch's weight on every entry of the table, [N, L, side^2],
       # then one matmul, so that XLA:CPU builds no [N, L, side, D]
       # intermediate (docs/naflex.md).
-      weights = (naflex.position_weights(rows, grid[:, :1], side)[..., None]
-                 * naflex.position_weights(cols, grid[:, 1:], side)[
+      weights = (naflex.position_weights(rows, grid_rows, side)[..., None]
+                 * naflex.position_weights(cols, grid_cols, side)[
                      ..., None, :])
       patches = weights.reshape(n, -1, side * side) @ square
     else:  # "learn2d"
       row, col = (self._trained(f"{name}_embedding", (None, None))
                   for name in ("row", "col"))
       patches = jnp.concatenate([
-          naflex.position_weights(rows, grid[:, :1], row.shape[0]) @ row,
-          naflex.position_weights(cols, grid[:, 1:], col.shape[0]) @ col],
+          naflex.position_weights(rows, grid_rows, row.shape[0]) @ row,
+          naflex.position_weights(cols, grid_cols, col.shape[0]) @ col],
                                 axis=-1)
       token = (self._trained("token_embedding", (None, None))
                if class_tokens else jnp.zeros((0, width)))
-    token = jnp.broadcast_to(token.astype(jnp.float32),
-                             (n, class_tokens, width))
+    token = jnp.broadcast_to(jnp.tile(token.astype(jnp.float32), (slots, 1)),
+                             (n, slots * class_tokens, width))
     return jnp.concatenate([token, patches.astype(jnp.float32)], axis=1)
 
   def _trained(self, name, axes):
@@ -555,16 +574,23 @@ class Encoder(nn.Module):
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x, *, train, grid=None, naflex_grid=None):
+  def __call__(self, x, *, train, grid=None, naflex_grid=None, packed=None):
     """x: [N, tokens, D]; grid: the (rows, cols) of its patches; for a
-    NaFlex batch, naflex_grid [N, 2] instead, each image's."""
+    NaFlex batch, naflex_grid [N, 2] instead, each image's; for a packed
+    one (naflex.Packed, whose slots each have their prefix tokens first in
+    x), `packed`."""
     config = self.config
     x = AddPositionEmbedding(kind=config.posemb, grid=grid,
                              param_dtype=config.param_dtype,
                              name="posembed_input")(
-                                 x, naflex_grid, config.embedded_prefix_tokens)
-    rope = self._rope_angles(x, train, grid, naflex_grid)
+                                 x, naflex_grid, config.embedded_prefix_tokens,
+                                 packed)
+    rope = self._rope_angles(x, train, grid, naflex_grid, packed)
     mask = None
+    slots = 1 if packed is None else packed.slots
+    if packed is not None:  # Each token attends to its own image's.
+      mask = packed.attention_mask(config.embedded_prefix_tokens,
+                                   config.num_registers)
     if naflex_grid is not None:  # The real tokens: the prefix and patches.
       n, tokens, _ = x.shape
       mask = jnp.concatenate([
@@ -577,8 +603,8 @@ class Encoder(nn.Module):
           "registers", _init(nn.initializers.normal(stddev=0.02),
                              (None, None, "embed")),
           (1, config.num_registers, x.shape[-1]), config.param_dtype)
-      registers = jnp.tile(registers.astype(x.dtype), (x.shape[0], 1, 1))
-      first = config.embedded_prefix_tokens
+      registers = jnp.tile(registers.astype(x.dtype), (x.shape[0], slots, 1))
+      first = config.embedded_prefix_tokens * slots
       x = jnp.concatenate([x[:, :first], registers, x[:, first:]], axis=1)
     x = nn.Dropout(config.dropout_rate)(x, deterministic=not train)
     block = EncoderBlock
@@ -603,16 +629,25 @@ class Encoder(nn.Module):
       return x
     return _layer_norm("encoder_norm", config)(x)
 
-  def _rope_angles(self, x, train, grid, naflex_grid):
+  def _rope_angles(self, x, train, grid, naflex_grid, packed):
     """[N or 1, patches, head_dim / 2] RoPE angles of x's patches (each
-    image's own grid for a NaFlex batch; augmented in training where the
-    config says), or None without RoPE; for rope "mixed", whose angles each
-    block makes, the coordinates [N or 1, patches, 2]."""
+    image's own grid for a NaFlex or packed batch; augmented in training
+    where the config says), or None without RoPE; for rope "mixed", whose
+    angles each block makes, the coordinates [N or 1, patches, 2]."""
     config = self.config
     if not config.rope:
       return None
     patches = x.shape[1] - config.embedded_prefix_tokens
-    if naflex_grid is None:
+    if packed is not None:
+      if train and config.rope_augmentation.any:
+        raise errors.InputError(
+            "rope_shift, rope_jitter and rope_rescale draw per image, which "
+            "a packed sequence does not yet do: leave them unset")
+      grids = packed.token_grids()
+      coords = rope_lib.coordinates(
+          packed.positions[..., 0], packed.positions[..., 1], grids[..., 0],
+          grids[..., 1], config.rope)
+    elif naflex_grid is None:
       rows, cols = np.meshgrid(np.arange(grid[0]), np.arange(grid[1]),
                                indexing="ij")
       coords = rope_lib.coordinates(rows.reshape(1, -1), cols.reshape(1, -1),
@@ -651,7 +686,8 @@ class ImageEncoder(nn.Module):
 
   A NaFlex batch (naflex.Patches) in place of images: each patch is
   embedded by the same convolution, and the Encoder is told each image's
-  grid.
+  grid. A packed one (naflex.Packed): the same, with each slot's prefix
+  tokens, slot after slot, before the patches.
   """
   config: ViTConfig
   mask_token: bool
@@ -659,7 +695,12 @@ class ImageEncoder(nn.Module):
   @nn.compact
   def __call__(self, images, *, train, corruption=None):
     config = self.config
-    if isinstance(images, naflex.Patches):
+    slots = 1
+    if isinstance(images, naflex.Packed):
+      x = _patch_embedding(self, unit_range(images.pixels).astype(
+          config.dtype))
+      grid, slots = dict(packed=images), images.slots
+    elif isinstance(images, naflex.Patches):
       x = _patch_embedding(self, unit_range(images.pixels).astype(
           config.dtype))
       grid = dict(naflex_grid=images.grid)
@@ -700,8 +741,9 @@ class ImageEncoder(nn.Module):
           "dist", _init(nn.initializers.normal(stddev=0.02),
                         (None, None, "embed")), (1, 1, d), config.param_dtype))
     if prefix:
-      x = jnp.concatenate([jnp.tile(token.astype(x.dtype), (n, 1, 1))
-                           for token in prefix] + [x], axis=1)
+      prefix = jnp.concatenate([token.astype(x.dtype) for token in prefix],
+                               axis=1)
+      x = jnp.concatenate([jnp.tile(prefix, (n, slots, 1)), x], axis=1)
     return Encoder(config=config, name="Transformer")(x, train=train, **grid)
 
 
@@ -733,15 +775,35 @@ class ClassifierHead(nn.Module):
   each go through the same layers to a head of their own (`head`,
   `head_dist`): the logits are the heads' mean, or with `both_heads` the
   pair (class head's, distillation head's); the features are the mean of
-  what the two heads read."""
+  what the two heads read. A packed batch (naflex.Packed) is pooled image
+  by image, [N, K, ...]: each slot's class token, its patches' mean, or
+  its own probe over its patches."""
   num_classes: int
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x, patch_mask=None, both_heads=False):
+  def __call__(self, x, patch_mask=None, both_heads=False, packed=None):
     config = self.config
-    patches = x[:, config.num_prefix_tokens:]
-    if config.distill_token:
+    slots = 1 if packed is None else packed.slots
+    patches = x[:, config.num_prefix_tokens * slots:]
+    # [N, L, K]: which of a packed batch's patches each slot's image holds.
+    member = None if packed is None else (
+        packed.segments[..., None] == jnp.arange(1, slots + 1))
+    if packed is not None and config.classifier == "token":
+      prefix = x[:, :config.embedded_prefix_tokens * slots].reshape(
+          x.shape[0], slots, config.embedded_prefix_tokens, x.shape[-1])
+      x = prefix[:, :, :2] if config.distill_token else prefix[:, :, 0]
+    elif packed is not None and config.classifier == "map":
+      # An empty slot's probe reads every patch: a row with no key at all
+      # gives NaN once XLA has rearranged the masked softmax.
+      empty = ~member.any(axis=1, keepdims=True)
+      x = MAPHead(config=config, name="MAPHead_0")(
+          patches, jnp.swapaxes(member | empty, 1, 2), slots)
+    elif packed is not None:  # "gap": each image's patches' mean.
+      weights = member.astype(patches.dtype)
+      x = jnp.einsum("nlk,nld->nkd", weights, patches) / jnp.maximum(
+          weights.sum(1), 1)[..., None]
+    elif config.distill_token:
       x = x[:, :2]  # [N, 2, D]: the layers below act on each token alone.
     elif config.classifier == "token":
       x = x[:, 0]
@@ -766,7 +828,7 @@ class ClassifierHead(nn.Module):
     # What the head reads (the pre-logits): few-shot evaluation fits its own
     # linear classifiers to these.
     self.sow("intermediates", "features",
-             x.mean(axis=1) if config.distill_token else x)
+             x.mean(axis=-2) if config.distill_token else x)
     # A zero kernel: a fresh head predicts the same for every image.
     head = lambda name, features: nn.Dense(
         self.num_classes, dtype=config.dtype, param_dtype=config.param_dtype,
@@ -776,7 +838,7 @@ class ClassifierHead(nn.Module):
         name=name)(features).astype(jnp.float32)
     if not config.distill_token:
       return head("head", x)
-    pair = head("head", x[:, 0]), head("head_dist", x[:, 1])
+    pair = head("head", x[..., 0, :]), head("head_dist", x[..., 1, :])
     return pair if both_heads else (pair[0] + pair[1]) / 2
 
 
@@ -792,16 +854,18 @@ def logits_and_pre_logits(model, params, images):
 class MAPHead(nn.Module):
   """Multi-head attention pooling: a learned probe attends to the tokens,
   then a residual MLP on what it gathered (big_vision's MAPHead, the
-  layout of SigLIP's image tower)."""
+  layout of SigLIP's image tower). `mask`: Attention's; a packed batch
+  has `slots` copies of the probe, each attending to its image's patches
+  ([N, slots, patches]), and gives [N, slots, D]."""
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x, mask=None):
+  def __call__(self, x, mask=None, slots=None):
     config = self.config
     probe = self.param("probe", _init(nn.initializers.xavier_uniform(),
                                       (None, None, "embed")),
                        (1, 1, x.shape[-1]), config.param_dtype)
-    probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))
+    probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], slots or 1, 1))
     # big_vision's and timm's pooling normalise no queries or keys.
     # One query token: the fused kernel has nothing to gain here.
     head = dataclasses.replace(config, fp8=False)
@@ -811,7 +875,7 @@ class MAPHead(nn.Module):
                       probe, train=False, kv=x, mask=mask)
     z = _layer_norm("LayerNorm_0", config)(y)
     y = y + MlpBlock(config=head, name="MlpBlock_0")(z, train=False)
-    return y[:, 0]
+    return y if slots else y[:, 0]
 
 
 class PatchColourHead(nn.Module):
@@ -870,10 +934,14 @@ class VisionTransformer(nn.Module):
     nn.share_scope(self, self.classify)
 
   def __call__(self, images, *, train, both_heads=False):
-    """images: NHWC, or a NaFlex batch (naflex.Patches). `both_heads`: a
-    model with a distillation token returns the pair (class head's,
+    """images: NHWC, or a NaFlex batch (naflex.Patches), or a packed one
+    (naflex.Packed: logits [N, K, classes], a row per slot). `both_heads`:
+    a model with a distillation token returns the pair (class head's,
     distillation head's logits) rather than their mean."""
     self.check_image_size(images)
+    if isinstance(images, naflex.Packed):
+      return self.classify(self.encoder(images, train=train), None,
+                           both_heads, images)
     mask = None
     if isinstance(images, naflex.Patches):
       mask = naflex.patch_mask(images.grid, images.pixels.shape[1])
@@ -945,7 +1013,7 @@ class VisionTransformer(nn.Module):
 
   @nn.nowrap
   def check_image_size(self, images):
-    if isinstance(images, naflex.Patches):
+    if isinstance(images, (naflex.Patches, naflex.Packed)):
       return self.check_patches(images)
     height, width = images.shape[1:3]
     if height % self.token_stride or width % self.token_stride:
@@ -966,6 +1034,10 @@ class VisionTransformer(nn.Module):
       raise errors.InputError(
           f"NaFlex patches of shape {patches.pixels.shape}: "
           f"{self.describe_patch()} takes [batch, patches, {size}]")
+    if isinstance(patches, naflex.Packed) and config.attention == "splash":
+      raise errors.InputError(
+          "a packed batch masks attention image by image, which attention "
+          "'splash' does not yet do: use 'einsum' or 'fused'")
 
 
 class MaskedPatchViT(VisionTransformer):
