@@ -282,6 +282,12 @@ class Attention(nn.Module):
         y = rope_lib.rotate(y, rope)
       return y
 
+    if mask is not None:
+      # A query with no key to attend to (a batch's empty row, an empty
+      # slot's probe) attends to every key: nothing reads its output, and a
+      # row of masked logits alone gives NaN once XLA has rearranged the
+      # softmax.
+      mask = mask | ~mask.any(-1, keepdims=True)
     fused = {"fused": _fused_attention,
              "splash": splash.attention}.get(config.attention)
     if fused:
@@ -298,9 +304,8 @@ class Attention(nn.Module):
     # small differences that attention depends on.
     logits = jnp.einsum("...hqd,...hkd->...hqk", q, k).astype(jnp.float32)
     if mask is not None:
-      # Masked keys' logits pushed to the lowest finite value (not -inf: a
-      # row with no key to attend to, a batch's empty rows, averages rather
-      # than gives NaN), by a bias the same for every head.
+      # Masked keys' logits pushed to the lowest finite value, by a bias the
+      # same for every head.
       logits = logits + _heads_axis(jnp.where(
           mask, 0.0, jnp.finfo(jnp.float32).min))
     weights = nn.softmax(logits / jnp.sqrt(head_dim).astype(jnp.float32))
@@ -794,11 +799,8 @@ class ClassifierHead(nn.Module):
           x.shape[0], slots, config.embedded_prefix_tokens, x.shape[-1])
       x = prefix[:, :, :2] if config.distill_token else prefix[:, :, 0]
     elif packed is not None and config.classifier == "map":
-      # An empty slot's probe reads every patch: a row with no key at all
-      # gives NaN once XLA has rearranged the masked softmax.
-      empty = ~member.any(axis=1, keepdims=True)
       x = MAPHead(config=config, name="MAPHead_0")(
-          patches, jnp.swapaxes(member | empty, 1, 2), slots)
+          patches, jnp.swapaxes(member, 1, 2), slots)
     elif packed is not None:  # "gap": each image's patches' mean.
       weights = member.astype(patches.dtype)
       x = jnp.einsum("nlk,nld->nkd", weights, patches) / jnp.maximum(

@@ -274,7 +274,8 @@ def read_hf(directory):
       prefix = ""
     layout = ("hf5" if any(k.startswith(prefix + "layers.") for k in tensors)
               else "hf")
-    tensors = _deit_heads(tensors)
+    if model.family == "deit":
+      tensors = _deit_heads(tensors)
   elif model.family in ("dinov2", "dinov3"):
     prefix, layout = "", model.family
     _refuse_dinov2_classifier(tensors, directory)
