@@ -28,12 +28,37 @@ def split_indices(labels):
       random_state=0)
 
 
-class DigitsConfig(tfds.core.BuilderConfig):
-  """Which digits a variant holds; they are relabelled 0, 1, ... in order."""
+# digits/mixed_sizes: each image's longer side and aspect ratio.
+MIXED_LONG_SIDES = (8, 16)  # pixels, both included
+MIXED_MAX_ASPECT = 3.0  # from 1:3 to 3:1
 
-  def __init__(self, *, digits, **kwargs):
+
+class DigitsConfig(tfds.core.BuilderConfig):
+  """Which digits a variant holds; they are relabelled 0, 1, ... in order.
+  `mixed_sizes`: each image resized to a size of its own (`mixed_size`)."""
+
+  def __init__(self, *, digits, mixed_sizes=False, **kwargs):
     super().__init__(version="1.0.0", **kwargs)
     self.digits = tuple(digits)
+    self.mixed_sizes = mixed_sizes
+
+
+def mixed_size(index):
+  """(height, width) of image `index` of digits/mixed_sizes: the longer
+  side uniform over MIXED_LONG_SIDES, the aspect ratio log-uniform up to
+  MIXED_MAX_ASPECT either way, both drawn from the index alone."""
+  rng = np.random.default_rng(index)
+  longer = int(rng.integers(MIXED_LONG_SIDES[0], MIXED_LONG_SIDES[1] + 1))
+  aspect = float(np.exp(rng.uniform(-1, 1) * np.log(MIXED_MAX_ASPECT)))
+  shorter = max(1, round(longer / max(aspect, 1 / aspect)))
+  return (longer, shorter) if aspect >= 1 else (shorter, longer)
+
+
+def resized(image, size):
+  """A uint8 [8, 8, 1] digit bilinearly resized to `size`, uint8."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.saturate_cast(tf.round(tf.image.resize(
+      image.astype(np.float32), size, antialias=True)), tf.uint8).numpy()
 
 
 class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -41,7 +66,8 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   `digits` (= `digits/all`) holds them all; `digits/0to4` and `digits/5to9`
   hold halves, with the same train/test assignment, for transfer
-  experiments (configs/digits_transfer.py).
+  experiments (configs/digits_transfer.py); `digits/mixed_sizes` all of
+  them at sizes of their own (configs/packed_digits.py).
   """
 
   VERSION = tfds.core.Version("1.0.0")
@@ -55,6 +81,10 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                    description="Digits 0-4, labels 0-4."),
       DigitsConfig(name="5to9", digits=range(5, 10),
                    description="Digits 5-9, labels 0-4."),
+      DigitsConfig(name="mixed_sizes", digits=range(10), mixed_sizes=True,
+                   description="All digits, each resized to a size of its "
+                   "own: the longer side 8-16 pixels, aspect ratios 1:3 to "
+                   "3:1 (NaFlex and packing, docs/naflex.md)."),
   ]
 
   @tfds.core.utils.classproperty
@@ -72,7 +102,8 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             "scikit-learn: 8x8 grayscale images of the digits 0-9."),
         features=tfds.features.FeaturesDict({
             "image": tfds.features.Image(
-                shape=(IMAGE_SIZE, IMAGE_SIZE, 1), dtype=np.uint8),
+                shape=((None, None, 1) if self.builder_config.mixed_sizes
+                       else (IMAGE_SIZE, IMAGE_SIZE, 1)), dtype=np.uint8),
             "label": tfds.features.ClassLabel(
                 names=[str(d) for d in self.builder_config.digits]),
         }),
@@ -97,6 +128,8 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       if digits.target[index] not in kept:
         continue
       image = to_uint8(digits.images[index])[..., np.newaxis]
+      if self.builder_config.mixed_sizes:
+        image = resized(image, mixed_size(int(index)))
       # The index into load_digits() is a stable, unique key.
       yield int(index), {"image": image,
                          "label": kept.index(digits.target[index])}

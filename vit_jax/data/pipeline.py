@@ -52,13 +52,16 @@ _FOREVER = 2**62  # Epochs in an "infinite" stream.
 # The key of the random-access reader's one stream, where the streaming
 # reader's keys name its shares (0, 1, ...).
 WHOLE_SPLIT = -1
+# Folded into an example's seed for packing's draws (its resolution, the
+# patches it drops).
+SIDE_DRAW, DROP_DRAW = 0x73696465, 0x64726f70  # "side", "drop"
 
 
 def train_dataset(source, split, *, batch_size, image_size,
                   augmentation=preprocess.Augmentation(), seed=0,
                   start_step=0, shares=(0,), num_shares=1,
                   shuffle_records=SHUFFLE_RECORDS,
-                  naflex=None) -> "tf.data.Dataset":
+                  naflex=None, packing=None) -> "tf.data.Dataset":
   """Infinite, reproducible stream of this process's rows of every batch.
 
   The global batch of `batch_size` examples is `num_shares` equal blocks,
@@ -75,6 +78,11 @@ def train_dataset(source, split, *, batch_size, image_size,
   aspect ratio instead: "image" is its patches, uint8 [rows,
   max_num_patches, p * p * 3], and "grid" int32 [rows, 2] its grid
   (preprocess.naflex_patches); every batch has the same shapes, the budget.
+  With `packing` too (data/packing.py's Packing; `naflex` then reads each
+  image at its own size), its resolution may be sampled and a share of its
+  patches dropped: "image" holds the kept patches first, "positions" int32
+  [rows, max_num_patches, 2] their places in the grid and "tokens" int32
+  [rows] their count, for packing.packed to pack.
 
   An ArrayRecord split is read at random (module docstring): the blocks
   only say which rows of each batch are the process's, and the batches do
@@ -112,6 +120,9 @@ def train_dataset(source, split, *, batch_size, image_size,
     image = preprocess.decode_and_augment(record[1][source.image_key],
                                           augmentation.names, example_seed,
                                           image_size)
+    if packing:
+      return packable(image, example_seed) | {
+          "label": source.label(record[1])}
     if naflex:
       pixels, grid = preprocess.naflex_patches(image, *naflex)
       return {"image": pixels, "grid": grid,
@@ -120,6 +131,27 @@ def train_dataset(source, split, *, batch_size, image_size,
     return {"image": preprocess.randaugment(image, augmentation,
                                             example_seed),
             "label": source.label(record[1])}
+
+  def packable(image, example_seed):
+    # Draws of their own, folded off the example's seed, so that turning
+    # them on leaves the augmentations' draws as they were.
+    scale = 1.0
+    if packing.max_side:
+      scale = preprocess.sampled_scale(
+          image, packing.min_side, packing.max_side,
+          tf.random.experimental.stateless_fold_in(example_seed, SIDE_DRAW))
+    pixels, grid = preprocess.naflex_patches(image, *naflex, scale=scale)
+    drop_seed = tf.random.experimental.stateless_fold_in(example_seed,
+                                                         DROP_DRAW)
+    rate = tf.constant(packing.token_drop, tf.float32)
+    if packing.token_drop_sampled:
+      rate = tf.random.stateless_uniform(
+          [], tf.random.experimental.stateless_fold_in(drop_seed, 1), 0.0,
+          2 * packing.token_drop)
+    pixels, positions, tokens = preprocess.drop_patches(pixels, grid, rate,
+                                                        drop_seed)
+    return {"image": pixels, "grid": grid, "positions": positions,
+            "tokens": tokens}
 
   return _prefetched(broken_records.decode_blocks(
       [rows], block * len(shares), train_example,

@@ -80,16 +80,28 @@ def _resized(image, image_size):
   return tf.saturate_cast(tf.round(resized), tf.uint8)
 
 
-def naflex_patches(image, patch_size, max_num_patches):
+def naflex_patches(image, patch_size, max_num_patches, fill=True,
+                   scale=1.0):
   """(pixels [max_num_patches, p * p * 3] uint8, grid [2] int32) of a uint8
-  image at its NaFlex grid (naflex.grid_for): resized bilinearly with
-  antialiasing unless it is that size already, cut into patches row by
-  row, each flattened as (row, column, channel), and padded with zeros."""
+  image at its NaFlex grid: the largest within the budget (naflex.grid_for)
+  where `fill`, else its own size times `scale` (a float32 scalar tensor),
+  shrunk only to fit (naflex.native_grid, a packed run's). Resized
+  bilinearly with antialiasing unless it is that size already, cut into
+  patches row by row, each flattened as (row, column, channel), and padded
+  with zeros."""
   shape = tf.shape(image)
-  grid = tf.numpy_function(
-      lambda height, width: np.array(naflex.grid_for(
-          int(height), int(width), patch_size, max_num_patches), np.int32),
-      [shape[0], shape[1]], tf.int32, stateful=False)
+
+  def grid_of(height, width, factor):
+    if fill:
+      grid = naflex.grid_for(int(height), int(width), patch_size,
+                             max_num_patches)
+    else:
+      grid = naflex.native_grid(int(height), int(width), patch_size,
+                                max_num_patches, float(factor))
+    return np.array(grid, np.int32)
+
+  grid = tf.numpy_function(grid_of, [shape[0], shape[1], tf.cast(
+      scale, tf.float32)], tf.int32, stateful=False)
   grid = tf.ensure_shape(grid, (2,))
   size = grid * patch_size
   image = tf.cond(
@@ -102,6 +114,38 @@ def naflex_patches(image, patch_size, max_num_patches):
   pixels = tf.pad(patches, [[0, max_num_patches - tf.shape(patches)[0]],
                             [0, 0]])
   return tf.ensure_shape(pixels, (max_num_patches, patch_size ** 2 * 3)), grid
+
+
+def sampled_scale(image, min_side, max_side, seed):
+  """The factor that resizes `image`, keeping its aspect ratio, to an area
+  of s x s pixels, s drawn uniformly from [min_side, max_side] by `seed`
+  (resolution sampling, as NaViT trains)."""
+  side = tf.random.stateless_uniform([], seed, float(min_side),
+                                     float(max_side) + 1e-6)
+  area = tf.cast(tf.reduce_prod(tf.shape(image)[:2]), tf.float32)
+  return side / tf.sqrt(area)
+
+
+def drop_patches(pixels, grid, rate, seed):
+  """(pixels, positions [L, 2] int32, tokens int32) of an image's NaFlex
+  `pixels` [L, ...] at `grid`: a random share `rate` (a scalar tensor) of
+  its rows * cols patches left out (at least one kept), the kept ones first
+  in their order, each with its (row, col) in the grid; `tokens` of them.
+  The rest of `pixels` and `positions` is zeros."""
+  length = pixels.shape[0]
+  count = grid[0] * grid[1]
+  drop = tf.cast(tf.floor(rate * tf.cast(count, tf.float32)), tf.int32)
+  tokens = tf.maximum(count - drop, 1)
+  index = tf.range(length)
+  noise = tf.where(index < count,
+                   tf.random.stateless_uniform([length], seed), 2.0)
+  rank = tf.math.invert_permutation(tf.argsort(noise))
+  kept = rank < tokens
+  order = tf.argsort(tf.where(kept, index, length + index))
+  positions = tf.stack([order // grid[1], order % grid[1]], axis=-1)
+  real = (tf.range(length) < tokens)[:, None]
+  return (tf.where(real, tf.gather(pixels, order), 0),
+          tf.where(real, positions, 0), tokens)
 
 
 def central_crop(image, image_size):

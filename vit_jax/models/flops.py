@@ -30,15 +30,17 @@ def model_sizes(model, num_classes=1000):
 
 
 def flops_per_image(model, image_size, train=False, num_classes=1000,
-                    num_patches=None):
+                    num_patches=None, slots=1):
   """FLOPs of one image through the model (x3 for a training step);
   `num_patches`: a NaFlex image's, its budget's (padding costs as much),
-  in place of image_size's."""
+  in place of image_size's. With `slots` > 1, of a packed sequence of
+  num_patches patches (data/packing.py): each slot's prefix tokens and
+  head."""
   vit = model_sizes(model, num_classes)
   config = vit.config
   d, mlp, p = config.hidden_size, config.mlp_dim, config.patch_size
   stem, channels, patches = _stem_and_patches(config, image_size, num_patches)
-  tokens = patches + config.num_prefix_tokens
+  tokens = patches + slots * config.num_prefix_tokens
   embedding = stem + 2 * patches * (p * p * channels) * d
   mlp_matmuls = 3 if config.mlp == "swiglu" else 2  # SwiGLU's gate too
   per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections
@@ -63,7 +65,8 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
              + 2 * 2 * d * mlp)         # the MLP
   if isinstance(vit, models.MaskedPatchViT):  # 512 classes per patch.
     pre_logits, head = 0, 2 * d * masked_patches.NUM_CLASSES * patches
-  forward = embedding + config.num_layers * per_layer + pre_logits + head
+  forward = (embedding + config.num_layers * per_layer
+             + slots * (pre_logits + head))
   return forward * (TRAIN_FORWARDS if train else 1)
 
 

@@ -155,11 +155,28 @@ def grid_for(height, width, patch_size, max_num_patches):
   return sides(low)
 
 
+def native_grid(height, width, patch_size, max_num_patches, scale=1.0):
+  """(rows, cols): the grid of an image of height x width read at its own
+  size, scaled by `scale` (a sampled resolution's), each side rounded up
+  to whole patches; shrunk to grid_for's only where that many patches
+  exceed `max_num_patches` (a packed sequence's length). NaViT's reading:
+  no image is enlarged to fill the sequence."""
+  rows, cols = (max(1, math.ceil(side * scale / patch_size))
+                for side in (height, width))
+  if rows * cols <= max_num_patches:
+    return rows, cols
+  return grid_for(height, width, patch_size, max_num_patches)
+
+
 class Budget(NamedTuple):
   """How a NaFlex run cuts its images: patches of patch_size pixels, at
-  most max_num_patches of them an image (config.naflex.max_num_patches)."""
+  most max_num_patches of them an image (config.naflex.max_num_patches);
+  each image enlarged or shrunk to fill the budget (`fill`, grid_for), or
+  read at its own size and only shrunk to fit (native_grid: a packed
+  run's)."""
   patch_size: int
   max_num_patches: int
+  fill: bool = True
 
   @property
   def patch_values(self):
@@ -210,17 +227,23 @@ def check_budget(config, max_num_patches, flag="--max_num_patches",
         f"device's {memory / 1e9:,.0f} GB; give {smaller}")
 
 
-def budget_of(max_num_patches, model):
+def budget_of(max_num_patches, model, packing=False):
   """The Budget of a run whose config.naflex.max_num_patches is
-  `max_num_patches` (0: not NaFlex, None) and whose model is `model`."""
+  `max_num_patches` (0: not NaFlex, None) and whose model is `model`;
+  `packing`: config.naflex.packing, whose images are read at their own
+  size."""
   if not max_num_patches:
     return None
-  return Budget(model.config.patch_size, max_num_patches)
+  return Budget(model.config.patch_size, max_num_patches, fill=not packing)
 
 
 def inputs_of(batch):
   """What the model takes of an input pipeline's batch: its "image", or,
-  where the batch has each image's "grid", a NaFlex batch of them."""
+  where the batch has each image's "grid", a NaFlex batch of them, or,
+  where it has "segments", a packed one (data/packing.py's)."""
+  if "segments" in batch:
+    return Packed(batch["image"], batch["segments"], batch["positions"],
+                  batch["grids"])
   if "grid" in batch:
     return Patches(batch["image"], batch["grid"])
   return batch["image"]

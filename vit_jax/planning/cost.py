@@ -34,7 +34,7 @@ import re
 import jax
 
 from vit_jax import errors, paths
-from vit_jax.data import sources, vtab_tasks
+from vit_jax.data import packing, sources, vtab_tasks
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, report, work
 from vit_jax.training import (
@@ -460,9 +460,11 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
     else:
       cost = step_cost(compiled)
   num_patches = config.naflex.max_num_patches or None
-  images_per_device = config.batch_size / len(devices)
+  images_per_device = config.batch_size / len(devices)  # Or sequences.
+  packs = packing.Packing.of(fitted.settings.naflex)
   model_flops = (flops_lib.flops_per_image(
-      program.model, config.image_size, train=True, num_patches=num_patches)
+      program.model, config.image_size, train=True, num_patches=num_patches,
+      slots=packs.slots if packs else 1)
                  + distill.flops_per_image(fitted.parts.teacher)
                  ) * images_per_device
   kernels = cost and round(cost["kernels"])

@@ -114,6 +114,29 @@ class NaFlex:
       0, "each image resized, keeping its aspect ratio, to at most this "
       "many patches (0: square images at image_size)", at_least=0,
       before=AS_DEFAULT)
+  packing: bool = key(
+      False, "several training images a sequence, each at its own size "
+      "(NaViT); batch_size counts sequences (data/packing.py)",
+      before=AS_DEFAULT)
+  images_per_sequence: float = key(
+      2.0, "packing: the images read for each sequence of a step (more: "
+      "less padding, more images left over)", at_least=1.0,
+      before=AS_DEFAULT)
+  max_images_per_sequence: int = key(
+      0, "packing: the most images one sequence holds (0: twice "
+      "images_per_sequence, rounded up)", at_least=0, before=AS_DEFAULT)
+  min_side: int = key(
+      0, "packing: each training image resized to an area of s x s pixels, "
+      "s uniform in [min_side, max_side] (0: off)", at_least=0,
+      before=AS_DEFAULT)
+  max_side: int = key(0, "packing: see min_side", at_least=0,
+                      before=AS_DEFAULT)
+  token_drop: float = key(
+      0.0, "packing: the share of each training image's patches left out "
+      "at random", at_least=0.0, below=1.0, before=AS_DEFAULT)
+  token_drop_sampled: bool = key(
+      False, "packing: each image's share drawn uniformly from [0, 2 x "
+      "token_drop] instead", before=AS_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True)

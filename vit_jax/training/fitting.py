@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
+from vit_jax.data import packing
 from vit_jax.models import naflex as naflex_lib
 
 AUTO = "auto"
@@ -74,13 +75,24 @@ def describe_tried(tried):
 def batch_shapes(keys, model, batch_sharding):
   """The global batch of a run's settings `keys` as the input pipeline
   feeds it: uint8 images, or where config.naflex sets a budget, uint8
-  patches and their grids."""
+  patches and their grids, or packed sequences of them."""
   def struct(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
   batch_size, image_size = keys.batch_size, keys.image_size
   images = {"image": struct((batch_size, image_size, image_size, 3),
                             jnp.uint8)}
   naflex = naflex_lib.budget_of(keys.naflex.max_num_patches, model)
+  packs = packing.Packing.of(keys.naflex)
+  if packs:  # Sequences of several images each (data/packing.py).
+    n, length, slots = batch_size, packs.length, packs.slots
+    return {"image": struct((n, length, naflex.patch_values), jnp.uint8),
+            "segments": struct((n, length), jnp.int32),
+            "positions": struct((n, length, 2), jnp.int32),
+            "grids": struct((n, slots, 2), jnp.int32),
+            "label": struct((n, slots), jnp.int32),
+            "mask": struct((n, slots), jnp.float32),
+            "broken": struct((n,), jnp.int32),
+            "dropped": struct((n,), jnp.int32)}
   if naflex:
     images = {"image": struct((batch_size, naflex.max_num_patches,
                                naflex.patch_values), jnp.uint8),

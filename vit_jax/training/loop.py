@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from vit_jax import errors, sharding
-from vit_jax.data import broken_records, pipeline, shares
+from vit_jax.data import broken_records, packing, pipeline, shares
 from vit_jax.runs import checkpoints, store
 from vit_jax.training import (
   divergence,
@@ -146,16 +146,28 @@ def resume_or_start(manager, program, keys, accounts):
 
 def train_batches(run, start_step):
   """This process's share of each global batch, from `start_step` on; the
-  log names the first broken images (broken_records.named)."""
-  keys = run.settings
+  log names the first broken images (broken_records.named). A packed run's
+  (data/packing.py) reads from the step before, whose left-over images its
+  first batch packs."""
+  keys, packs = run.settings, run.packing
+  process_shares = shares.process_shares(run.mesh, keys.input_shares)
+  batch_size, first = keys.batch_size, start_step
+  sequences = keys.batch_size // keys.input_shares  # A share's.
+  if packs:
+    batch_size = packs.images_per_share(sequences) * keys.input_shares
+    first = max(start_step - 1, 0)
   batches = pipeline.train_dataset(
-      run.source, keys.train_split, batch_size=keys.batch_size,
+      run.source, keys.train_split, batch_size=batch_size,
       image_size=keys.image_size, augmentation=run.augmentation,
-      seed=keys.seed, start_step=start_step,
-      shares=shares.process_shares(run.mesh, keys.input_shares),
-      num_shares=keys.input_shares, naflex=run.naflex).as_numpy_iterator()
-  return broken_records.named(batches, f"{keys.dataset} {keys.train_split}",
-                              keys.broken_images)
+      seed=keys.seed, start_step=first, shares=process_shares,
+      num_shares=keys.input_shares, naflex=run.naflex,
+      packing=packs).as_numpy_iterator()
+  batches = broken_records.named(batches, f"{keys.dataset} {keys.train_split}",
+                                 keys.broken_images)
+  if packs:
+    batches = packing.packed(batches, len(process_shares), sequences,
+                             packs, skip_first=start_step > 0)
+  return batches
 
 
 def ensure_finite(metrics, step, resumed_at=None):

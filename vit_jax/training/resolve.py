@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 from jax.sharding import Mesh
 
 from vit_jax import errors, paths, sharding
-from vit_jax.data import preprocess, shares, sources
+from vit_jax.data import packing, preprocess, shares, sources
 from vit_jax.models import naflex as naflex_lib
 from vit_jax.runs import settings, store, workdir as workdir_lib
 from vit_jax.training import (
@@ -87,7 +87,13 @@ class Run:
     """How its images are cut into patches where config.naflex sets a
     budget (models.naflex.Budget), else None."""
     return naflex_lib.budget_of(self.settings.naflex.max_num_patches,
-                            self.parts.model)
+                                self.parts.model,
+                                self.settings.naflex.packing)
+
+  @property
+  def packing(self):
+    """How it packs its training images (data/packing.py), or None."""
+    return packing.Packing.of(self.settings.naflex)
 
 
 def run(config, workdir, devices=None):
@@ -198,12 +204,34 @@ def check_values(config):
     raise errors.ConfigError(f"config.{e}") from e  # It names the key.
   targets.check(keys)
   distill.check(keys)
+  check_packing(keys.naflex)
   profiling.steps(keys.profile_steps)  # A ConfigError names the key.
   try:
     evaluations = evaluators.enabled(keys)
   except errors.InputError as e:
     raise errors.ConfigError(str(e)) from e  # It names the key.
   return Checked(keys, augmentation, evaluations)
+
+
+# What only a packed run reads, each at its default.
+PACKING_ONLY = {"min_side": 0, "max_side": 0, "token_drop": 0.0,
+                "token_drop_sampled": False}
+
+
+def check_packing(naflex):
+  """config.naflex's packing keys (data/packing.py), each ConfigError
+  naming its key."""
+  if not naflex.packing:
+    for name, default in PACKING_ONLY.items():
+      if getattr(naflex, name) != default:
+        raise errors.ConfigError(
+            f"config.naflex.{name} applies to packed sequences: set "
+            "config.naflex.packing=True, or leave it unset")
+    return
+  try:
+    packing.Packing.of(naflex).check()
+  except errors.InputError as e:
+    raise errors.ConfigError(str(e)) from e
 
 
 def check_program(checked, mesh, num_classes, teacher=None):
@@ -263,6 +291,25 @@ def check_naflex(keys, model, images_per_device, mesh):
   if keys.randaugment:
     raise errors.ConfigError(f"{name}: RandAugment runs at the square "
                              "image_size; set config.randaugment=''")
+  if keys.naflex.packing:
+    check_packed_model(keys, model, device)
+
+
+def check_packed_model(keys, model, device):
+  """What a packed run's model does not yet do, each a ConfigError."""
+  name = "config.naflex.packing"
+  if fitting.attention(keys.model, device) == "splash":
+    raise errors.ConfigError(
+        f"{name}: the splash kernel takes no packed sequences yet; set "
+        "config.model.attention to 'einsum' or 'fused'")
+  if model.config.rope and model.config.rope_augmentation.any:
+    raise errors.ConfigError(
+        f"{name}: rope_shift, rope_jitter and rope_rescale draw per image, "
+        "which a packed sequence does not yet do: leave them unset")
+  if keys.distill.teacher:
+    raise errors.ConfigError(
+        f"{name}: a teacher reads square images or one image a sequence; "
+        "distil without packing")
 
 
 def check_data(checked, data):

@@ -25,6 +25,10 @@ from vit_jax.models import naflex
 from vit_jax.training import losses, optimizer, polyak, targets
 from vit_jax.weights import pretrained
 
+# What a NaFlex or a packed batch carries beside its pixels
+# (naflex.inputs_of).
+NAFLEX_FIELDS = ("grid", "segments", "positions", "grids")
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -84,17 +88,24 @@ def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
     return jax.value_and_grad(loss, has_aux=True)(params)
 
   def train_step(state, batch, numbers, teacher_params):
+    counts = {key: batch[key] for key in ("broken", "dropped") if key in batch}
     tx, schedule = optimizer_of(numbers)
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
     mix_key = jax.random.fold_in(
         jax.random.fold_in(jax.random.key(seed), targets.MIX_STREAM),
         state.step)
-    images, target = recipe(batch["image"], batch["label"], mix_key)
-    # A NaFlex batch's grids go with its images (naflex.inputs_of).
+    labels, packed = batch["label"], "segments" in batch
+    if packed:  # A label per slot: the recipe takes one image's a row.
+      labels = labels.reshape(-1, *labels.shape[2:])
+    images, target = recipe(batch["image"], labels, mix_key)
+    if packed:
+      target = target.reshape(*batch["mask"].shape, *target.shape[1:])
+    # A NaFlex or packed batch's grids go with its images (naflex.inputs_of).
     batch = {"image": images, "target": target, "mask": batch["mask"],
-             **{key: batch[key] for key in ("grid",) if key in batch}}
+             **{key: batch[key] for key in NAFLEX_FIELDS if key in batch}}
     # The mean over the batch's examples, without the rows whose image did
-    # not decode (mask 0, broken_records.py): each example weighs 1 / count.
+    # not decode (mask 0, broken_records.py), nor a packed batch's empty
+    # slots: each example weighs 1 / count.
     mask = batch["mask"]
     weights = mask / jnp.maximum(mask.sum(), 1)
     if accum_steps == 1:
@@ -125,11 +136,24 @@ def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
     params = optax.apply_updates(state.params, updates)
     metrics = {"train_loss": loss, "learning_rate": schedule(state.step),
                "grad_norm": optax.tree.norm(grads),
-               "skipped_examples": (mask == 0).sum(), **parts}
+               **(packing_metrics(batch, counts) if packed else
+                  {"skipped_examples": (mask == 0).sum()}), **parts}
     average = polyak.update(state.polyak, params, polyak_decay)
     return TrainState(state.step + 1, params, opt_state, average), metrics
 
   return train_step
+
+
+def packing_metrics(batch, counts):
+  """A packed batch's (data/packing.py): its images, the share of its
+  patch slots that hold none, the share of the images read that found no
+  room, and the images that did not decode."""
+  images = batch["mask"].sum()
+  dropped = counts["dropped"].sum()
+  return {"skipped_examples": counts["broken"].sum(),
+          "images_per_step": images,
+          "padding_fraction": (batch["segments"] == 0).mean(),
+          "dropped_fraction": dropped / jnp.maximum(images + dropped, 1)}
 
 
 class Parts(NamedTuple):

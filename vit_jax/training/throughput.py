@@ -105,13 +105,15 @@ class Throughput:
   """Turns img/s per device into TFLOP/s per device and MFU for the log."""
 
   def __init__(self, model, image_size, batch_size, num_patches=None,
-               teacher_flops_per_image=0):
+               teacher_flops_per_image=0, slots=1):
     """`model`: the run's VisionTransformer, as its program built it;
     `num_patches`: a NaFlex run's budget; `teacher_flops_per_image`: a
-    distilling run's teacher's forward pass (distill.flops_per_image)."""
+    distilling run's teacher's forward pass (distill.flops_per_image);
+    `slots`: a packed run's images a sequence, whose "images" here are its
+    sequences."""
     self.flops_per_image = flops_lib.flops_per_image(
-        model, image_size, train=True,
-        num_patches=num_patches) + teacher_flops_per_image
+        model, image_size, train=True, num_patches=num_patches,
+        slots=slots) + teacher_flops_per_image
     self.flops_per_step = self.flops_per_image * batch_size
     self.peak = None
 

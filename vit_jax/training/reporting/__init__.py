@@ -39,7 +39,9 @@ class Report:
     self._writer = writers.create(run.workdir, start_step)
     self._printer = progress.Progress(keys.total_steps, start_step,
                                       keys.batch_size, keys.log_every,
-                                      enabled=jax.process_index() == 0)
+                                      enabled=jax.process_index() == 0,
+                                      unit="seq/s" if run.packing
+                                      else "img/s")
     self._skipped = broken_records.Count(saved["skipped_examples"])
     self._window = timing.Window(keys.batch_size, jax.device_count(),
                                  throughput.Throughput(
@@ -47,7 +49,9 @@ class Report:
                                      keys.batch_size,
                                      keys.naflex.max_num_patches or None,
                                      distill.flops_per_image(
-                                         run.parts.teacher)))
+                                         run.parts.teacher),
+                                     run.packing.slots if run.packing
+                                     else 1))
     self._row = {}
     self.last = {}
     parameter_overview.log_parameter_overview(

@@ -52,10 +52,11 @@ class Progress:
 
   def __init__(self, total_steps, start_step, batch_size, every_steps,
                every_seconds=EVERY_SECONDS, enabled=True, out=None,
-               clock=time.monotonic):
+               clock=time.monotonic, unit="img/s"):
     self._total = total_steps
     self._start_step = start_step
-    self._batch_size = batch_size
+    self._batch_size = batch_size  # Of examples: images, or sequences.
+    self._unit = unit
     self._every_steps = every_steps
     self._every_seconds = every_seconds
     self._enabled = enabled
@@ -89,7 +90,8 @@ class Progress:
     else:
       steps, seconds = step - self._last_line[0], now - self._last_line[1]
       if steps and seconds > 0:
-        parts.append(f"{steps * self._batch_size / seconds:,.0f} img/s")
+        parts.append(f"{steps * self._batch_size / seconds:,.0f} "
+                     f"{self._unit}")
       eta = self.eta(step, now)
       if eta is not None:
         parts.append(f"ETA {duration(eta)}")

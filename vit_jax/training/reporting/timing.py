@@ -44,14 +44,21 @@ class Window:
       self._start += time.time() - paused
 
   def row(self):
-    """The window's mean metrics and img/s per device; starts a new one."""
+    """The window's mean metrics and img/s per device (and a packed run's
+    sequences a second); starts a new one."""
     row = jax.tree.map(lambda *x: float(np.mean(x)),
                        *jax.device_get(self._metrics))
     if self._steps:
-      row["img_per_sec_per_device"] = (
-          self._steps * self._batch_size / (time.time() - self._start)
-          / self._num_devices)
-      row.update(self._throughput.metrics(row["img_per_sec_per_device"]))
+      # A batch's examples: its images, or a packed batch's sequences,
+      # whose images the step counts ("images_per_step").
+      per_device = (self._steps * self._batch_size
+                    / (time.time() - self._start) / self._num_devices)
+      row["img_per_sec_per_device"] = per_device
+      if "images_per_step" in row:
+        row["seq_per_sec_per_device"] = per_device
+        row["img_per_sec_per_device"] = (
+            per_device * row["images_per_step"] / self._batch_size)
+      row.update(self._throughput.metrics(per_device))
     self._metrics, self._start, self._steps = [], time.time(), 0
     return row
 

@@ -1,0 +1,281 @@
+"""Packed training (config.naflex.packing, data/packing.py): several images
+at their own sizes in each sequence, packed first-fit share by share, the
+loss averaged over images; resumed runs pack as uninterrupted ones."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+import tensorflow as tf
+
+from tests.util import (
+  assert_trees_equal,
+  latest_checkpoint,
+  made_once,
+  metric_rows,
+  program_of,
+  randomize,
+  run_training,
+  sigterm_at_step,
+  small_config,
+)
+from vit_jax import errors, sharding
+from vit_jax.data import digits, packing, pipeline, preprocess, sources
+from vit_jax.models import naflex
+from vit_jax.training import loop, resolve
+
+LENGTH, SLOTS = 16, 3
+PATCH_VALUES = 2 * 2 * 3
+
+
+def images(tokens, labels=None, broken=()):
+  """A share's block of per-image rows, as the pipeline yields them: image
+  i's label is labels[i] (default i), its patches all hold its label + 1,
+  its grid is 1 x tokens."""
+  n = len(tokens)
+  labels = list(range(n)) if labels is None else labels
+  pixels = np.zeros((n, LENGTH, PATCH_VALUES), np.uint8)
+  positions = np.zeros((n, LENGTH, 2), np.int32)
+  for i, count in enumerate(tokens):
+    pixels[i, :count] = labels[i] + 1
+    positions[i, :count, 1] = np.arange(count)
+  return {"image": pixels, "positions": positions,
+          "grid": np.stack([np.ones(n, np.int32), tokens], axis=1).astype(
+              np.int32),
+          "tokens": np.asarray(tokens, np.int32),
+          "label": np.asarray(labels, np.int32),
+          "mask": np.asarray([0.0 if i in broken else 1.0 for i in range(n)],
+                             np.float32)}
+
+
+def where_each_is(batch):
+  """{label: (sequence, slot)} of each image the packed batch holds, after
+  checking that its patches lie whole and contiguous under its slot."""
+  found = {}
+  for s in range(batch["mask"].shape[0]):
+    for slot in np.flatnonzero(batch["mask"][s]):
+      label = int(batch["label"][s, slot])
+      where = np.flatnonzero(batch["segments"][s] == slot + 1)
+      count = int(batch["grids"][s, slot].prod())
+      assert len(where) == count and np.all(np.diff(where) == 1)
+      assert (batch["image"][s, where] == label + 1).all()
+      np.testing.assert_array_equal(batch["positions"][s, where, 1],
+                                    np.arange(count))
+      found[label] = (s, int(slot))
+  return found
+
+
+def test_each_image_goes_whole_into_the_first_sequence_with_room():
+  share = packing._Share(2, packing.Packing(LENGTH, SLOTS, 2.0))
+  batch = share.pack(images([10, 8, 6, 4, 2, 9], broken=(4,)))
+  # 10 -> 0; 8 -> 1; 6 -> 0 (16 full); 4 -> 1 (12); 2 broken; 9 no room.
+  assert where_each_is(batch) == {0: (0, 0), 1: (1, 0), 2: (0, 1),
+                                  3: (1, 1)}
+  assert batch["broken"].tolist() == [1, 0]
+  assert batch["dropped"].tolist() == [0, 0]
+  np.testing.assert_array_equal((batch["segments"] > 0).sum(axis=1),
+                                [16, 12])
+  # The next step's images first, then the 9 of this one where it fits.
+  batch = share.pack(images([12, 3, 1, 1], labels=[10, 11, 12, 13]))
+  assert where_each_is(batch) == {10: (0, 0), 11: (0, 1), 12: (0, 2),
+                                  13: (1, 0), 5: (1, 1)}
+  assert batch["dropped"].tolist() == [0, 0]
+
+
+def test_a_sequence_holds_at_most_its_slots_and_twice_left_over_is_dropped():
+  share = packing._Share(1, packing.Packing(LENGTH, SLOTS, 2.0))
+  batch = share.pack(images([1, 1, 1, 1, 14]))
+  assert where_each_is(batch) == {0: (0, 0), 1: (0, 1), 2: (0, 2)}
+  batch = share.pack(images([16], labels=[7]))
+  assert where_each_is(batch) == {7: (0, 0)}
+  assert batch["dropped"].tolist() == [2]  # The 1 and the 14.
+  assert batch["mask"].tolist() == [[1.0, 0.0, 0.0]]
+
+
+def test_slots_default_to_twice_the_images_read_a_sequence():
+  config = small_config("/nonexistent", **{
+      "naflex.max_num_patches": 16, "naflex.packing": True,
+      "naflex.images_per_sequence": 2.5})
+  packs = packing.Packing.of(resolve.check_values(config).settings.naflex)
+  assert (packs.length, packs.slots, packs.images_per_share(8)) == (16, 5, 20)
+
+
+def test_dropping_keeps_a_share_of_the_patches_at_their_places():
+  grid = tf.constant([3, 5])
+  pixels = tf.pad(tf.repeat(tf.range(1, 16, dtype=tf.int32)[:, None], 12,
+                            axis=1), [[0, 9], [0, 0]])
+  kept, positions, tokens = preprocess.drop_patches(
+      pixels, grid, tf.constant(0.4), tf.constant([1, 2], tf.int64))
+  kept, positions, tokens = kept.numpy(), positions.numpy(), int(tokens)
+  assert tokens == 15 - 6
+  index = positions[:tokens, 0] * 5 + positions[:tokens, 1]
+  assert np.all(np.diff(index) > 0)  # Kept in order, each once.
+  np.testing.assert_array_equal(kept[:tokens, 0], index + 1)
+  assert not kept[tokens:].any() and not positions[tokens:].any()
+  whole, positions, tokens = preprocess.drop_patches(
+      pixels, grid, tf.constant(0.0), tf.constant([1, 2], tf.int64))
+  np.testing.assert_array_equal(whole.numpy(), pixels.numpy())
+  assert int(tokens) == 15
+  np.testing.assert_array_equal(positions.numpy()[:15],
+                                np.stack(np.divmod(np.arange(15), 5), 1))
+
+
+def test_an_image_keeps_its_own_size_and_only_shrinks_to_fit():
+  assert naflex.native_grid(9, 15, 2, 64) == (5, 8)
+  assert naflex.native_grid(9, 15, 2, 16) == naflex.grid_for(9, 15, 2, 16)
+  assert naflex.native_grid(16, 16, 2, 64, scale=0.5) == (4, 4)
+  # Sampled resolutions: the area s x s, s within the range.
+  image = tf.zeros((30, 120, 3), tf.uint8)
+  sides = [float(preprocess.sampled_scale(
+      image, 8, 16, tf.constant([0, i], tf.int64))) * 60 for i in range(50)]
+  assert 8 <= min(sides) < 9.5 and 14.5 < max(sides) <= 16
+
+
+def test_digits_at_mixed_sizes_span_8_to_64_patches():
+  sizes = [digits.mixed_size(i) for i in range(1797)]
+  assert {max(size) for size in sizes} == set(range(8, 17))
+  assert max(max(h / w, w / h) for h, w in sizes) <= 3.5
+  counts = [np.prod(naflex.native_grid(h, w, 2, 64)) for h, w in sizes]
+  assert min(counts) <= 12 and max(counts) == 64
+
+
+# The session's digits model (square 8 x 8 digits), fine-tuned.
+PACKED = {"dataset": "digits/mixed_sizes", "image_size": 16,
+          "naflex.max_num_patches": 64, "naflex.packing": True,
+          "naflex.images_per_sequence": 2.5, "mesh.data": 8,
+          "mesh.model": 1, "model.dropout_rate": 0.0,
+          "model.hidden_size": 64, "model.mlp_dim": 128,
+          "model.scan_layers": True, "input_shares": 16,
+          "total_steps": 12, "log_every": 1, "checkpoint_every": 4,
+          "evaluators.test.every": 12, "optimizer.warmup_steps": 2,
+          "optimizer.learning_rate": 3e-3}
+
+
+@pytest.fixture(scope="module")
+def packed_run(digits_data_dir, digits_run, tmp_path_factory):
+  config = small_config(digits_data_dir, init_from=digits_run[0], **PACKED)
+  return config, made_once(tmp_path_factory, "packed_run",
+                           lambda path: run_training(config, path))
+
+
+def test_a_packed_run_learns_with_little_padding(packed_run):
+  config, workdir = packed_run
+  rows = [row for row in metric_rows(workdir) if "train_loss" in row]
+  losses = [row["train_loss"] for row in rows]
+  # Its head starts afresh (a new dataset): 2.30 -> 2.08 when written.
+  assert np.mean(losses[-3:]) < 0.95 * np.mean(losses[:3])
+  padding = np.mean([row["padding_fraction"] for row in rows])
+  images = np.mean([row["images_per_step"] for row in rows])
+  assert padding < 0.2
+  # 2.5 images read a sequence, a few of them left over.
+  assert 2.0 * config.batch_size < images <= 2.5 * config.batch_size
+  last = rows[-1]
+  assert last["img_per_sec_per_device"] == pytest.approx(
+      last["seq_per_sec_per_device"] * last["images_per_step"]
+      / config.batch_size)
+  accuracy = [row["test_accuracy"] for row in metric_rows(workdir)
+              if "test_accuracy" in row]
+  assert accuracy[-1] > 0.2  # Chance is 0.1; 0.29 when written.
+
+
+def test_a_packed_run_stopped_by_sigterm_resumes_bitwise(
+    packed_run, tmp_path, monkeypatch):
+  config, finished = packed_run
+  with monkeypatch.context() as patch:
+    sigterm_at_step(patch, 6)
+    stopped = run_training(config, str(tmp_path))
+  assert stopped["stopped_at_step"] == 6
+  run_training(config, str(tmp_path))
+  _, expected, _ = latest_checkpoint(finished, config)
+  step, params, _ = latest_checkpoint(str(tmp_path), config)
+  assert step == config.total_steps
+  assert_trees_equal(params, expected)
+
+
+def _batches(config, workdir, start_step, count):
+  batches = loop.train_batches(resolve.run(config, workdir), start_step)
+  return [next(batches) for _ in range(count)]
+
+
+def test_a_resumed_stream_and_each_process_pack_as_one_uninterrupted(
+    digits_data_dir, tmp_path):
+  config = small_config(digits_data_dir, **PACKED)
+  whole = _batches(config, str(tmp_path), 0, 4)
+  resumed = _batches(config, str(tmp_path), 2, 2)
+  for got, expected in zip(resumed, whole[2:]):
+    assert_trees_equal(got, expected)
+  # Two processes' shares (8 each of the 16), packed apart.
+  run = resolve.run(config, str(tmp_path))
+  source, packs = run.source, run.packing
+  halves = []
+  for shares in (range(8), range(8, 16)):
+    rows = pipeline.train_dataset(
+        source, "train", batch_size=packs.images_per_share(2) * 16,
+        image_size=16, shares=tuple(shares), num_shares=16,
+        naflex=run.naflex, packing=packs).as_numpy_iterator()
+    rows = ({k: v for k, v in batch.items() if k != "index"}
+            for batch in rows)
+    halves.append(next(packing.packed(rows, 8, 2, packs)))
+  assert_trees_equal(
+      {k: np.concatenate([h[k] for h in halves]) for k in halves[0]},
+      whole[0])
+
+
+def test_the_loss_is_the_mean_over_images(digits_data_dir, tmp_path):
+  """However many images each sequence holds, each image weighs the same:
+  the step's loss is the mean of every image's cross-entropy."""
+  config = small_config(digits_data_dir, **PACKED)
+  (batch,) = _batches(config, str(tmp_path), 0, 1)
+  assert len(set(batch["mask"].sum(axis=1))) > 1  # Unequal sequences.
+  program = program_of(config, num_classes=10)
+  state = program.init(jax.random.key(0))
+  state = state.replace(params=randomize(state.params))
+  logits = program.model.apply({"params": state.params}, naflex.Packed(
+      batch["image"], batch["segments"], batch["positions"],
+      batch["grids"]), train=False)
+  losses = optax.softmax_cross_entropy_with_integer_labels(
+      np.asarray(logits, np.float64), batch["label"])
+  expected = float(losses[batch["mask"] > 0].mean())
+  _, metrics = program.train_step(
+      state, sharding.to_global(batch, program.batch_sharding))
+  assert float(metrics["train_loss"]) == pytest.approx(expected, rel=1e-5)
+  assert float(metrics["images_per_step"]) == batch["mask"].sum()
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ({"naflex.token_drop": 0.5, "naflex.packing": False},
+     "naflex.token_drop applies to packed"),
+    ({"naflex.max_num_patches": 0}, "set it"),
+    ({"naflex.min_side": 16}, "set both"),
+    ({"naflex.min_side": 16, "naflex.max_side": 8}, "min_side <= max_side"),
+    ({"naflex.token_drop": 0.5, "naflex.token_drop_sampled": True},
+     "below 1"),
+    ({"model.attention": "splash"}, "splash"),
+    ({"model.posemb": "none", "model.rope": "axial",
+      "model.rope_jitter": 1.2}, "draw per image"),
+])
+def test_what_a_packed_run_refuses(overrides, says):
+  config = small_config("/nonexistent", **{**PACKED, **overrides})
+  with pytest.raises(errors.ConfigError, match=says):
+    resolve.program(config)
+
+
+def test_evaluation_reads_each_image_at_its_own_size(digits_data_dir):
+  source = sources.lookup("digits/mixed_sizes", digits_data_dir)
+  batch = next(pipeline.eval_dataset(
+      source, "test", batch_size=16, image_size=16,
+      naflex=naflex.Budget(2, 64, fill=False)).as_numpy_iterator())
+  records = source.builder.as_data_source(split="test")
+  stored = [records[int(i)]["image"].shape[:2] for i in batch["index"]]
+  assert len(set(stored)) > 4
+  assert [tuple(grid) for grid in batch["grid"]] == [
+      naflex.native_grid(*shape, 2, 64) for shape in stored]
+
+
+def test_the_plan_compiles_a_packed_step():
+  from vit_jax.planning import cost  # pylint: disable=g-import-not-at-top
+  config = small_config("/nonexistent", **PACKED)
+  program, batch = cost.build_step(config, jax.devices(), 10)
+  assert batch["image"].shape == (32, 64, 2 * 2 * 3)
+  assert batch["grids"].shape == batch["label"].shape + (2,) == (32, 5, 2)
+  program.train_step.lower(program.state_shapes, batch).compile()
