@@ -250,7 +250,6 @@ def test_the_loss_is_the_mean_over_images(digits_data_dir, tmp_path):
     ({"naflex.min_side": 16, "naflex.max_side": 8}, "min_side <= max_side"),
     ({"naflex.token_drop": 0.5, "naflex.token_drop_sampled": True},
      "below 1"),
-    ({"model.attention": "splash"}, "splash"),
     ({"model.posemb": "none", "model.rope": "axial",
       "model.rope_jitter": 1.2}, "draw per image"),
 ])
@@ -272,10 +271,15 @@ def test_evaluation_reads_each_image_at_its_own_size(digits_data_dir):
       naflex.native_grid(*shape, 2, 64) for shape in stored]
 
 
-def test_the_plan_compiles_a_packed_step():
+def test_a_packed_step_with_the_splash_kernel_plans_on_a_tpu():
+  """vit_jax.plan compiles a packed config's step for a TPU ahead of time,
+  the splash kernel taking the images' slots as its segment ids."""
   from vit_jax.planning import cost  # pylint: disable=g-import-not-at-top
-  config = small_config("/nonexistent", **PACKED)
+  config = small_config("/nonexistent", **{
+      **PACKED, "mesh.data": -1, "model.attention": "splash"})
   program, batch = cost.build_step(config, jax.devices(), 10)
   assert batch["image"].shape == (32, 64, 2 * 2 * 3)
   assert batch["grids"].shape == batch["label"].shape + (2,) == (32, 5, 2)
-  program.train_step.lower(program.state_shapes, batch).compile()
+  plan = cost.plan(config, "v6e-4", classes=10)
+  # Two blocks: each the forward kernel and the backward's two.
+  assert plan.fits and plan.pallas_kernels == 6

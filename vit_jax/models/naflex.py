@@ -83,10 +83,20 @@ class Packed(NamedTuple):
                             for p in prefix] + [self.segments], axis=1)
 
   def attention_mask(self, prefix_tokens, registers):
-    """[N, T, T] bool: which tokens each token attends to, those of its
-    own slot (padding to padding, which no image reads)."""
-    ids = self.token_slots(prefix_tokens, registers)
-    return ids[:, :, None] == ids[:, None, :]
+    """Which tokens each token attends to, those of its own slot (padding
+    to padding, which no image reads): Segments of its token_slots."""
+    return Segments(self.token_slots(prefix_tokens, registers))
+
+
+class Segments(NamedTuple):
+  """Attention's mask of a packed sequence, each token attending to the
+  tokens of its own segment: the splash kernel takes the ids as they are,
+  the einsum and XLA's attention their [N, T, T] comparison (`dense`)."""
+  ids: jax.Array  # [N, T] int32, >= 0
+
+  def dense(self):
+    """[N, T, T] bool: whether token q may attend to token k."""
+    return self.ids[:, :, None] == self.ids[:, None, :]
 
 
 def patch_mask(grid, length):

@@ -5,7 +5,8 @@ them back in the forward and again in the backward pass (docs/plan.md).
 
 The kernel works on whole tiles of BLOCK tokens, so the tokens are padded
 to a multiple of BLOCK; the padding, and a NaFlex batch's padding patches,
-are a segment of their own, which no real token attends to. The kernel sees
+are a segment of their own, which no real token attends to. A packed
+sequence's images are segments too, each attending to its own. The kernel sees
 one device's examples and heads: under a mesh (training, evaluation) it
 runs in a shard_map over the batch and head axes that sharding.py's table
 gives. Elsewhere than on a TPU, Pallas interprets it: the same function,
@@ -22,6 +23,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 )
 
 from vit_jax import sharding
+from vit_jax.models import naflex
 
 # The kernel's default tile, in tokens, for queries and keys alike.
 BLOCK = 128
@@ -37,14 +39,20 @@ def attention(query, keys, values, mask=None):
   """softmax(q.k / sqrt(head_dim)) . v of [N, tokens, heads, head_dim]
   inputs (self-attention: as many keys as queries), in [N, tokens, heads,
   head_dim]; the softmax in float32. `mask` [N, tokens] bool: the keys that
-  may be attended to (NaFlex's real tokens), or None for all."""
+  may be attended to (NaFlex's real tokens); or a naflex.Segments, each
+  token attending to its own segment's (a packed sequence's images); or
+  None for all."""
   n, tokens, _, head_dim = query.shape
   padded = padded_tokens(tokens)
-  real = jnp.arange(padded)[None] < tokens
-  if mask is not None:
-    real = real & jnp.pad(mask, [(0, 0), (0, padded - tokens)])
-  segments = jnp.broadcast_to(jnp.where(real, 0, 1), (n, padded)).astype(
-      jnp.int32)
+  if isinstance(mask, naflex.Segments):  # The kernel's padding: its own.
+    segments = jnp.pad(mask.ids.astype(jnp.int32),
+                       [(0, 0), (0, padded - tokens)], constant_values=-1)
+  else:
+    real = jnp.arange(padded)[None] < tokens
+    if mask is not None:
+      real = real & jnp.pad(mask, [(0, 0), (0, padded - tokens)])
+    segments = jnp.broadcast_to(jnp.where(real, 0, 1), (n, padded)).astype(
+        jnp.int32)
 
   def heads_first(x):
     x = jnp.pad(x, [(0, 0), (0, padded - tokens), (0, 0), (0, 0)])

@@ -241,8 +241,10 @@ class Attention(nn.Module):
   Section 4.5 figures (the blocks' attention, not a pooling head's).
   `mask` [N, keys] bool: the keys that may be attended to (NaFlex's real
   tokens, which come first); or [N, queries, keys], the keys each query
-  may attend to (a packed sequence's images, naflex.Packed); or None for
-  all. `rope` [N or 1, patches, head_dim / 2]: the angles that turn the
+  may attend to (a MAP probe's of a packed sequence); or a
+  naflex.Segments, each token attending to its own segment's (a packed
+  sequence's images, naflex.Packed); or None for all. `rope` [N or 1,
+  patches, head_dim / 2]: the angles that turn the
   patches' queries and keys (the last tokens; models/rope.py); for rope
   "mixed", the patches' index coordinates [N or 1, patches, 2], which
   this block's own frequencies turn into angles; or None."""
@@ -282,7 +284,9 @@ class Attention(nn.Module):
         y = rope_lib.rotate(y, rope)
       return y
 
-    if mask is not None:
+    if isinstance(mask, naflex.Segments) and config.attention != "splash":
+      mask = mask.dense()  # Every token has its own segment's: none empty.
+    elif mask is not None and not isinstance(mask, naflex.Segments):
       # A query with no key to attend to (a batch's empty row, an empty
       # slot's probe) attends to every key: nothing reads its output, and a
       # row of masked logits alone gives NaN once XLA has rearranged the
@@ -1036,10 +1040,6 @@ class VisionTransformer(nn.Module):
       raise errors.InputError(
           f"NaFlex patches of shape {patches.pixels.shape}: "
           f"{self.describe_patch()} takes [batch, patches, {size}]")
-    if isinstance(patches, naflex.Packed) and config.attention == "splash":
-      raise errors.InputError(
-          "a packed batch masks attention image by image, which attention "
-          "'splash' does not yet do: use 'einsum' or 'fused'")
 
 
 class MaskedPatchViT(VisionTransformer):

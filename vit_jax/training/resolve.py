@@ -292,16 +292,12 @@ def check_naflex(keys, model, images_per_device, mesh):
     raise errors.ConfigError(f"{name}: RandAugment runs at the square "
                              "image_size; set config.randaugment=''")
   if keys.naflex.packing:
-    check_packed_model(keys, model, device)
+    check_packed_model(keys, model)
 
 
-def check_packed_model(keys, model, device):
+def check_packed_model(keys, model):
   """What a packed run's model does not yet do, each a ConfigError."""
   name = "config.naflex.packing"
-  if fitting.attention(keys.model, device) == "splash":
-    raise errors.ConfigError(
-        f"{name}: the splash kernel takes no packed sequences yet; set "
-        "config.model.attention to 'einsum' or 'fused'")
   if model.config.rope and model.config.rope_augmentation.any:
     raise errors.ConfigError(
         f"{name}: rope_shift, rope_jitter and rope_rescale draw per image, "
