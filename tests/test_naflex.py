@@ -14,7 +14,7 @@ import pytest
 from tests import reference_vit
 from vit_jax import errors, models
 from vit_jax.data import preprocess
-from vit_jax.models import naflex
+from vit_jax.models import naflex, rope
 
 PATCH = 4
 TABLE = 4  # The position table's side: made at 16 x 16 images.
@@ -170,13 +170,30 @@ def test_each_image_of_a_packed_sequence_computes_as_it_alone(case):
     assert error < 1e-5, (case, error)
 
 
-def test_packed_sequences_refuse_what_they_do_not_yet_do():
-  batch = _packed([[_image(2, 2)]], 8, 2)
+def test_ropes_training_draws_are_each_packed_images_own():
+  """rope_shift in a packed sequence: each image's patches move by one
+  draw of their own, and a packed model's training draws are seeded."""
+  images = jnp.asarray([[0, 0, 1, 1, 1, 2]])
+  coords = jnp.zeros((1, 6, 2))
+  key = jax.random.key(0)
+  moved = np.asarray(rope.augment(coords, rope.Augmentation(shift=0.5), key,
+                                  images, count=3))[0]
+  assert (moved[0] == moved[1]).all() and (moved[2] == moved[4]).all()
+  assert len({tuple(row) for row in moved}) == 3
+  # Without `images`, one draw a row.
+  per_row = rope.augment(jnp.zeros((3, 2, 2)), rope.Augmentation(shift=0.5),
+                         key)
+  np.testing.assert_array_equal(per_row[:, 0], per_row[:, 1])
+
   model, params = _model_and_params(rope="axial", posemb="none",
                                     rope_shift=0.1)
-  with pytest.raises(errors.InputError, match="rope_shift"):
-    model.apply({"params": params}, batch, train=True,
-                rngs={"dropout": jax.random.key(0)})
+  batch = _packed([[_image(2, 2), _image(1, 3)]], 8, 2)
+  train = lambda seed: model.apply({"params": params}, batch, train=True,
+                                   rngs={"dropout": jax.random.key(seed)})
+  np.testing.assert_array_equal(train(1), train(1))
+  assert np.isfinite(train(1)).all()
+  assert not np.allclose(train(1), model.apply({"params": params}, batch,
+                                               train=False))
 
 
 def test_the_grids_are_three_aspect_ratios():

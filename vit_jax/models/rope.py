@@ -69,24 +69,32 @@ def coordinates(rows, cols, grid_rows, grid_cols, kind="axial"):
   return jnp.stack([centre(rows, grid_rows), centre(cols, grid_cols)], -1)
 
 
-def augment(coords, augmentation, rng):
-  """coords [N, L, 2] moved by one draw per image (module docstring)."""
+def augment(coords, augmentation, rng, images=None, count=1):
+  """coords [N, L, 2] moved by one draw per image (module docstring): per
+  row, or with `images` [N, L] (each patch's image in its row, 0 ..
+  count - 1: a packed sequence's) per image of each row."""
   n = coords.shape[0]
   shift_rng, jitter_rng, rescale_rng = jax.random.split(rng, 3)
 
+  def draw(rng, shape, low, high):
+    """[n, count, shape] draws, as each patch takes its image's."""
+    draws = jax.random.uniform(rng, (n, count, shape), minval=low,
+                               maxval=high)
+    if images is None:
+      return draws
+    return jnp.take_along_axis(draws, images[..., None], axis=1)
+
   def log_uniform(rng, shape, limit):
     span = np.log(limit)
-    return jnp.exp(jax.random.uniform(rng, shape, minval=-span, maxval=span))
+    return jnp.exp(draw(rng, shape, -span, span))
 
   if augmentation.shift is not None:
-    coords = coords + jax.random.uniform(
-        shift_rng, (n, 1, 2), minval=-augmentation.shift,
-        maxval=augmentation.shift)
+    coords = coords + draw(shift_rng, 2, -augmentation.shift,
+                           augmentation.shift)
   if augmentation.jitter is not None:
-    coords = coords * log_uniform(jitter_rng, (n, 1, 2), augmentation.jitter)
+    coords = coords * log_uniform(jitter_rng, 2, augmentation.jitter)
   if augmentation.rescale is not None:
-    coords = coords * log_uniform(rescale_rng, (n, 1, 1),
-                                  augmentation.rescale)
+    coords = coords * log_uniform(rescale_rng, 1, augmentation.rescale)
   return coords
 
 

@@ -647,12 +647,10 @@ class Encoder(nn.Module):
     if not config.rope:
       return None
     patches = x.shape[1] - config.embedded_prefix_tokens
+    images, count = None, 1  # Whose draw each patch takes: its row's.
     if packed is not None:
-      if train and config.rope_augmentation.any:
-        raise errors.InputError(
-            "rope_shift, rope_jitter and rope_rescale draw per image, which "
-            "a packed sequence does not yet do: leave them unset")
       grids = packed.token_grids()
+      images, count = jnp.maximum(packed.segments - 1, 0), packed.slots
       coords = rope_lib.coordinates(
           packed.positions[..., 0], packed.positions[..., 1], grids[..., 0],
           grids[..., 1], config.rope)
@@ -668,7 +666,7 @@ class Encoder(nn.Module):
     if train and config.rope_augmentation.any:
       coords = rope_lib.augment(
           jnp.broadcast_to(coords, (x.shape[0],) + coords.shape[1:]),
-          config.rope_augmentation, self.make_rng("dropout"))
+          config.rope_augmentation, self.make_rng("dropout"), images, count)
     if config.rope == "mixed":
       return coords
     return rope_lib.angles(coords, config.hidden_size // config.num_heads,

@@ -291,21 +291,6 @@ def check_naflex(keys, model, images_per_device, mesh):
   if keys.randaugment:
     raise errors.ConfigError(f"{name}: RandAugment runs at the square "
                              "image_size; set config.randaugment=''")
-  if keys.naflex.packing:
-    check_packed_model(keys, model)
-
-
-def check_packed_model(keys, model):
-  """What a packed run's model does not yet do, each a ConfigError."""
-  name = "config.naflex.packing"
-  if model.config.rope and model.config.rope_augmentation.any:
-    raise errors.ConfigError(
-        f"{name}: rope_shift, rope_jitter and rope_rescale draw per image, "
-        "which a packed sequence does not yet do: leave them unset")
-  if keys.distill.teacher:
-    raise errors.ConfigError(
-        f"{name}: a teacher reads square images or one image a sequence; "
-        "distil without packing")
 
 
 def check_data(checked, data):
