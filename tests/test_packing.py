@@ -2,6 +2,8 @@
 at their own sizes in each sequence, packed first-fit share by share, the
 loss averaged over images; resumed runs pack as uninterrupted ones."""
 
+import json
+
 import jax
 import numpy as np
 import optax
@@ -10,6 +12,7 @@ import tensorflow as tf
 
 from tests.util import (
   assert_trees_equal,
+  call_tool,
   latest_checkpoint,
   made_once,
   metric_rows,
@@ -308,3 +311,25 @@ def test_a_packed_step_is_the_same_on_every_mesh_and_in_micro_batches(
     assert other[key] == pytest.approx(one[key], rel=1e-5), key
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(other_params)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_predict_reads_images_at_their_own_size_as_a_packed_run_evaluates(
+    packed_run, tmp_path):
+  _, workdir = packed_run
+  shapes = [(9, 15), (16, 16), (4, 12)]
+  files = []
+  for i, shape in enumerate(shapes):
+    files.append(str(tmp_path / f"{i}.png"))
+    tf.io.write_file(files[-1], tf.io.encode_png(np.full(
+        (*shape, 3), 40 * i, np.uint8)))
+  status, out, err = call_tool("predict", f"--workdir={workdir}",
+                               "--max_num_patches=64", "--native_size",
+                               "--features", "--json", *files)
+  assert status == 0, err
+  grids = [tuple(json.loads(line)["grid"]) for line in out.splitlines()]
+  assert grids == [(5, 8), (8, 8), (2, 6)]
+  status, _, err = call_tool("predict", f"--workdir={workdir}",
+                             "--native_size", *files)
+  assert status == 2 and err.strip() == (
+      "error: --native_size reads images NaFlex-style: give "
+      "--max_num_patches too")

@@ -72,7 +72,8 @@ def main(argv):
   dataset, data_dir = inference.data(f.dataset, f.data_dir)
   samples = attention_lib.sample_images(inference, f.images + argv[1:],
                                         f.num_images, dataset, f.split,
-                                        data_dir, f.max_num_patches)
+                                        data_dir, shared_flags.naflex_budget(
+                                            inference.model))
   names = image_files.name_classes(f.labels, dataset, data_dir,
                                    inference.model.num_classes)
   out = f.out or workdir.Workdir(f.workdir).figures

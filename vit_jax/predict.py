@@ -16,7 +16,9 @@ pre_logits output; vit_jax/analysis/features.py), for any model, headless
 ones included (a SigLIP tower, a DINOv2, a timm model saved without head).
 With --max_num_patches=N, each image keeps its aspect ratio: it is resized
 to the largest grid of at most N patches and read NaFlex-style, the
-position embedding resized to its grid (vit_jax/models/naflex.py).
+position embedding resized to its grid (vit_jax/models/naflex.py); with
+--native_size too, it keeps its own size, shrunk only to fit, as a packed
+run evaluates.
 """
 
 if __name__ == "__main__":
@@ -30,7 +32,6 @@ from vit_jax import cli, errors, paths as paths_lib
 from vit_jax.analysis import classify, features
 from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
-from vit_jax.models import naflex
 from vit_jax.weights import function_exports
 
 shared_flags.define_model_source("run")
@@ -90,11 +91,9 @@ def model_inputs(files, inference):
   """The images as the model sees them: square at its resolution, as
   evaluation resized them, or with --max_num_patches each at its own
   aspect ratio (a NaFlex batch)."""
-  budget = flags.FLAGS.max_num_patches
+  budget = shared_flags.naflex_budget(inference.model)
   if budget:
-    naflex.check_budget(inference.model.config, budget)
-    return image_files.naflex_from_files(
-        files, inference.model.config.patch_size, budget)
+    return image_files.naflex_from_files(files, budget)
   return image_files.from_files(files, inference.image_size,
                                 inference.crop_fraction)
 

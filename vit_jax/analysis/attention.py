@@ -221,18 +221,15 @@ def describe(model, resolution):
 
 
 def sample_images(inference, paths, count, dataset, split, data_dir,
-                  max_num_patches=0):
+                  budget=None):
   """(images, labels or None, where from) for the attention figures: the
   files `paths` name, or else the first images of `dataset`'s `split`;
-  square at the model's resolution, or with `max_num_patches` each at its
-  own aspect ratio, a NaFlex batch."""
+  square at the model's resolution, or with a NaFlex `budget`
+  (models.naflex.Budget) each at its own aspect ratio."""
   size, crop = inference.image_size, inference.crop_fraction
-  budget = naflex.budget_of(max_num_patches, inference.model)
-  if budget:
-    naflex.check_budget(inference.model.config, max_num_patches)
   if paths:
     files = images_lib.expand(paths)[:count]
-    images = (images_lib.naflex_from_files(files, *budget) if budget else
+    images = (images_lib.naflex_from_files(files, budget) if budget else
               images_lib.from_files(files, size, crop))
     return images, None, f"{len(files)} images from {', '.join(paths)}"
   if not dataset:

@@ -11,6 +11,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from vit_jax import errors, paths, runtime
+from vit_jax.models import naflex
 from vit_jax.weights import exports, pretrained, torch_files
 
 
@@ -117,8 +118,9 @@ def floats(values, flag):
 
 
 def define_images():
-  """--images, --labels, --dataset, --data_dir and --max_num_patches: what
-  a tool looks at, how, and what it calls the classes."""
+  """--images, --labels, --dataset, --data_dir, --max_num_patches and
+  --native_size: what a tool looks at, how, and what it calls the
+  classes."""
   flags.DEFINE_list("images", [], "Image files, folders or globs (also taken "
                     "as positional arguments).")
   flags.DEFINE_string("labels", "", "A text file of class names, one per "
@@ -132,3 +134,20 @@ def define_images():
       "max_num_patches", 0, "NaFlex: each image at its own aspect ratio, "
       "resized to the largest grid of at most this many patches (0: square "
       "images at the model's resolution).", lower_bound=0)
+  flags.DEFINE_bool(
+      "native_size", False, "With --max_num_patches: each image at its own "
+      "size, shrunk only to fit, never enlarged (as a packed run "
+      "evaluates).")
+
+
+def naflex_budget(model):
+  """The models.naflex.Budget that --max_num_patches and --native_size
+  give `model`, or None for square images."""
+  f = flags.FLAGS
+  if f.native_size and not f.max_num_patches:
+    raise errors.InputError("--native_size reads images NaFlex-style: give "
+                            "--max_num_patches too")
+  budget = naflex.budget_of(f.max_num_patches, model, packing=f.native_size)
+  if budget:
+    naflex.check_budget(model.config, budget.max_num_patches)
+  return budget

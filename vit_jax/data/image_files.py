@@ -50,13 +50,12 @@ def from_files(files, image_size, crop_fraction=1.0):
       for path in files])
 
 
-def naflex_from_files(files, patch_size, max_num_patches):
+def naflex_from_files(files, budget):
   """The images in `files` at their own aspect ratio, as a NaFlex batch
-  (models/naflex.py) of numpy arrays: each resized to the largest grid of
-  patches within `max_num_patches` (preprocess.naflex_patches)."""
+  (models/naflex.py) of numpy arrays: each resized to its grid under
+  `budget` (a naflex.Budget; preprocess.naflex_patches)."""
   pixels, grids = zip(*(
-      (x.numpy() for x in preprocess.naflex_patches(
-          _decoded(path), patch_size, max_num_patches))
+      (x.numpy() for x in preprocess.naflex_patches(_decoded(path), *budget))
       for path in files))
   return naflex.Patches(np.stack(pixels), np.stack(grids))
 
