@@ -335,3 +335,34 @@ def test_predict_reads_images_at_their_own_size_as_a_packed_run_evaluates(
   assert status == 2 and err.strip() == (
       "error: --native_size reads images NaFlex-style: give "
       "--max_num_patches too")
+
+
+def test_sampled_resolutions_and_dropped_patches_are_each_images_own(
+    digits_data_dir):
+  """Resolution sampling and drawn token dropping in the pipeline: each
+  image at an area of s x s pixels, s in [8, 12], then a share of at most
+  twice token_drop of its patches left out; the same draws on a second
+  read."""
+  source = sources.lookup("digits/mixed_sizes", digits_data_dir)
+  packs = packing.Packing(64, 5, 2.5, min_side=8, max_side=12,
+                          token_drop=0.3, token_drop_sampled=True)
+
+  def first_batch():
+    return next(pipeline.train_dataset(
+        source, "train", batch_size=64, image_size=16, seed=3,
+        naflex=naflex.Budget(2, 64, fill=False),
+        packing=packs).as_numpy_iterator())
+
+  batch = first_batch()
+  assert_trees_equal(first_batch(), batch)
+  areas = batch["grid"].prod(axis=1) * 4  # Pixels, rounded up to patches.
+  assert areas.min() >= 8 * 8 and np.median(areas) <= 14 * 14
+  count = batch["grid"].prod(axis=1)
+  dropped = 1 - batch["tokens"] / count
+  assert (batch["tokens"] >= 1).all() and dropped.max() <= 0.6
+  assert len(set(np.round(dropped, 2))) > 5  # Drawn per image.
+  for pixels, positions, tokens, grid in zip(
+      batch["image"], batch["positions"], batch["tokens"], batch["grid"]):
+    index = positions[:tokens, 0] * grid[1] + positions[:tokens, 1]
+    assert np.all(np.diff(index) > 0) and index.max() < grid.prod()
+    assert not pixels[tokens:].any()
