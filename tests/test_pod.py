@@ -1,7 +1,11 @@
 """A pod of processes on this machine (launch/local_pod.sh) runs like one.
 
-Both processes of a pod setting a damaged checkpoint aside alike:
-tests/test_gcs_workdir.py, with the workdir on Cloud Storage."""
+The pod trains packed (config.naflex.packing), the input pipeline that
+does the most on each host: each process packs its own shares' images.
+Square images' pods: tests/test_elastic.py (a run resumed on 2 hosts
+equals it on one) and tests/test_gcs_workdir.py (both processes of a pod
+setting a damaged checkpoint aside alike, the workdir on Cloud
+Storage)."""
 
 import subprocess
 import time
@@ -21,6 +25,7 @@ from tests.util import (
   start_pod,
   wait_for_step,
 )
+from vit_jax.data import sources
 
 # The digits mesh, data 4 x model 2: each process holds two data rows and
 # both halves of the model axis. The test split does not divide evenly
@@ -34,11 +39,20 @@ POD = {"total_steps": 16, "log_every": 1, "evaluators.test.every": 8,
        "optimizer.weight_decay": 0.0}
 
 
+# Digits of mixed sizes, about 2.5 a sequence of 64 patches, in 16 shares:
+# 8 a process.
+PACKED_POD = {**POD, "dataset": "digits/mixed_sizes", "image_size": 16,
+              "naflex.max_num_patches": 64, "naflex.packing": True,
+              "naflex.images_per_sequence": 2.5, "input_shares": 16}
+
+
 @pytest.fixture(scope="module")
 def pod_run(digits_data_dir, tmp_path_factory):
+  # Prepared here, not by both processes at once.
+  sources.lookup(PACKED_POD["dataset"], digits_data_dir)
   workdir = str(tmp_path_factory.mktemp("pod"))
   code, stdout, stderr = finish(start_pod(
-      2, 4, main_flags(workdir, digits_data_dir, **POD)))
+      2, 4, main_flags(workdir, digits_data_dir, **PACKED_POD)))
   assert code == 0, stderr[-3000:]
   return workdir, stdout
 
@@ -48,13 +62,15 @@ def test_two_processes_of_4_devices_train_like_one_of_8(
   pod_workdir, stdout = pod_run
   # Only process 0 reports.
   assert "[0] test_accuracy" in stdout and "[1] " not in stdout
-  config = small_config(digits_data_dir, **POD)
+  config = small_config(digits_data_dir, **PACKED_POD)
   run_training(config, str(tmp_path))
 
   single, pod = logged(tmp_path), logged(pod_workdir)
   assert sorted(pod) == list(range(1, 17))
   np.testing.assert_allclose([pod[s] for s in sorted(pod)],
                              [single[s] for s in sorted(pod)], rtol=1e-6)
+  for key in ("images_per_step", "padding_fraction", "dropped_fraction"):
+    assert logged(pod_workdir, key) == logged(tmp_path, key), key
   # Every test example is counted once however the shares fall on hosts.
   assert (logged(pod_workdir, "test_accuracy")
           == logged(tmp_path, "test_accuracy"))
