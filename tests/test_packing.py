@@ -3,6 +3,7 @@ at their own sizes in each sequence, packed first-fit share by share, the
 loss averaged over images; resumed runs pack as uninterrupted ones."""
 
 import json
+import threading
 
 import jax
 import numpy as np
@@ -51,6 +52,13 @@ def images(tokens, labels=None, broken=()):
                              np.float32)}
 
 
+def pack(share, block):
+  """The share's sequences of this step's `block` of images."""
+  out = packing._zeros(block, share.sequences, share.packing)
+  share.pack(block, out)
+  return out
+
+
 def where_each_is(batch):
   """{label: (sequence, slot)} of each image the packed batch holds, after
   checking that its patches lie whole and contiguous under its slot."""
@@ -70,7 +78,7 @@ def where_each_is(batch):
 
 def test_each_image_goes_whole_into_the_first_sequence_with_room():
   share = packing._Share(2, packing.Packing(LENGTH, SLOTS, 2.0))
-  batch = share.pack(images([10, 8, 6, 4, 2, 9], broken=(4,)))
+  batch = pack(share, images([10, 8, 6, 4, 2, 9], broken=(4,)))
   # 10 -> 0; 8 -> 1; 6 -> 0 (16 full); 4 -> 1 (12); 2 broken; 9 no room.
   assert where_each_is(batch) == {0: (0, 0), 1: (1, 0), 2: (0, 1),
                                   3: (1, 1)}
@@ -79,7 +87,7 @@ def test_each_image_goes_whole_into_the_first_sequence_with_room():
   np.testing.assert_array_equal((batch["segments"] > 0).sum(axis=1),
                                 [16, 12])
   # The next step's images first, then the 9 of this one where it fits.
-  batch = share.pack(images([12, 3, 1, 1], labels=[10, 11, 12, 13]))
+  batch = pack(share, images([12, 3, 1, 1], labels=[10, 11, 12, 13]))
   assert where_each_is(batch) == {10: (0, 0), 11: (0, 1), 12: (0, 2),
                                   13: (1, 0), 5: (1, 1)}
   assert batch["dropped"].tolist() == [0, 0]
@@ -87,9 +95,9 @@ def test_each_image_goes_whole_into_the_first_sequence_with_room():
 
 def test_a_sequence_holds_at_most_its_slots_and_twice_left_over_is_dropped():
   share = packing._Share(1, packing.Packing(LENGTH, SLOTS, 2.0))
-  batch = share.pack(images([1, 1, 1, 1, 14]))
+  batch = pack(share, images([1, 1, 1, 1, 14]))
   assert where_each_is(batch) == {0: (0, 0), 1: (0, 1), 2: (0, 2)}
-  batch = share.pack(images([16], labels=[7]))
+  batch = pack(share, images([16], labels=[7]))
   assert where_each_is(batch) == {7: (0, 0)}
   assert batch["dropped"].tolist() == [2]  # The 1 and the 14.
   assert batch["mask"].tolist() == [[1.0, 0.0, 0.0]]
@@ -366,3 +374,22 @@ def test_sampled_resolutions_and_dropped_patches_are_each_images_own(
     index = positions[:tokens, 0] * grid[1] + positions[:tokens, 1]
     assert np.all(np.diff(index) > 0) and index.max() < grid.prod()
     assert not pixels[tokens:].any()
+
+
+def test_batches_made_ahead_come_in_order_and_so_do_their_errors():
+  def items():
+    yield from range(5)
+    raise errors.InputError("a broken image")
+
+  got = packing.ahead(items())
+  assert [next(got) for _ in range(5)] == list(range(5))
+  with pytest.raises(errors.InputError, match="a broken image"):
+    next(got)
+  # An abandoned one stops its thread.
+  endless = packing.ahead(iter(lambda: 0, 1))
+  next(endless)
+  endless.close()
+  for thread in threading.enumerate():
+    if thread.name == "packing":
+      thread.join(timeout=5)
+      assert not thread.is_alive()

@@ -31,6 +31,8 @@ model reads it as a models.naflex.Packed; the loss averages over images.
 """
 
 import math
+import queue
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -98,68 +100,136 @@ class _Share:
     self.packing = packing
     self.left_over = None  # The last step's images that found no room.
 
-  def pack(self, images):
-    """The packed sequences of this step's `images` (the share's block of
-    the image batch: numpy arrays with a leading axis of images), and the
-    images of the step before that found no room."""
-    n, length, slots = self.sequences, self.packing.length, self.packing.slots
-    label = images["label"]
-    out = {"image": np.zeros((n, length, images["image"].shape[-1]),
-                             images["image"].dtype),
-           "segments": np.zeros((n, length), np.int32),
-           "positions": np.zeros((n, length, 2), np.int32),
-           "grids": np.zeros((n, slots, 2), np.int32),
-           "label": np.zeros((n, slots, *label.shape[1:]), label.dtype),
-           "mask": np.zeros((n, slots), np.float32),
-           "broken": np.zeros(n, np.int32),
-           "dropped": np.zeros(n, np.int32)}
-    used = np.zeros(n, np.int64)
-    filled = np.zeros(n, np.int64)
+  def pack(self, images, out):
+    """Packs this step's `images` (the share's block of the image batch:
+    numpy arrays with a leading axis of images), then the images of the
+    step before that found no room, into `out` (the share's rows of a
+    packed batch, zeros)."""
+    used = np.zeros(self.sequences, np.int64)
+    filled = np.zeros(self.sequences, np.int64)
+    real = np.flatnonzero(images["mask"] > 0)
+    out["broken"][0] = len(images["mask"]) - len(real)
+    no_room = self._place(images, real, used, filled, out)
+    if self.left_over is not None:
+      out["dropped"][0] = len(self._place(
+          self.left_over, np.arange(len(self.left_over["tokens"])), used,
+          filled, out))
+    self.left_over = {key: value[no_room] for key, value in images.items()}
 
-    def place(source, i):
-      """Puts image i of `source` in the first sequence it fits: True, or
-      False where none has room."""
+  def _place(self, source, order, used, filled, out):
+    """Puts images `order` of `source`, in turn, each in the first
+    sequence with room (`used` patches and `filled` slots so far, updated);
+    returns those that found none."""
+    length, slots = self.packing.length, self.packing.slots
+    placed, where, no_room = [], [], []
+    for i in order:
       tokens = int(source["tokens"][i])
       s = first_fit(tokens, used, filled, length, slots)
       if s < 0:
-        return False
-      at, slot = used[s], filled[s]
-      out["image"][s, at:at + tokens] = source["image"][i, :tokens]
-      out["positions"][s, at:at + tokens] = source["positions"][i, :tokens]
-      out["segments"][s, at:at + tokens] = slot + 1
-      out["grids"][s, slot] = source["grid"][i]
-      out["label"][s, slot] = source["label"][i]
-      out["mask"][s, slot] = 1.0
+        no_room.append(i)
+        continue
+      placed.append(i)
+      where.append((s, used[s], filled[s]))
       used[s] += tokens
       filled[s] += 1
-      return True
-
-    real = images["mask"] > 0
-    out["broken"][0] = np.count_nonzero(~real)
-    no_room = [i for i in np.flatnonzero(real) if not place(images, i)]
-    if self.left_over is not None:
-      out["dropped"][0] = sum(
-          not place(self.left_over, i)
-          for i in range(len(self.left_over["tokens"])))
-    self.left_over = {key: value[no_room] for key, value in images.items()}
-    return out
+    if not placed:
+      return no_room
+    # The copies at once: patch j of placed image i goes to sequence s at
+    # at + j.
+    placed = np.asarray(placed)
+    sequence, at, slot = np.asarray(where).T
+    count = source["tokens"][placed].astype(np.int64)
+    image = np.repeat(placed, count)
+    patch = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count,
+                                               count)
+    rows, columns = np.repeat(sequence, count), np.repeat(at, count) + patch
+    out["image"][rows, columns] = source["image"][image, patch]
+    out["positions"][rows, columns] = source["positions"][image, patch]
+    out["segments"][rows, columns] = np.repeat(slot + 1, count)
+    out["grids"][sequence, slot] = source["grid"][placed]
+    out["label"][sequence, slot] = source["label"][placed]
+    out["mask"][sequence, slot] = 1.0
+    return no_room
 
 
 def packed(batches, num_shares, sequences, packing, skip_first=False):
   """The packed batches (module docstring) of a process's per-image
   `batches` (pipeline.train_dataset's with `packing`, each the process's
   `num_shares` blocks of the step's image batch, concatenated), each
-  block into `sequences` sequences of its own. `skip_first`: pack the
-  first batch only for its left-over images (a resumed run's step
-  before its first)."""
+  block into `sequences` sequences of its own, made on a thread of their
+  own ahead of the step that takes them (`ahead`). `skip_first`: pack the
+  first batch only for its left-over images (a resumed run's step before
+  its first)."""
+  return ahead(_packed(batches, num_shares, sequences, packing, skip_first))
+
+
+def _packed(batches, num_shares, sequences, packing, skip_first):
   shares = [_Share(sequences, packing) for _ in range(num_shares)]
   for batch in batches:
+    out = _zeros(batch, num_shares * sequences, packing)
     rows = len(batch["label"]) // num_shares
-    blocks = [share.pack({key: value[j * rows:(j + 1) * rows]
-                          for key, value in batch.items()})
-              for j, share in enumerate(shares)]
+    for j, share in enumerate(shares):
+      share.pack({key: value[j * rows:(j + 1) * rows]
+                  for key, value in batch.items()},
+                 {key: value[j * sequences:(j + 1) * sequences]
+                  for key, value in out.items()})
     if skip_first:
       skip_first = False
       continue
-    yield {key: np.concatenate([block[key] for block in blocks])
-           for key in blocks[0]}
+    yield out
+
+
+def _zeros(images, n, packing):
+  """An empty packed batch of `n` sequences for `images`' pixels and
+  labels."""
+  length, slots, label = packing.length, packing.slots, images["label"]
+  return {"image": np.zeros((n, length, images["image"].shape[-1]),
+                            images["image"].dtype),
+          "segments": np.zeros((n, length), np.int32),
+          "positions": np.zeros((n, length, 2), np.int32),
+          "grids": np.zeros((n, slots, 2), np.int32),
+          "label": np.zeros((n, slots, *label.shape[1:]), label.dtype),
+          "mask": np.zeros((n, slots), np.float32),
+          "broken": np.zeros(n, np.int32),
+          "dropped": np.zeros(n, np.int32)}
+
+
+_END = object()
+
+
+def ahead(items, depth=2):
+  """`items`, each made on a thread of its own up to `depth` ahead of the
+  one taken: the host packs while the devices run the step. An exception
+  there is raised here, at the item it stopped; closing this generator
+  (a finished or abandoned loop) stops the thread."""
+  made, stopped = queue.Queue(depth), threading.Event()
+
+  def put(item):
+    while not stopped.is_set():
+      try:
+        made.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        pass
+    return False
+
+  def make():
+    try:
+      for item in items:
+        if not put(item):
+          return
+      put(_END)
+    except BaseException as e:  # pylint: disable=broad-except
+      put(e)
+
+  threading.Thread(target=make, daemon=True, name="packing").start()
+  try:
+    while True:
+      item = made.get()
+      if item is _END:
+        return
+      if isinstance(item, BaseException):
+        raise item
+      yield item
+  finally:
+    stopped.set()
