@@ -284,7 +284,7 @@ def test_evaluation_reads_each_image_at_its_own_size(digits_data_dir):
 def test_a_packed_step_with_the_splash_kernel_plans_on_a_tpu():
   """vit_jax.plan compiles a packed config's step for a TPU ahead of time,
   the splash kernel taking the images' slots as its segment ids."""
-  from vit_jax.planning import cost  # pylint: disable=g-import-not-at-top
+  from vit_jax.planning import cost, report  # pylint: disable=g-import-not-at-top
   # Unscanned: the plan compiles no loop-free twin for its estimate.
   config = small_config("/nonexistent", **{
       **PACKED, "mesh.data": -1, "model.attention": "splash",
@@ -295,6 +295,9 @@ def test_a_packed_step_with_the_splash_kernel_plans_on_a_tpu():
   plan = cost.plan(config, "v6e-4", classes=10)
   # Two blocks: each the forward kernel and the backward's two.
   assert plan.fits and plan.pallas_kernels == 6
+  assert plan.packing == {"slots": 5, "images_per_sequence": 2.5}
+  assert ("batch 32 sequences of up to 5 images (about 2.5 read for each), "
+          "8 per device") in report.describe("packed", plan)
 
 
 def test_a_packed_step_is_the_same_on_every_mesh_and_in_micro_batches(

@@ -131,6 +131,9 @@ class Plan:
   compile_seconds: float       # the step as configured
   cost_compile_seconds: float  # its twins' without loops, if it has loops
   suggestions: list
+  # A packed config's {"slots", "images_per_sequence"}: its batch counts
+  # sequences (data/packing.py); None for one image a row.
+  packing: dict | None = None
 
   @property
   def description(self):
@@ -506,7 +509,8 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
            if k.startswith(CYCLES)}),
       total_steps=int(config.total_steps), overhead=overhead,
       compile_seconds=seconds, cost_compile_seconds=cost_seconds,
-      suggestions=[])
+      suggestions=[], packing=packs and {
+          "slots": packs.slots, "images_per_sequence": packs.per_sequence})
   if not result.fits:
     result.suggestions = report.suggestions(config, result)
   return result

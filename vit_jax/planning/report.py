@@ -56,9 +56,13 @@ def describe(config_name, result):
       f"{_plural(result.chips, 'chip')}"
       f" as {_plural(result.devices, 'device')}, "
       f"{_plural(result.hosts, 'host')}",
-      f"  mesh          {mesh}; batch {result.batch_size}, {per_device:g} "
-      f"per device" + (f", {result.accum_steps} micro-batches"
-                       if result.accum_steps > 1 else ""),
+      f"  mesh          {mesh}; batch {result.batch_size}"
+      + (f" sequences of up to {result.packing['slots']} images (about "
+         f"{result.packing['images_per_sequence']:g} read for each)"
+         if result.packing else "")
+      + f", {per_device:g} per device"
+      + (f", {result.accum_steps} micro-batches"
+         if result.accum_steps > 1 else ""),
       f"  HBM           {result.hbm_argument_bytes / GiB:.2f} GiB arguments "
       f"+ {result.hbm_temp_bytes / GiB:.2f} GiB temporaries = "
       f"{result.hbm_bytes_per_device / GiB:.2f} GiB per device of "
