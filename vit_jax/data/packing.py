@@ -179,19 +179,28 @@ def _packed(batches, num_shares, sequences, packing, skip_first):
     yield out
 
 
+def batch_shapes(n, patch_values, packing, label=((), np.int32)):
+  """{name: (shape, dtype)} of a packed batch (module docstring) of `n`
+  sequences of patches of `patch_values` uint8 values; `label`: an image's
+  label's (shape, dtype)."""
+  length, slots = packing.length, packing.slots
+  return {"image": ((n, length, patch_values), np.uint8),
+          "segments": ((n, length), np.int32),
+          "positions": ((n, length, 2), np.int32),
+          "grids": ((n, slots, 2), np.int32),
+          "label": ((n, slots, *label[0]), label[1]),
+          "mask": ((n, slots), np.float32),
+          "broken": ((n,), np.int32),
+          "dropped": ((n,), np.int32)}
+
+
 def _zeros(images, n, packing):
   """An empty packed batch of `n` sequences for `images`' pixels and
   labels."""
-  length, slots, label = packing.length, packing.slots, images["label"]
-  return {"image": np.zeros((n, length, images["image"].shape[-1]),
-                            images["image"].dtype),
-          "segments": np.zeros((n, length), np.int32),
-          "positions": np.zeros((n, length, 2), np.int32),
-          "grids": np.zeros((n, slots, 2), np.int32),
-          "label": np.zeros((n, slots, *label.shape[1:]), label.dtype),
-          "mask": np.zeros((n, slots), np.float32),
-          "broken": np.zeros(n, np.int32),
-          "dropped": np.zeros(n, np.int32)}
+  label = images["label"]
+  return {name: np.zeros(shape, dtype) for name, (shape, dtype) in
+          batch_shapes(n, images["image"].shape[-1], packing,
+                       (label.shape[1:], label.dtype)).items()}
 
 
 _END = object()

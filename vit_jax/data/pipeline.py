@@ -141,6 +141,10 @@ def train_dataset(source, split, *, batch_size, image_size,
           image, packing.min_side, packing.max_side,
           tf.random.experimental.stateless_fold_in(example_seed, SIDE_DRAW))
     pixels, grid = preprocess.naflex_patches(image, *naflex, scale=scale)
+    if not packing.token_drop:  # Every patch, in its place.
+      return {"image": pixels, "grid": grid,
+              "positions": preprocess.grid_positions(grid, pixels.shape[0]),
+              "tokens": grid[0] * grid[1]}
     drop_seed = tf.random.experimental.stateless_fold_in(example_seed,
                                                          DROP_DRAW)
     rate = tf.constant(packing.token_drop, tf.float32)

@@ -126,6 +126,14 @@ def sampled_scale(image, min_side, max_side, seed):
   return side / tf.sqrt(area)
 
 
+def grid_positions(grid, length):
+  """[length, 2] int32: each of the first grid[0] * grid[1] patches' (row,
+  col) in `grid`, row by row; zeros after."""
+  index = tf.range(length)
+  positions = tf.stack([index // grid[1], index % grid[1]], axis=-1)
+  return tf.where((index < grid[0] * grid[1])[:, None], positions, 0)
+
+
 def drop_patches(pixels, grid, rate, seed):
   """(pixels, positions [L, 2] int32, tokens int32) of an image's NaFlex
   `pixels` [L, ...] at `grid`: a random share `rate` (a scalar tensor) of

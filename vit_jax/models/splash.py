@@ -44,15 +44,16 @@ def attention(query, keys, values, mask=None):
   None for all."""
   n, tokens, _, head_dim = query.shape
   padded = padded_tokens(tokens)
-  if isinstance(mask, naflex.Segments):  # The kernel's padding: its own.
-    segments = jnp.pad(mask.ids.astype(jnp.int32),
-                       [(0, 0), (0, padded - tokens)], constant_values=-1)
+  # Every mask as segment ids: the real tokens 0 and the masked 1, or a
+  # packed sequence's own; the kernel's padding a segment of its own.
+  if mask is None:
+    ids = jnp.zeros((n, tokens), jnp.int32)
+  elif isinstance(mask, naflex.Segments):
+    ids = mask.ids
   else:
-    real = jnp.arange(padded)[None] < tokens
-    if mask is not None:
-      real = real & jnp.pad(mask, [(0, 0), (0, padded - tokens)])
-    segments = jnp.broadcast_to(jnp.where(real, 0, 1), (n, padded)).astype(
-        jnp.int32)
+    ids = jnp.where(mask, 0, 1)
+  segments = jnp.pad(ids.astype(jnp.int32), [(0, 0), (0, padded - tokens)],
+                     constant_values=-1)
 
   def heads_first(x):
     x = jnp.pad(x, [(0, 0), (0, padded - tokens), (0, 0), (0, 0)])

@@ -284,9 +284,10 @@ class Attention(nn.Module):
         y = rope_lib.rotate(y, rope)
       return y
 
-    if isinstance(mask, naflex.Segments) and config.attention != "splash":
-      mask = mask.dense()  # Every token has its own segment's: none empty.
-    elif mask is not None and not isinstance(mask, naflex.Segments):
+    if isinstance(mask, naflex.Segments):
+      if config.attention != "splash":  # The kernel takes the ids alone.
+        mask = mask.dense()  # Every token has its own segment's: none empty.
+    elif mask is not None:
       # A query with no key to attend to (a batch's empty row, an empty
       # slot's probe) attends to every key: nothing reads its output, and a
       # row of masked logits alone gives NaN once XLA has rearranged the
@@ -703,14 +704,13 @@ class ImageEncoder(nn.Module):
   def __call__(self, images, *, train, corruption=None):
     config = self.config
     slots = 1
-    if isinstance(images, naflex.Packed):
+    if isinstance(images, (naflex.Packed, naflex.Patches)):
       x = _patch_embedding(self, unit_range(images.pixels).astype(
           config.dtype))
-      grid, slots = dict(packed=images), images.slots
-    elif isinstance(images, naflex.Patches):
-      x = _patch_embedding(self, unit_range(images.pixels).astype(
-          config.dtype))
-      grid = dict(naflex_grid=images.grid)
+      if isinstance(images, naflex.Packed):
+        grid, slots = dict(packed=images), images.slots
+      else:
+        grid = dict(naflex_grid=images.grid)
     else:
       x = unit_range(images).astype(config.dtype)
       if config.resnet_stages is not None:

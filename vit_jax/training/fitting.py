@@ -84,15 +84,8 @@ def batch_shapes(keys, model, batch_sharding):
   naflex = naflex_lib.budget_of(keys.naflex.max_num_patches, model)
   packs = packing.Packing.of(keys.naflex)
   if packs:  # Sequences of several images each (data/packing.py).
-    n, length, slots = batch_size, packs.length, packs.slots
-    return {"image": struct((n, length, naflex.patch_values), jnp.uint8),
-            "segments": struct((n, length), jnp.int32),
-            "positions": struct((n, length, 2), jnp.int32),
-            "grids": struct((n, slots, 2), jnp.int32),
-            "label": struct((n, slots), jnp.int32),
-            "mask": struct((n, slots), jnp.float32),
-            "broken": struct((n,), jnp.int32),
-            "dropped": struct((n,), jnp.int32)}
+    return {name: struct(*spec) for name, spec in packing.batch_shapes(
+        batch_size, naflex.patch_values, packs).items()}
   if naflex:
     images = {"image": struct((batch_size, naflex.max_num_patches,
                                naflex.patch_values), jnp.uint8),

@@ -213,17 +213,16 @@ def check_values(config):
   return Checked(keys, augmentation, evaluations)
 
 
-# What only a packed run reads, each at its default.
-PACKING_ONLY = {"min_side": 0, "max_side": 0, "token_drop": 0.0,
-                "token_drop_sampled": False}
+# The config.naflex keys that only a packed run reads.
+PACKING_ONLY = ("min_side", "max_side", "token_drop", "token_drop_sampled")
 
 
 def check_packing(naflex):
   """config.naflex's packing keys (data/packing.py), each ConfigError
   naming its key."""
   if not naflex.packing:
-    for name, default in PACKING_ONLY.items():
-      if getattr(naflex, name) != default:
+    for name in PACKING_ONLY:
+      if getattr(naflex, name) != getattr(settings.NaFlex(), name):
         raise errors.ConfigError(
             f"config.naflex.{name} applies to packed sequences: set "
             "config.naflex.packing=True, or leave it unset")
