@@ -9,7 +9,7 @@ PYTHON := $(VENV)/bin/python
 TEST_ENV = GLIBC_TUNABLES=$(shell JAX_PLATFORMS=cpu $(PYTHON) -c \
 	'from vit_jax import runtime; print(runtime.glibc_tunables(""))')
 
-.PHONY: train test transfer clean
+.PHONY: train test transfer docs_figures clean
 
 # pip's -qq: its errors only, not the warnings of this machine's pip
 # settings or of the editable build.
@@ -37,6 +37,16 @@ transfer: $(VENV)/installed
 	set -o pipefail; for run in pretrain finetune scratch; do \
 	  $(PYTHON) -m vit_jax.main --config=configs/digits_transfer.py:$$run \
 	    --workdir=workdir/transfer/$$run | sed "s/^/$$run: /" || exit 1; \
+	done
+
+# The digits figures that the README shows (docs/digits_*.png): a fresh run
+# of `make train`'s command, then its figures, copied over the old ones.
+docs_figures: $(VENV)/installed
+	rm -rf workdir/docs_digits
+	$(PYTHON) -m vit_jax.main --config=configs/digits.py --workdir=workdir/docs_digits
+	$(PYTHON) -m vit_jax.figures --workdir=workdir/docs_digits
+	for png in workdir/docs_digits/figures/*.png; do \
+	  cp "$$png" "docs/digits_$$(basename "$$png")" || exit 1; \
 	done
 
 test: $(VENV)/installed
