@@ -581,8 +581,9 @@ def forward_dinov2(tensors, images, num_heads, eps=1e-6, gelu="exact",
 
 
 def forward_dinov3(tensors, images, num_heads, eps=1e-5, gelu="exact",
-                   head=None, rope_theta=100.0):
-  """The pooler output of transformers' DINOv3ViTModel (norm(x)[:, 0]) for
+                   head=None, rope_theta=100.0, pool="class"):
+  """The pooler output of transformers' DINOv3ViTModel (norm(x)[:, 0];
+  `pool` "patches": the mean of its last_hidden_state's patch tokens) for
   NHWC `images` of any size, float64 (logits under `head` = (kernel,
   bias)): the class token, the registers and
   the patches with no position table; in each block the patches' queries
@@ -625,11 +626,13 @@ def forward_dinov3(tensors, images, num_heads, eps=1e-5, gelu="exact",
       hidden = GELU[gelu](linear(b + "mlp.up_proj", y))
     x = x + t[b + "layer_scale2.lambda1"] * linear(b + "mlp.down_proj",
                                                    hidden)
-  return _apply_head(_torch_norm(t, "norm", x, eps)[:, 0], head)
+  x = _torch_norm(t, "norm", x, eps)
+  pooled = x[:, 0] if pool == "class" else x[:, num_prefix:].mean(axis=1)
+  return _apply_head(pooled, head)
 
 
 def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
-                       rope_theta=100.0):
+                       rope_theta=100.0, pool="patches"):
   """The pooled features of timm's DINOv3 ports (its Eva class, global_pool
   "avg": the mean of the patch tokens after `norm`, the class token and
   registers left out) for NHWC `images` of any size, float64 (logits under
@@ -638,7 +641,8 @@ def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
   `gamma_2`, the prefix tokens `cls_token` and `reg_token`, no position
   table, an MLP of fc1 and fc2 or a SwiGLU (fc2 of SiLU(fc1_g) * fc1_x);
   the patches' queries and keys turned by `rope_phases` as DINOv3 turns
-  them (timm's rope_rotate_half)."""
+  them (timm's rope_rotate_half). `pool` "class": its class token after
+  `norm` (global_pool "token")."""
   t = _strip(tensors, "")
   x = _conv_patches(t, "patch_embed.proj", np.asarray(images, np.float64))
   n, num_patches, width = x.shape
@@ -673,7 +677,8 @@ def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
     else:
       x = x + t[b + "gamma_2"] * _torch_mlp(t, b + "mlp.fc1", b + "mlp.fc2",
                                             y, "exact")
-  pooled = _torch_norm(t, "norm", x, eps)[:, num_prefix:].mean(axis=1)
+  x = _torch_norm(t, "norm", x, eps)
+  pooled = x[:, 0] if pool == "class" else x[:, num_prefix:].mean(axis=1)
   return _apply_head(pooled, head)
 
 

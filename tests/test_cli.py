@@ -21,6 +21,7 @@ import pytest
 import tensorstore as ts
 from absl import flags, logging
 from ml_collections import config_flags
+from PIL import Image
 
 from tests.util import REPO, call_main, call_tool, from_a_shell
 from vit_jax import cli, errors, models, runtime
@@ -56,6 +57,9 @@ MISTAKES = {
     "init_from not an npz": (
         [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/text.txt"],
         "text.txt"),
+    "init_from that is not there": (
+        [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/nowhere"],
+        "config.init_from='{tmp}/nowhere': {tmp}/nowhere does not exist"),
     "init_from a PyTorch pickle": (
         [*DIGITS, "--workdir={tmp}/w", "--config.init_from={tmp}/model.bin"],
         "model.bin is a PyTorch pickle"),
@@ -82,6 +86,11 @@ MISTAKES = {
     "export of an empty workdir": (
         ["vit_jax.export", "--workdir={tmp}/empty", "--out={tmp}/o.npz"],
         "empty"),
+    "export to HF over a file": (
+        ["vit_jax.export", "--from={tmp}/small.npz", "--format=hf",
+         "--out={tmp}/text.txt"],
+        "--out={tmp}/text.txt is an existing file, and --format=hf writes a "
+        "directory"),
     "export with no source": (
         ["vit_jax.export", "--out={tmp}/o.npz"], "--workdir"),
     "predict from no run": (
@@ -146,6 +155,21 @@ def test_a_mistake_gets_a_short_message_and_exit_status_2(scratch, name):
   assert named.format(tmp=scratch) in stderr
 
 
+@pytest.mark.parametrize("source", ["small.npz", "none.npz", "nowhere"])
+def test_a_refused_init_from_leaves_no_trace_in_a_new_workdir(
+    scratch, tmp_path, source):
+  """A source that cannot fit the model (small.npz), or is not there, is
+  refused before anything is written: no workdir, no lock, no empty
+  checkpoints/ folder."""
+  workdir = tmp_path / "new"
+  status, _, stderr = call_tool(
+      "main", *DIGITS[1:], f"--workdir={workdir}",
+      f"--config.init_from={scratch}/{source}")
+  assert status == cli.EXIT_USER_ERROR, stderr[-3000:]
+  assert f"config.init_from='{scratch}/{source}'" in stderr
+  assert not workdir.exists(), sorted(workdir.rglob("*"))
+
+
 @pytest.mark.parametrize("given,key,suggested", [
     ("--config.total_step=5", "total_step", "total_steps"),
     ("--config.model.hiden_size=5", "hiden_size", "hidden_size")])
@@ -160,6 +184,67 @@ def test_a_misspelled_key_gets_its_suggestion_in_one_clean_line(
       f"error: {given}: the config has no key {key!r}; did you mean "
       f"{suggested!r}? (its keys: vit_jax/runs/settings.py)",
       "(--helpfull lists every flag)"]
+
+
+# (tool and arguments, the start of the one line that refuses them); {out}
+# is where the tool would write, which must not come to exist, {png} an
+# image. A flag's bounds are absl's (lower_bound, validators), checked as
+# the command line is parsed; a config's, as resolve checks its values.
+BAD_VALUES = {
+    "predict, no images a pass": (
+        ["predict", "--from={tmp}/small.npz", "--batch_size=0", "{png}"],
+        "flag --batch_size=0: 0 is not a positive integer"),
+    "predict, a negative batch": (
+        ["predict", "--from={tmp}/small.npz", "--batch_size=-2", "{png}"],
+        "flag --batch_size=-2: -2 is not a positive integer"),
+    "figures, no rollout images": (
+        ["figures", "--from={tmp}/small.npz", "--out={out}", "{png}",
+         "--rollout_images=0"],
+        "flag --rollout_images=0: 0 is not a positive integer"),
+    "figures, no images for the distances": (
+        ["figures", "--from={tmp}/small.npz", "--out={out}", "{png}",
+         "--num_images=0"],
+        "flag --num_images=0: 0 is not a positive integer"),
+    "export, no heads": (
+        ["export", "--from={tmp}/small.npz", "--out={out}", "--num_heads=0"],
+        "flag --num_heads=0: 0 is not a positive integer"),
+    "export, a negative step": (
+        ["export", "--workdir={tmp}", "--step=-1", "--out={out}"],
+        "flag --step=-1: -1 is not a non-negative integer"),
+    "main, no processes": (
+        [*DIGITS, "--workdir={out}", "--num_processes=0"],
+        "flag --num_processes=0: 0 is not a positive integer"),
+    # And a config's keys that only mean something together.
+    "main, RoPE's shift without RoPE": (
+        [*DIGITS, "--workdir={out}", "--config.model.rope_shift=0.1"],
+        "config.model.rope_shift=0.1 applies to rotary position embeddings"),
+    "main, fewer slots than images read a sequence": (
+        [*DIGITS, "--workdir={out}", "--config.naflex.max_num_patches=16",
+         "--config.naflex.packing=True",
+         "--config.naflex.images_per_sequence=2.5",
+         "--config.naflex.max_images_per_sequence=1"],
+        "config.naflex.max_images_per_sequence=1 is below "
+        "config.naflex.images_per_sequence=2.5"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VALUES))
+def test_a_bad_value_is_one_line_and_nothing_is_written(scratch, tmp_path,
+                                                        name):
+  """A value out of a flag's bounds is refused before any model is read,
+  compiled or written: `figures --rollout_images=0` wrote 3 of its 5 PNGs
+  before a traceback, `predict --batch_size=0` ended in one."""
+  png = tmp_path / "image.png"
+  Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(png)
+  out = tmp_path / "out"
+  (tool, *args), says = BAD_VALUES[name]
+  status, stdout, stderr = call_tool(
+      tool.removeprefix("vit_jax."),
+      *[arg.format(tmp=scratch, out=out, png=png) for arg in args])
+  assert (status, stdout) == (cli.EXIT_USER_ERROR, ""), stderr[-3000:]
+  assert stderr.startswith(f"error: {says}") and stderr.count("\n") == 1, (
+      stderr)
+  assert not out.exists(), sorted(out.rglob("*"))
 
 
 def tool(argv):

@@ -1,6 +1,7 @@
 """Distillation (config.distill): a frozen teacher's outputs as targets."""
 
 import json
+import logging
 
 import flax.linen as nn
 import jax
@@ -8,8 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from safetensors.numpy import save_file
 
+from tests import reference_vit
 from tests.conftest import DIGITS_RUN
+from tests.test_torch_interchange import random_tensors, timm_shapes
 from tests.util import (
   call_tool,
   latest_checkpoint,
@@ -190,6 +194,10 @@ def test_the_teacher_is_sharded_as_the_student_and_kept_out_of_the_state(
     ({"distill.teacher": "{missing}"},
      "error: config.distill.teacher='{missing}': {missing} holds no run: it "
      "has no config.json"),
+    ({"distill.teacher": "{gone}"},
+     "error: config.distill.teacher='{gone}': {gone} does not exist: a "
+     "source is a workdir of ours, an .npz, an HF transformers directory, a "
+     "timm .safetensors file or hf://ORG/NAME"),
     ({"distill.kind": "token", "distill.teacher": "{teacher}"},
      "error: config.distill.kind must be one of ['soft', 'hard'], got "
      "'token'"),
@@ -203,6 +211,14 @@ def test_the_teacher_is_sharded_as_the_student_and_kept_out_of_the_state(
      "beside the class token; it needs classifier 'token', got 'gap'"),
     ({"distill.temperature": 0.0, "distill.teacher": "{teacher}"},
      "error: config.distill.temperature must be > 0, got 0.0"),
+    ({"distill.teacher": "{teacher}",
+      "distill.teacher_mean": "123.675,116.28,103.53",
+      "distill.teacher_std": "58.395,57.12,57.375"},
+     "error: config.distill.teacher_mean takes 3 numbers in [0, 1] (of "
+     "pixels / 255), R,G,B; got (123.675, 116.28, 103.53)"),
+    ({"distill.teacher": "{teacher}", "distill.teacher_std": "0.5,0.5,0.5"},
+     "error: config.distill.teacher_std: give teacher_mean and teacher_std "
+     "both, or neither"),
     ({"distill.teacher": "{teacher}", "dataset": "digits/5to9"},
      "error: config.distill.teacher {teacher} step 100 (params) predicts 10 "
      "classes, the dataset has 5: a teacher must classify the student's "
@@ -211,7 +227,8 @@ def test_the_teacher_is_sharded_as_the_student_and_kept_out_of_the_state(
 def test_a_teacher_that_cannot_teach_is_refused_in_one_line(
     digits_run, digits_data_dir, tmp_path, overrides, message):
   teacher, _, _, _ = digits_run
-  names = {"teacher": teacher, "missing": str(tmp_path / "no_run")}
+  names = {"teacher": teacher, "missing": str(tmp_path / "no_run"),
+           "gone": str(tmp_path / "gone")}
   (tmp_path / "no_run").mkdir()
   flags = main_flags(tmp_path / "run", digits_data_dir, **{
       key: value.format(**names) if isinstance(value, str) else value
@@ -246,3 +263,48 @@ def test_a_plan_counts_the_teacher_in_flops_and_memory(digits_run):
   # 12 bytes each, and the teacher's params, 4.
   assert 12 * sizes[0] + 4 * sizes[1] < got["hbm_argument_bytes"] < (
       12 * sizes[0] + 4 * sizes[1] + 2**20)
+
+
+def test_a_timm_teachers_input_is_what_its_config_keys_say(tmp_path,
+                                                             caplog):
+  """A timm file says nothing of its input: the teacher's is assumed
+  (mean and std 0.5, timm's VisionTransformer's default), the log naming
+  the config keys that change it; config.distill.teacher_mean and
+  teacher_std give it. Either way the teacher's logits on the student's
+  8-pixel images are its own, computed here in numpy, on (pixels / 255 -
+  mean) / std of those images resized to its 16 pixels."""
+  # Ti's width, whose head count (3) the file's shapes say.
+  tensors = random_tensors(timm_shapes(width=192))
+  path = str(tmp_path / "teacher.safetensors")
+  save_file(tensors, path)
+  pixels = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3), np.uint8)
+  # Bilinear, 8 -> 16 pixels a side; linear, so the same on pixels as on
+  # the student's [-1, 1].
+  resize = reference_vit._resize_matrix(16, 8)  # pylint: disable=protected-access
+  resized = np.einsum("ia,nabc,jb->nijc", resize, pixels.astype(np.float64),
+                      resize)
+
+  def logits(**keys):
+    teacher = distill.load(typed(small_config("", **{
+        "distill.teacher": path, **keys})))
+    assert teacher.image_size == 16
+    return np.asarray(teacher.logits(teacher.params, pixels))
+
+  with caplog.at_level(logging.WARNING):
+    assumed = logits()
+  assert caplog.messages.count(
+      f"note: {path} says nothing of its input; assuming "
+      "--config.distill.teacher_mean=0.5,0.5,0.5 "
+      "--config.distill.teacher_std=0.5,0.5,0.5 (set those config keys to "
+      "change it)") == 1
+  caplog.clear()
+  mean, std = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
+  with caplog.at_level(logging.WARNING):
+    given = logits(**{"distill.teacher_mean": mean,
+                      "distill.teacher_std": std})
+  assert not [line for line in caplog.messages if line.startswith("note:")]
+  for shown, (m, s) in ((assumed, (0.5, 0.5)), (given, (mean, std))):
+    expected = reference_vit.forward_timm(
+        tensors, (resized / 255 - np.asarray(m)) / np.asarray(s), 3)
+    np.testing.assert_allclose(shown, expected, rtol=1e-4, atol=1e-4)
+  assert np.abs(given - assumed).max() > 0.1

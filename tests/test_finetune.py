@@ -14,6 +14,7 @@ from tests.test_evaluators import run_evaluators
 from tests.util import (
   SMALL,
   assert_trees_equal,
+  call_tool,
   latest_checkpoint,
   made_once,
   metric_rows,
@@ -208,6 +209,22 @@ def test_polyak_average_follows_the_recurrence(digits_data_dir):
                average, expected)
   # It is a real average: not the params themselves.
   assert not np.allclose(flat(average)[POSEMB], flat(state.params)[POSEMB])
+
+
+def test_export_of_a_step_with_no_checkpoint_names_the_steps_there(
+    pretrained_run, tmp_path):
+  """Not "holds no run": the run is there, the step is not."""
+  workdir, _, _ = pretrained_run
+  out = tmp_path / "out.npz"
+  status, stdout, stderr = call_tool("export", f"--workdir={workdir}",
+                                     "--step=4", f"--out={out}")
+  steps = ", ".join(str(s) for s in sorted(
+      int(name) for name in os.listdir(os.path.join(workdir, "checkpoints"))
+      if name.isdigit()))
+  assert (status, stdout) == (2, ""), stderr[-3000:]
+  assert stderr == (f"error: {workdir} has no checkpoint of step 4; its "
+                    f"checkpoints are of steps {steps}\n")
+  assert steps and not out.exists()
 
 
 def test_export_writes_the_polyak_average_and_gives_the_same_logits(

@@ -313,6 +313,34 @@ def test_what_naflex_refuses():
     naflex.grid_for(0, 10, 16, 256)
 
 
+def test_predicts_json_gives_each_images_grid_with_classes_or_features(
+    tmp_path):
+  """README: "With --json, each line gives the image's grid", classes or
+  features (a line of classes had none)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  from tests.util import run_tool  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import npz as npz_lib  # pylint: disable=g-import-not-at-top
+  model = models.create(f"Ti/{PATCH}", 10, **SMALL)
+  params = model.init(jax.random.key(0), np.zeros((1, 16, 16, 3)),
+                      train=False)["params"]
+  source = str(tmp_path / "model.npz")
+  npz_lib.save_npz(flax.core.unfreeze(params), source)
+  png = str(tmp_path / "wide.png")
+  Image.fromarray(np.zeros((10, 30, 3), np.uint8)).save(png)
+  lines = {what: json.loads(run_tool(
+      "predict", f"--from={source}", "--max_num_patches=24", "--json",
+      *flags, png)) for what, flags in (("classes", []),
+                                        ("features", ["--features"]))}
+  expected = list(naflex.grid_for(10, 30, PATCH, 24))
+  assert lines["classes"]["grid"] == lines["features"]["grid"] == expected
+  assert len(lines["classes"]["top"]) == 5
+  # Square images have no grid to give.
+  (square,) = run_tool("predict", f"--from={source}", "--json",
+                       png).splitlines()
+  assert "grid" not in json.loads(square)
+
+
 def test_a_budget_whose_attention_cannot_fit_is_refused_before_allocating(
     digits_run):
   """`predict --max_num_patches=100000` asked XLA for 325 GB and failed in

@@ -2,6 +2,7 @@
 of images of four aspect ratios, each seen at its own grid, that learns
 and resumes bitwise after SIGTERM (sent in this process)."""
 
+import json
 import os
 import random
 
@@ -12,6 +13,7 @@ import tensorflow as tf
 
 from tests.util import (
   assert_trees_equal,
+  call_tool,
   latest_checkpoint,
   made_once,
   metric_rows,
@@ -130,6 +132,35 @@ def test_a_naflex_fine_tune_learns_and_resumes_bitwise_after_sigterm(
   step, params, _ = latest_checkpoint(workdir, config, CLASSES)
   assert step == RUN["total_steps"]
   assert_trees_equal(params, expected)
+
+
+def test_predict_reads_a_naflex_runs_images_as_its_evaluation_did(
+    uninterrupted, folder):
+  """Without --max_num_patches, predict reads a NaFlex run's images as its
+  evaluation did, each at its own aspect ratio under the run's budget
+  (what --max_num_patches=32 gives); --max_num_patches=0 reads them
+  square instead, which gives other probabilities."""
+  _, _, workdir = uninterrupted
+  test = os.path.join(folder, "test")
+  files = [os.path.join(test, label, name)
+           for label in sorted(os.listdir(test))
+           for name in sorted(os.listdir(os.path.join(test, label)))[:2]]
+
+  def predicted(*given):
+    status, out, err = call_tool("predict", f"--workdir={workdir}",
+                                 f"--top={CLASSES}", "--json", *given,
+                                 *files)
+    assert status == 0, err
+    shown = np.zeros((len(files), CLASSES))
+    for row, line in zip(shown, out.splitlines()):
+      for top in json.loads(line)["top"]:
+        row[top["class"]] = top["probability"]
+    return shown
+
+  by_default = predicted()
+  np.testing.assert_array_equal(by_default,
+                                predicted(f"--max_num_patches={BUDGET}"))
+  assert np.abs(predicted("--max_num_patches=0") - by_default).max() > 0.01
 
 
 @pytest.mark.parametrize("overrides, says", [

@@ -3,6 +3,7 @@ at their own sizes in each sequence, packed first-fit share by share, the
 loss averaged over images; resumed runs pack as uninterrupted ones."""
 
 import json
+import math
 import threading
 
 import jax
@@ -26,7 +27,9 @@ from tests.util import (
 from vit_jax import errors, sharding
 from vit_jax.data import digits, packing, pipeline, preprocess, sources
 from vit_jax.models import naflex
+from vit_jax.runs import settings
 from vit_jax.training import loop, resolve
+from vit_jax.weights import pretrained
 
 LENGTH, SLOTS = 16, 3
 PATCH_VALUES = 2 * 2 * 3
@@ -262,11 +265,27 @@ def test_the_loss_is_the_mean_over_images(digits_data_dir, tmp_path):
     ({"naflex.token_drop": 0.5, "naflex.token_drop_sampled": True},
      "below 1"),
     ({"distill.teacher": "/nonexistent"}, "NaFlex images differ in shape"),
+    # Fewer slots than images read a sequence: 60% left over every step.
+    ({"naflex.max_images_per_sequence": 1},
+     r"^config.naflex.max_images_per_sequence=1 is below "
+     r"config.naflex.images_per_sequence=2.5, .*give at least 3, or 0"),
 ])
 def test_what_a_packed_run_refuses(overrides, says):
   config = small_config("/nonexistent", **{**PACKED, **overrides})
   with pytest.raises(errors.ConfigError, match=says):
     resolve.program(config)
+
+
+@pytest.mark.parametrize("per_sequence", [1.0, 1.5, 2.0, 2.5, 7.3])
+def test_the_default_slots_hold_the_images_read_a_sequence(per_sequence):
+  """max_images_per_sequence 0 (twice images_per_sequence, rounded up), or
+  images_per_sequence rounded up, passes the check that refuses fewer."""
+  for most in (0, math.ceil(per_sequence)):
+    packs = packing.Packing.of(settings.NaFlex(
+        max_num_patches=64, packing=True, images_per_sequence=per_sequence,
+        max_images_per_sequence=most))
+    packs.check()
+    assert packs.slots >= per_sequence
 
 
 def test_evaluation_reads_each_image_at_its_own_size(digits_data_dir):
@@ -327,7 +346,7 @@ def test_a_packed_step_is_the_same_on_every_mesh_and_in_micro_batches(
 
 
 def test_predict_reads_images_at_their_own_size_as_a_packed_run_evaluates(
-    packed_run, tmp_path):
+    packed_run, digits_run, tmp_path):
   _, workdir = packed_run
   shapes = [(9, 15), (16, 16), (4, 12)]
   files = []
@@ -341,11 +360,53 @@ def test_predict_reads_images_at_their_own_size_as_a_packed_run_evaluates(
   assert status == 0, err
   grids = [tuple(json.loads(line)["grid"]) for line in out.splitlines()]
   assert grids == [(5, 8), (8, 8), (2, 6)]
-  status, _, err = call_tool("predict", f"--workdir={workdir}",
+  # A square run's images have no budget to read them at their own size.
+  status, _, err = call_tool("predict", f"--workdir={digits_run[0]}",
                              "--native_size", *files)
   assert status == 2 and err.strip() == (
       "error: --native_size reads images NaFlex-style: give "
       "--max_num_patches too")
+
+
+def test_predict_reads_a_packed_runs_images_as_its_evaluation_did(
+    packed_run, digits_data_dir, tmp_path):
+  """Without --max_num_patches and --native_size, predict reads each image
+  as the packed run's evaluation read it, at its own size under the run's
+  64 patches: its probabilities are those of the flags given, and those of
+  the run's params on the evaluation pipeline's batch of the same images.
+  --max_num_patches=0 reads them square instead, which gives others."""
+  _, workdir = packed_run
+  source = sources.lookup("digits/mixed_sizes", digits_data_dir)
+  batch = next(pipeline.eval_dataset(
+      source, "test", batch_size=8, image_size=16,
+      naflex=naflex.Budget(2, 64, fill=False)).as_numpy_iterator())
+  records = source.builder.as_data_source(split="test")
+  files = []
+  for i in batch["index"]:
+    files.append(str(tmp_path / f"{i}.png"))
+    tf.io.write_file(files[-1], tf.io.encode_png(records[int(i)]["image"]))
+  inference = pretrained.for_inference(workdir)
+  evaluated = jax.nn.softmax(inference.model.apply(
+      {"params": inference.params}, naflex.inputs_of(batch), train=False))
+
+  def predicted(*given):
+    status, out, err = call_tool("predict", f"--workdir={workdir}",
+                                 "--top=10", "--json", *given, *files)
+    assert status == 0, err
+    shown = np.zeros((len(files), 10))
+    for row, line in zip(shown, out.splitlines()):
+      for top in json.loads(line)["top"]:
+        row[top["class"]] = top["probability"]
+    return shown
+
+  by_default = predicted()
+  np.testing.assert_array_equal(
+      by_default, predicted("--max_num_patches=64", "--native_size"))
+  np.testing.assert_allclose(by_default, evaluated, rtol=1e-4, atol=1e-6)
+  square = predicted("--max_num_patches=0")
+  assert np.abs(square - by_default).max() > 0.01
+  # And the top class of some (the first, when written).
+  assert (square.argmax(1) != by_default.argmax(1)).any()
 
 
 def test_sampled_resolutions_and_dropped_patches_are_each_images_own(

@@ -540,7 +540,16 @@ def test_the_cheapest_slice_of_a_generation_is_found_from_the_command_line():
   assert best["predicted_chip_hours"] == min(
       row["predicted_chip_hours"] for row in rows)
   assert "trying v3-8\n" in stderr
+  # The slices whose cores the batch does not divide over are not tried,
+  # and are named with why (beside the JSON, and below the table).
+  left_out = [f"left out v3-{cores}: config.batch_size=64 is not divisible "
+              f"by the {cores} data-parallel devices (mesh data={cores} x "
+              "fsdp=1) times accum_steps=1" for cores in (128, 256, 512, 1024,
+                                                          2048)]
+  assert "trying v3-128" not in stderr
+  assert stderr.splitlines()[-len(left_out):] == left_out
   text = run_tool("plan", *args)
+  assert text.splitlines()[-len(left_out) - 1:-1] == left_out
   assert f"{best['topology']} *" in text
   assert text.splitlines()[-1].startswith(
       f"* the fewest expected chip-hours: {best['topology']}, ")
@@ -548,6 +557,39 @@ def test_the_cheapest_slice_of_a_generation_is_found_from_the_command_line():
   assert (status, stderr) == (2, "error: give one of --topology, --compare "
                               "and --cheapest, not --topology and "
                               "--cheapest\n")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--overhead=-1"], "flag --overhead=-1.0: give the allowance as a share "
+     "of the training steps' time, 0 or more, such as 0.05 (5%)"),
+    (["--overhead=nan", "--cheapest=v3"], "flag --overhead=nan: "),
+    (["--overhead=-0.5", "--compare=v3-8,v3-32"], "flag --overhead=-0.5: "),
+    (["--slices=0"], "flag --slices=0: 0 is not a positive integer"),
+    (["--num_classes=-3"], "flag --num_classes=-3: -3 is not a non-negative "
+     "integer"),
+    (["--dcn_gbps_per_chip=-1", "--topology=v5p-8", "--slices=2"],
+     "flag --dcn_gbps_per_chip=-1.0: give the Gbit/s per chip between "
+     "slices, a number above 0"),
+    (["--dcn_gbps_per_chip=50"], "--dcn_gbps_per_chip=50 is the bandwidth "
+     "between slices, which a plan of one slice does not use"),
+    (["--compare="], "--compare is empty: give slices"),
+    (["--cheapest="], "--cheapest is empty: give a TPU generation"),
+    (["--topology="], "--topology is empty: give a Cloud TPU slice"),
+])
+def test_a_bad_flag_is_refused_before_any_compile(monkeypatch, args, says):
+  """One line and exit status 2, before a step is built: --overhead=-1
+  planned the default slice and printed "expected 0-0 chip-hours"; an empty
+  --compare or --cheapest planned the default slice."""
+  def compiled(*args, **kwargs):
+    raise AssertionError("a step was built")
+  monkeypatch.setattr(resolve, "program", compiled)
+  monkeypatch.setattr(cost_lib, "plan_slice", compiled)
+  status, stdout, stderr = call_tool(
+      "plan", "--config=configs/table2/pretrain.py:B/32,jft",
+      "--config.model.num_layers=1", *args)
+  assert (status, stdout) == (2, ""), stderr[-3000:]
+  assert stderr.startswith(f"error: {says}") and stderr.count("\n") == 1, (
+      stderr)
 
 
 def test_a_slice_too_small_for_the_batch_accumulates_micro_batches(
@@ -568,8 +610,9 @@ def test_a_slice_too_small_for_the_batch_accumulates_micro_batches(
         fits=per_device / config.accum_steps <= 8,
         predicted_chip_hours=tpu_slice.chips + config.accum_steps / 10)
   monkeypatch.setattr(cost_lib, "plan_slice", plan_slice)
-  plans, best = cost_lib.cheapest(
-      tiny_pretraining(batch_size=128, image_size=16), "v5e")
+  said = []
+  plans, best, left_out = cost_lib.cheapest(
+      tiny_pretraining(batch_size=128, image_size=16), "v5e", say=said.append)
   assert [(p.topology, p.accum_steps, p.fits) for p in plans] == [
       ("v5litepod-1", 16, True), ("v5litepod-4", 4, True),
       ("v5litepod-8", 2, True), ("v5litepod-16", 1, True),
@@ -579,5 +622,12 @@ def test_a_slice_too_small_for_the_batch_accumulates_micro_batches(
                          ("v5litepod-1", 4), ("v5litepod-1", 8),
                          ("v5litepod-1", 16)]
   assert plans[best].topology == "v5litepod-1"
+  # Its 256 chips cannot share 128 images, whatever the micro-batches: not
+  # tried (it was, and vanished from the table unsaid), but named, and why.
+  assert "trying v5litepod-256" not in said
+  assert not any(name == "v5litepod-256" for name, _ in planned)
+  assert left_out == [
+      "v5litepod-256: config.batch_size=128 is not divisible by the 256 "
+      "data-parallel devices (mesh data=256 x fsdp=1) times accum_steps=1"]
   with pytest.raises(errors.InputError, match="unknown TPU generation 'v9'"):
     cost_lib.cheapest(tiny_pretraining(), "v9")

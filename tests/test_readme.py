@@ -96,7 +96,7 @@ def test_the_config_table_names_every_key_and_only_keys():
   named = {key for first in rows for key in re.findall(r"`(\w+)`", first)}
   assert named == {key for key in keys if "." not in key}
   # A section's keys are named in its row; the model's, under Models.
-  for name in ("optimizer", "mixup", "cutmix", "mesh"):
+  for name in ("optimizer", "mixup", "cutmix", "mesh", "naflex", "distill"):
     (row,) = [line for first, line in rows.items() if f"`{name}`" in first]
     assert not [key for key in keys if key.startswith(f"{name}.") and
                 f"`{key.split('.')[1]}`" not in row], name
@@ -106,3 +106,13 @@ def test_the_config_table_names_every_key_and_only_keys():
               f"`{key.split('.')[1]}`" not in described]
   assert not [key for key in models.CONFIG_FIELDS
               if f"`{key}`" not in described]
+
+
+def test_the_keys_a_restart_may_change_are_the_ones_the_readme_lists():
+  from vit_jax.runs import settings  # pylint: disable=g-import-not-at-top
+  text = readme()
+  start = text.index("- A changed config is refused")
+  bullet = text[start:text.index("\n- ", start + 1)]
+  named = set(re.findall(r"`([\w.]+)`", bullet)) - {"config_changes.jsonl"}
+  assert named == {key.removesuffix(".*")
+                   for key in settings.changeable_keys()}

@@ -16,6 +16,7 @@ from vit_jax import errors, models, weights
 from vit_jax.runs import settings, store
 from vit_jax.runs.workdir import Workdir
 from vit_jax.training import resolve
+from vit_jax.weights import pretrained
 
 
 def test_every_key_has_one_line_of_description():
@@ -96,6 +97,51 @@ def test_a_key_a_config_file_adds_is_named():
   with pytest.raises(errors.ConfigError,
                      match="^the config has no key 'learning_rate'"):
     settings.of(config)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("rope_shift", 0.1), ("rope_jitter", 1.5), ("rope_rescale", 2.0),
+    ("rope_theta", 10.0)])
+def test_a_rope_key_needs_a_model_with_rope(tmp_path, key, value):
+  """model.rope_shift and the other keys that only RoPE reads, set on a
+  model without it, were recorded and trained without: refused, naming the
+  key, before a workdir is written. The rope of an init_from that has it
+  counts (read first); one at the default passes."""
+  def config_of(**changes):
+    config = digits.get_config()
+    config.update_from_flattened_dict({"data_dir": str(tmp_path), **changes})
+    return config
+
+  says = (rf"^config.model.{key}={value!r} applies to rotary position "
+          r"embeddings, which the model does not have \(config.model.rope=''"
+          r".*leave {key} unset$")
+  with pytest.raises(errors.ConfigError, match=says.format(key=key)):
+    resolve.check_values(config_of(**{f"model.{key}": value}))
+  resolve.check_values(config_of(**{f"model.{key}": value,
+                                    "model.rope": "axial",
+                                    "model.posemb": "none"}))
+  if key == "rope_theta":  # The model's default, set: as unset.
+    resolve.check_values(config_of(**{"model.rope_theta": 100.0}))
+  # init_from: a source without RoPE, then one with it ("mixed": its
+  # blocks' learned frequencies), which the run takes (unset here).
+  for rope in ("", "mixed"):
+    model = models.create("Ti/2", 10, hidden_size=16, num_layers=1,
+                          mlp_dim=32, num_heads=2, rope=rope)
+    source = str(tmp_path / f"rope_{rope or 'none'}.npz")
+    weights.save_npz(model.init(jax.random.key(0), np.zeros((1, 8, 8, 3)),
+                                train=False)["params"], source)
+    config = config_of(**{f"model.{key}": value, "init_from": source})
+    resolve.check_values(config)  # Its rope is init_from's: not read yet.
+    workdir = tmp_path / f"run_{rope or 'none'}"
+    if rope:
+      assert pretrained.with_source(resolve.check_values(
+          config).settings).model.rope == "mixed"
+      resolve.check_rope(pretrained.with_source(
+          resolve.check_values(config).settings))
+      continue
+    with pytest.raises(errors.ConfigError, match=says.format(key=key)):
+      resolve.run(config, str(workdir))
+    assert not workdir.exists()
 
 
 def resolved_digits(**changes):

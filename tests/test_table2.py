@@ -28,6 +28,7 @@ from tests.util import check_config, mocked_tfds, program_of, run_training
 from vit_jax import errors, models
 from vit_jax.data import sources
 from vit_jax.models import flops
+from vit_jax.runs import settings
 
 # Table 3 (Section 4.1) and Table 1's widths, for Table 2's three columns.
 PRETRAIN = {
@@ -227,18 +228,10 @@ def test_pretrain_is_table3(arg):
       decay="linear", weight_decay=expected["weight_decay"],
       grad_clip_norm=0.0, b1=0.9, b2=0.999, mu_dtype="float32", momentum=None,
       layer_decay=1.0, lr_mults=(), frozen="")
-  assert config.model.to_dict() == dict(
-      name=model_name, classifier=None,
-      representation_size=expected["width"], dropout_rate=expected["dropout"],
-      attention_dropout_rate=0.0, dtype="bfloat16", remat_policy="auto",
-      scan_layers=True, attention="auto", posemb=None, mpp=False,
-      layer_norm_epsilon=None, gelu=None, final_norm=None, head_bias_init=0.0,
-      layer_scale=None, num_registers=None, distill_token=None,
-      qk_norm=None, mlp=None, fp8=False,
-      patch_size=None, hidden_size=None, num_layers=None, num_heads=None,
-      mlp_dim=None, param_dtype=None, resnet_stages=None, resnet_width=None,
-      rope=None, rope_theta=None, rope_shift=None, rope_jitter=None,
-      rope_rescale=None)
+  # Every other key of config.model at its default.
+  assert config.model.to_dict() == settings.defaults().model.to_dict() | dict(
+      name=model_name, representation_size=expected["width"],
+      dropout_rate=expected["dropout"], dtype="bfloat16", scan_layers=True)
   variant = models.VARIANTS[model_name[0]]
   assert config.model.representation_size == variant["hidden_size"]
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1, slices=-1,
@@ -316,17 +309,9 @@ def test_finetune_is_table4(arg):
           opt.momentum) == ("sgd", "cosine", 0.0, 1.0, 0.9)
   assert opt.learning_rate in sweep
   assert 0 < opt.warmup_steps <= steps // 5
-  assert config.model.to_dict() == dict(
-      name=model_name, classifier=None, representation_size=None,
-      dropout_rate=0.0, attention_dropout_rate=0.0, dtype="bfloat16",
-      remat_policy="dots_with_no_batch_dims_saveable", scan_layers=True,
-      attention="auto", posemb=None, mpp=False, layer_norm_epsilon=None,
-      gelu=None,
-      final_norm=None, head_bias_init=0.0, layer_scale=None,
-      num_registers=None, distill_token=None, qk_norm=None, mlp=None,
-      fp8=False, patch_size=None, hidden_size=None, num_layers=None, num_heads=None, mlp_dim=None,
-      param_dtype=None, resnet_stages=None, resnet_width=None, rope=None,
-      rope_theta=None, rope_shift=None, rope_jitter=None, rope_rescale=None)
+  assert config.model.to_dict() == settings.defaults().model.to_dict() | dict(
+      name=model_name, dtype="bfloat16",
+      remat_policy="dots_with_no_batch_dims_saveable", scan_layers=True)
   assert config.mesh.to_dict() == dict(data=-1, fsdp=8, model=1, slices=-1,
                                        fsdp_min_bytes=0)
   # 2% of the train split held out: the minival that picks the lr.

@@ -370,11 +370,10 @@ def test_a_dinov3_computes_its_pooled_output_at_any_grid(tmp_path,
       source, tensors, reference_vit.forward_dinov3, 1e-5, "exact")
   config = model.config
   assert (config.rope, config.rope_theta, config.posemb, config.classifier,
-          config.num_registers, config.layer_scale) == (
-              "axial", 100.0, "none", "token", registers, 1.0)
-  np.testing.assert_array_equal(flat(params)[
-      "Transformer/encoderblock_1/MultiHeadDotProductAttention_1/key/bias"],
-                                0)
+          config.num_registers, config.layer_scale, config.key_bias) == (
+              "axial", 100.0, "none", "token", registers, 1.0, False)
+  # key_bias=False: no key bias to train.
+  assert not [key for key in flat(params) if key.endswith("/key/bias")]
   # With no table, any grid: a wide image, square and as NaFlex patches
   # (a grid of 8 x 12, padded to 100), gives the source's pooled output.
   inference = pretrained.for_inference(source, features=True)
@@ -849,6 +848,38 @@ def test_todays_sources_fine_tune_on_digits_with_no_other_flag(
             if "train_loss" in row]
   assert len(losses) == STEPS
   assert np.mean(losses[-5:]) < losses[0] - 0.2
+  if "dinov3" in source:
+    assert_writes_back_as_dinov3(workdir, tmp_path)
+
+
+def assert_writes_back_as_dinov3(workdir, tmp_path):
+  """A fine-tuned DINOv3 has trained no key bias: its source has none, and
+  with RoPE one would change what its queries attend to. So it writes
+  back to timm's Eva (logits) and to transformers' DINOv3ViTModel
+  (features: the family has no head), each computing what `predict`
+  computes."""
+  run = pretrained.load(workdir)
+  assert not [key for key in flat(run.params) if key.endswith("/key/bias")]
+  inference = pretrained.for_inference(workdir, features=True)
+  x = np.random.default_rng(3).uniform(
+      -1, 1, (2, DIGITS_SIDE, DIGITS_SIDE, 3)).astype(np.float32)
+  logits, features = models.logits_and_pre_logits(
+      inference.model, inference.params, x)
+  eps = inference.model.config.layer_norm_epsilon
+  exports.write(run, "timm", str(tmp_path / "back.safetensors"))
+  written = load_file(str(tmp_path / "back.safetensors"))
+  head = (written["head.weight"].T, written["head.bias"])
+  # timm's DINOv3 ports pool the patch tokens, an HF DINOv3 its class token.
+  pool = "patches" if inference.model.config.classifier == "gap" else "class"
+  np.testing.assert_allclose(
+      reference_vit.forward_eva_dinov3(written, x, HEADS, eps, head=head,
+                                       pool=pool), logits, rtol=1e-5,
+      atol=1e-5)
+  exports.write(run, "hf", str(tmp_path / "back_hf"))
+  written = load_file(str(tmp_path / "back_hf" / "model.safetensors"))
+  np.testing.assert_allclose(
+      reference_vit.forward_dinov3(written, x, HEADS, eps, pool=pool),
+      features, rtol=1e-5, atol=1e-5)
 
 
 def test_a_config_that_sets_the_classifier_against_its_source_is_refused(

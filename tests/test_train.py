@@ -269,6 +269,14 @@ def test_command_line_overrides_take_effect_and_only_progress_is_printed(
   rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
   assert max(r["step"] for r in rows) == 4
   assert os.listdir(workdir / "checkpoints") == ["4"]
+  # A line at a step that logs shows metrics.jsonl's train_loss there (the
+  # mean of the steps since the last row), not the step's own loss.
+  logged = {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}
+  printed = dict(re.findall(r"^step (\d)/4 \| loss (\S+) ", done.stdout,
+                            re.MULTILINE))
+  assert sorted(logged) == [2, 4]
+  assert {step: printed[str(step)] for step in logged} == {
+      step: f"{loss:.4f}" for step, loss in logged.items()}
 
 
 def compiles_during(fn):

@@ -61,6 +61,7 @@ def main(argv):
         f"--platforms: only --format=stablehlo is lowered for platforms; "
         f"--format={f.format} runs wherever its reader does")
   paths.check_reachable(f.out, "--out", writes=True)
+  exports.check_out_place(f.format, f.out)
   workdir.check_output(f.out, "--out")
   loaded = pretrained.load(shared_flags.source_from_flags(), f.num_heads)
   given = shared_flags.normalization_from_flags()

@@ -24,7 +24,9 @@ The attention figures look at --images, or else the first images of a
 dataset split (--dataset, default the run's dataset; --split): square at
 the model's resolution, or with --max_num_patches=N each at its own
 aspect ratio, at the largest grid of at most N patches (NaFlex; the maps
-and distances then follow each image's grid).
+and distances then follow each image's grid), and with --native_size at
+its own size, shrunk only to fit. A NaFlex or packed run is read as its
+evaluation read its images without those flags; each given overrides.
 vit_jax/analysis/attention.py computes the numbers and
 vit_jax/analysis/plots.py draws them.
 """
@@ -48,9 +50,9 @@ shared_flags.define_images()
 flags.DEFINE_string("split", "test", "Without --images: the split of "
                     "--dataset whose first images to look at.")
 flags.DEFINE_integer("num_images", 64, "Images the mean attention distance "
-                     "is averaged over.")
+                     "is averaged over.", lower_bound=1)
 flags.DEFINE_integer("rollout_images", 8, "Images shown with their "
-                     "attention rollout.")
+                     "attention rollout.", lower_bound=1)
 flags.DEFINE_string("out", None, "Where to write the PNGs (default: "
                     "WORKDIR/figures).")
 flags.register_multi_flags_validator(
@@ -73,7 +75,7 @@ def main(argv):
   samples = attention_lib.sample_images(inference, f.images + argv[1:],
                                         f.num_images, dataset, f.split,
                                         data_dir, shared_flags.naflex_budget(
-                                            inference.model))
+                                            inference))
   names = image_files.name_classes(f.labels, dataset, data_dir,
                                    inference.model.num_classes)
   out = f.out or workdir.Workdir(f.workdir).figures

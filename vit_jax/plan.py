@@ -21,6 +21,7 @@ if __name__ == "__main__":
   cli.prepare()
 
 import json  # pylint: disable=g-import-not-at-top,wrong-import-position
+import math  # pylint: disable=g-import-not-at-top,wrong-import-position
 import sys  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from absl import flags
@@ -42,17 +43,29 @@ flags.DEFINE_string("cheapest", None, "A TPU generation (v3, v4, v5p, v5e, "
                     "fewest expected chip-hours.")
 flags.DEFINE_integer("slices", 1, "How many such slices the run spans, "
                      "joined by the data-center network (multislice; the "
-                     "data axis crosses between them).")
+                     "data axis crosses between them).", lower_bound=1)
 flags.DEFINE_float("dcn_gbps_per_chip", None, "Data-center network Gbit/s "
                    "per chip over several slices; default: Cloud TPU's "
                    "published figure (v5p, v5e).")
+flags.register_validator(
+    "dcn_gbps_per_chip", lambda v: v is None or 0 < v < math.inf,
+    "give the Gbit/s per chip between slices, a number above 0, such as 50")
 flags.DEFINE_integer("num_classes", 0, "The head's classes; default: the "
-                     "dataset's.")
+                     "dataset's.", lower_bound=0)
 flags.DEFINE_float("overhead", cost_lib.DEFAULT_OVERHEAD, "Allowance on top "
                    "of the training steps for evaluation, checkpoints and "
-                   "restarts.")
+                   "restarts, as a share of their time (0.05: 5%).")
+flags.register_validator(
+    "overhead", lambda v: 0 <= v < math.inf,
+    "give the allowance as a share of the training steps' time, 0 or more, "
+    f"such as {cost_lib.DEFAULT_OVERHEAD} ({cost_lib.DEFAULT_OVERHEAD:.0%})")
 flags.DEFINE_bool("json", False, "Print JSON instead of text.")
 flags.mark_flags_as_required(["config"])
+
+# What --topology, --compare and --cheapest take, for a value left empty.
+_WANTED = {"topology": "a Cloud TPU slice, such as v4-128",
+           "compare": "slices, such as v3-256,v4-128",
+           "cheapest": "a TPU generation, such as v5p"}
 
 
 def main(argv):
@@ -66,13 +79,23 @@ def main(argv):
     raise errors.InputError(
         f"give one of --topology, --compare and --cheapest, not "
         f"{' and '.join('--' + name for name in given)}")
+  # Each flag checked here, before any compile.
+  for name in given:
+    if not f[name].value:  # --compare= would plan the default topology.
+      raise errors.InputError(f"--{name} is empty: give "
+                              + _WANTED[name])
+  if f.dcn_gbps_per_chip is not None and f.slices == 1:
+    raise errors.InputError(
+        f"--dcn_gbps_per_chip={f.dcn_gbps_per_chip:g} is the bandwidth "
+        "between slices, which a plan of one slice does not use: leave it "
+        "out, or plan several with --slices")
   if f.cheapest or f.compare:  # One table of several slices.
-    best = None
+    best, left_out = None, []
     if f.cheapest:
       if f.slices != 1:
         raise errors.InputError("--cheapest plans single slices: leave out "
                                 "--slices")
-      results, best = cost_lib.cheapest(
+      results, best, left_out = cost_lib.cheapest(
           f.config, f.cheapest, f.num_classes, f.overhead,
           say=lambda line: print(line, file=sys.stderr, flush=True))
     else:
@@ -82,8 +105,11 @@ def main(argv):
       marked = lambda i: {"cheapest": i == best} if f.cheapest else {}
       print(json.dumps([{"config": config_name, **result.to_json(),
                          **marked(i)} for i, result in enumerate(results)]))
+      # The rows are the slices planned; those left out, beside them.
+      for line in report.describe_left_out(left_out):
+        print(line, file=sys.stderr)
     else:
-      print(report.describe_comparison(config_name, results, best))
+      print(report.describe_comparison(config_name, results, best, left_out))
     return
   result = cost_lib.plan(f.config, f.topology, f.num_classes, f.overhead,
                          f.slices, dcn)

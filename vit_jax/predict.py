@@ -18,7 +18,9 @@ With --max_num_patches=N, each image keeps its aspect ratio: it is resized
 to the largest grid of at most N patches and read NaFlex-style, the
 position embedding resized to its grid (vit_jax/models/naflex.py); with
 --native_size too, it keeps its own size, shrunk only to fit, as a packed
-run evaluates.
+run evaluates. A NaFlex or packed run of ours is read so without them, at
+its config.naflex.max_num_patches, as its evaluation read its images;
+each flag given overrides its part (--max_num_patches=0: square).
 """
 
 if __name__ == "__main__":
@@ -32,13 +34,15 @@ from vit_jax import cli, errors, paths as paths_lib
 from vit_jax.analysis import classify, features
 from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
+from vit_jax.models import naflex
 from vit_jax.weights import function_exports
 
 shared_flags.define_model_source("run")
 shared_flags.define_images()
 flags.DEFINE_integer("top", 5, "How many classes to show per image.",
                      lower_bound=1)
-flags.DEFINE_integer("batch_size", 64, "Images per forward pass.")
+flags.DEFINE_integer("batch_size", 64, "Images per forward pass.",
+                     lower_bound=1)
 flags.DEFINE_bool("json", False, "One JSON object per image instead of "
                   "text.")
 flags.DEFINE_bool("features", False, "The features the head reads (the "
@@ -68,30 +72,33 @@ def main(argv):
     return
   if exported_model:
     probabilities, names = exported(source, files)
+    grids = [None] * len(files)
   else:
-    probabilities, names = inferred(files)
+    probabilities, names, grids = inferred(files)
   tops = classify.top_classes(probabilities, f.top, names)
-  show = classify.as_json if f.json else classify.as_text
-  for path, top in zip(files, tops):
-    print(show(path, top))
+  for path, top, grid in zip(files, tops, grids):
+    print(classify.as_json(path, top, grid) if f.json
+          else classify.as_text(path, top))
 
 
 def inferred(files):
-  """(probabilities, class names) of the model of the source flags."""
+  """(probabilities, class names, each image's NaFlex grid or None) of the
+  model of the source flags."""
   f = flags.FLAGS
   inference = shared_flags.model_from_flags()
   inputs = model_inputs(files, inference)
   names = (image_files.name_classes(
       f.labels, *inference.data(f.dataset, f.data_dir),
       num_classes=inference.model.num_classes) or inference.class_names)
-  return classify.probabilities(inference, inputs, f.batch_size), names
+  return (classify.probabilities(inference, inputs, f.batch_size), names,
+          grids_of(inputs, files))
 
 
 def model_inputs(files, inference):
-  """The images as the model sees them: square at its resolution, as
-  evaluation resized them, or with --max_num_patches each at its own
-  aspect ratio (a NaFlex batch)."""
-  budget = shared_flags.naflex_budget(inference.model)
+  """The images as the model sees them, as the run's evaluation read them
+  unless --max_num_patches or --native_size say otherwise: square at its
+  resolution, or each at its own aspect ratio (a NaFlex batch)."""
+  budget = shared_flags.naflex_budget(inference)
   if budget:
     return image_files.naflex_from_files(files, budget)
   return image_files.from_files(files, inference.image_size,
@@ -110,8 +117,16 @@ def features_of(source, files):
         files)
   inference = shared_flags.model_from_flags(features=True)
   inputs = model_inputs(files, inference)
-  grids = inputs.grid if f.max_num_patches else [None] * len(files)
-  return features.features(inference, inputs, f.batch_size), grids
+  return (features.features(inference, inputs, f.batch_size),
+          grids_of(inputs, files))
+
+
+def grids_of(inputs, files):
+  """Each image's grid ([rows, cols] of patches) where `inputs` are a
+  NaFlex batch, else None for each of `files`."""
+  if isinstance(inputs, naflex.Patches):
+    return inputs.grid
+  return [None] * len(files)
 
 
 def exported(source, files):

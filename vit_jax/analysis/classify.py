@@ -53,6 +53,11 @@ def as_text(path, top):
                              for rank, (_, name, p) in enumerate(top, 1)])
 
 
-def as_json(path, top):
-  return json.dumps({"image": path, "top": [
-      {"class": c, "name": name, "probability": p} for c, name, p in top]})
+def as_json(path, top, grid=None):
+  """One JSON line: the image, its top classes and, for NaFlex, the grid
+  ([rows, cols] of patches) it was seen at (as features.as_json gives)."""
+  line = {"image": path, "top": [
+      {"class": c, "name": name, "probability": p} for c, name, p in top]}
+  if grid is not None:
+    line["grid"] = [int(x) for x in grid]
+  return json.dumps(line)

@@ -464,6 +464,10 @@ def _flag_error_message(e, argv):
     message = (f"{given[0] if given else key}: the config has no key {key!r}"
                + (f"; did you mean {suggested.group(1)!r}?" if suggested
                   else "") + " (its keys: vit_jax/runs/settings.py)")
+  elif isinstance(e, flags.IllegalFlagValueError):
+    # A flag that exists given a value it refuses (a bound, a validator):
+    # absl's `flag --NAME=VALUE: what it takes` is the one line.
+    return message
   return f"{message}\n(--helpfull lists every flag)"
 
 

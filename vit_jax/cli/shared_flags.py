@@ -29,8 +29,10 @@ def define_training():
       "given or on a Cloud TPU VM (whose slice JAX describes by itself).")
   flags.DEFINE_string("coordinator_address", None,
                       "host:port of process 0, e.g. 127.0.0.1:12345.")
-  flags.DEFINE_integer("num_processes", None, "How many processes in all.")
-  flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
+  flags.DEFINE_integer("num_processes", None, "How many processes in all.",
+                       lower_bound=1)
+  flags.DEFINE_integer("process_id", None, "This process's index, from 0.",
+                       lower_bound=0)
   flags.DEFINE_string(
       "compilation_cache", None,
       "Where compiled programs are kept between runs, so that a restart "
@@ -54,14 +56,15 @@ def define_model_source(verb, verb_from="use"):
   flags.DEFINE_string("workdir", None, f"A run's workdir, whose model to "
                       f"{verb}.")
   flags.DEFINE_integer("step", None, "The run's checkpoint (default: the "
-                       "newest).")
+                       "newest).", lower_bound=0)
   flags.DEFINE_string("from", None, f"A checkpoint file to {verb_from} "
                       "instead of a run: an .npz, an HF transformers ViT "
                       "directory, a timm .safetensors, or a hub model by "
                       "its name, hf://ORG/NAME[@REV] (read from the Hugging "
                       "Face cache, fetched where it is not there).")
   flags.DEFINE_integer("num_heads", None, "A timm file's attention heads, "
-                       "where its width is none of the paper's variants'.")
+                       "where its width is none of the paper's variants'.",
+                       lower_bound=1)
   flags.register_multi_flags_validator(
       ["workdir", "from"], lambda v: bool(v["workdir"]) != bool(v["from"]),
       "give exactly one of --workdir and --from")
@@ -133,21 +136,32 @@ def define_images():
   flags.DEFINE_integer(
       "max_num_patches", 0, "NaFlex: each image at its own aspect ratio, "
       "resized to the largest grid of at most this many patches (0: square "
-      "images at the model's resolution).", lower_bound=0)
+      "images at the model's resolution). Not given: as the run's "
+      "evaluation read its images (a NaFlex or packed run's "
+      "config.naflex.max_num_patches; else, and for a file, 0).",
+      lower_bound=0)
   flags.DEFINE_bool(
-      "native_size", False, "With --max_num_patches: each image at its own "
-      "size, shrunk only to fit, never enlarged (as a packed run "
-      "evaluates).")
+      "native_size", False, "NaFlex: each image at its own size, shrunk "
+      "only to fit, never enlarged (as a packed run evaluates). Not given: "
+      "as the run's evaluation read its images (true for a packed run's).")
 
 
-def naflex_budget(model):
-  """The models.naflex.Budget that --max_num_patches and --native_size
-  give `model`, or None for square images."""
+def naflex_budget(inference):
+  """The models.naflex.Budget by which a tool reads images for
+  `inference` (a pretrained.Inference), or None for square images: as its
+  run's evaluation read them (inference.naflex; square for a file), each
+  of --max_num_patches and --native_size that is given setting its part
+  instead (--max_num_patches=0: square)."""
   f = flags.FLAGS
-  if f.native_size and not f.max_num_patches:
+  model, evaluated = inference.model, inference.naflex
+  max_num_patches = (evaluated.max_num_patches if evaluated and not
+                     f["max_num_patches"].present else f.max_num_patches)
+  native = (not evaluated.fill if evaluated and not f["native_size"].present
+            else f.native_size)
+  if f.native_size and not max_num_patches:
     raise errors.InputError("--native_size reads images NaFlex-style: give "
                             "--max_num_patches too")
-  budget = naflex.budget_of(f.max_num_patches, model, packing=f.native_size)
+  budget = naflex.budget_of(max_num_patches, model, packing=native)
   if budget:
     naflex.check_budget(model.config, budget.max_num_patches)
   return budget

@@ -68,6 +68,14 @@ class Packing(NamedTuple):
       raise errors.InputError(
           "config.naflex.packing packs sequences of "
           "config.naflex.max_num_patches patches: set it (e.g. 256)")
+    if self.slots < self.per_sequence:
+      # Every step would leave over images that never find a sequence.
+      raise errors.InputError(
+          f"config.naflex.max_images_per_sequence={self.slots} is below "
+          f"config.naflex.images_per_sequence={self.per_sequence:g}, the "
+          "images read for each sequence: give at least "
+          f"{math.ceil(self.per_sequence)}, or 0 (twice "
+          "images_per_sequence)")
     if bool(self.min_side) != bool(self.max_side) or (
         self.min_side > self.max_side):
       raise errors.InputError(

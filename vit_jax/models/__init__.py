@@ -44,8 +44,8 @@ FUNCTION_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
 # source too, read from the params (`architecture_of`, `posemb_of`).
 ARCHITECTURE_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
                         for key in ("classifier", "num_registers",
-                                    "distill_token", "layer_scale", "qk_norm", "mlp",
-                                    "posemb")}
+                                    "distill_token", "layer_scale", "qk_norm",
+                                    "key_bias", "mlp", "posemb")}
 # The classification heads of release-layout params: a distillation
 # token's has its own (vit.py). A fine-tune to other classes starts both
 # afresh.
@@ -147,8 +147,8 @@ def architecture_of(flat):
   dict) but posemb (`posemb_of`): a class token says classifier "token", a
   `MAPHead_0` "map", else "gap"; `ls1` layer scale (whose initial value
   does not matter to loaded params: 1.0), `Transformer/registers` their
-  count, `dist` a distillation token, `query_norm` qk_norm, an MLP gate
-  (`Dense_gate`) mlp "swiglu".
+  count, `dist` a distillation token, `query_norm` qk_norm, a `key/bias`
+  key_bias, an MLP gate (`Dense_gate`) mlp "swiglu".
   """
   return dict(
       classifier=("token" if "cls" in flat else
@@ -159,6 +159,7 @@ def architecture_of(flat):
       layer_scale=1.0 if _BLOCK_0 + "ls1" in flat else None,
       qk_norm=(_BLOCK_0 + "MultiHeadDotProductAttention_1/query_norm/scale"
                in flat),
+      key_bias=_BLOCK_0 + "MultiHeadDotProductAttention_1/key/bias" in flat,
       mlp="swiglu" if _BLOCK_0 + "MlpBlock_3/Dense_gate/kernel" in flat
       else "gelu")
 

@@ -182,6 +182,9 @@ class ViTConfig:
   qk_norm: bool = options.key(
       False, "a LayerNorm over each head's queries and keys; unset: "
       "init_from's, else off", config=None, before=False)
+  key_bias: bool = options.key(
+      True, "a bias on the attention's keys (DINOv3 has none); unset: "
+      "init_from's, else on", config=None, before=True)
   mlp: str = options.key(
       "gelu", '"gelu" or "swiglu" (SiLU(x W_gate) * x W_0, the largest '
       'DINOv3s\'); unset: init_from\'s, else "gelu"', config=None,
@@ -265,9 +268,13 @@ class Attention(nn.Module):
       rope = rope_lib.mixed_angles(rope, frequencies)
 
     def project(name):
+      # Without RoPE a key bias shifts each query's logits by a constant,
+      # which softmax ignores; with RoPE it does not, so a model whose
+      # source has none (DINOv3) must not train one.
       y = nn.DenseGeneral(
           (config.num_heads, head_dim), dtype=config.dtype,
           param_dtype=config.param_dtype,
+          use_bias=name != "key" or config.key_bias,
           kernel_init=_init(nn.initializers.xavier_uniform(),
                             ("embed", "heads", "kv")),
           bias_init=_init(nn.initializers.zeros, ("heads", "kv")),
@@ -874,6 +881,7 @@ class MAPHead(nn.Module):
     # One query token: the fused kernel has nothing to gain here.
     head = dataclasses.replace(config, fp8=False)
     y = Attention(config=dataclasses.replace(head, qk_norm=False,
+                                             key_bias=True,
                                              attention="einsum"),
                   record=False, name="MultiHeadDotProductAttention_0")(
                       probe, train=False, kv=x, mask=mask)

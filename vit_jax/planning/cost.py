@@ -33,7 +33,7 @@ import re
 
 import jax
 
-from vit_jax import errors, paths
+from vit_jax import errors, paths, sharding
 from vit_jax.data import packing, sources, vtab_tasks
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, report, work
@@ -371,32 +371,41 @@ def cheapest(config, generation_name, classes=0, overhead=DEFAULT_OVERHEAD,
              say=lambda line: None):
   """(`config` planned on each slice of the generation whose chips lay out
   its mesh and share its batch, smallest first; the index of the one of
-  fewest expected chip-hours, or None if none fits). The global batch
-  stays: on a slice where the step does not fit, its micro-batches are
-  doubled (accum_steps) until it fits or they no longer divide over the
-  devices. `say` is told of each slice before it is compiled."""
+  fewest expected chip-hours, or None if none fits; "NAME: why" of each
+  slice left out). The global batch stays: on a slice where the step does
+  not fit, its micro-batches are doubled (accum_steps) until it fits or
+  they no longer divide over the devices; a slice whose mesh its chips
+  cannot lay out, or whose data-parallel devices the batch does not divide
+  over (more micro-batches would not help), is left out before anything
+  is compiled. `say` is told of each slice before it is compiled."""
   if generation_name not in catalogue.GENERATIONS:
     raise errors.InputError(
         f"unknown TPU generation {generation_name!r}: one of "
         f"{', '.join(catalogue.GENERATIONS)}")
-  plans, refusals = [], []
+  plans, left_out = [], []
   for name in catalogue.GENERATIONS[generation_name].slices:
     tpu_slice = catalogue.topology(name)
+    try:
+      catalogue.check_layout(config, tpu_slice)
+      resolve.check_batch(config.batch_size, config.accum_steps,
+                          sharding.make_mesh(config.mesh, tpu_slice.devices))
+    except errors.InputError as e:  # Its mesh or batch cannot be here.
+      left_out.append(f"{name}: {e}")
+      continue
     accum_steps, too_big = config.accum_steps, None
     while True:
       tried = config.copy_and_resolve_references()
       with tried.unlocked():
         tried.accum_steps = accum_steps
       try:
-        catalogue.check_layout(tried, tpu_slice)
         say(f"trying {name}" + (f" with {accum_steps} micro-batches"
                                   if accum_steps > 1 else ""))
         result = plan_slice(tried, tpu_slice, classes, overhead)
-      except errors.InputError as e:  # Its mesh or batch cannot be here.
+      except errors.InputError as e:  # What else this config cannot do here.
         if too_big:
           plans.append(too_big)
         else:
-          refusals.append(f"{name}: {e}")
+          left_out.append(f"{name}: {e}")
         break
       if result.fits or accum_steps * 2 > config.batch_size:
         plans.append(result)
@@ -405,11 +414,11 @@ def cheapest(config, generation_name, classes=0, overhead=DEFAULT_OVERHEAD,
   if not plans:
     raise errors.ConfigError(
         f"no {generation_name} slice can run this config: "
-        + "; ".join(refusals))
+        + "; ".join(left_out))
   fitting_plans = [i for i, p in enumerate(plans) if p.fits]
   best = min(fitting_plans, key=lambda i: plans[i].predicted_chip_hours,
              default=None)
-  return plans, best
+  return plans, best, left_out
 
 
 def dcn_bandwidth(tpu_slice, given=None):

@@ -169,9 +169,10 @@ def _work_lines(result):
           + " of the instructions' estimated cycles"]
 
 
-def describe_comparison(config_name, results, cheapest=None):
+def describe_comparison(config_name, results, cheapest=None, left_out=()):
   """Plans of one config on several slices as one table; `cheapest`: the
-  index of the row to mark as the one of fewest expected chip-hours."""
+  index of the row to mark as the one of fewest expected chip-hours;
+  `left_out`: "NAME: why" of each slice not planned (cost.cheapest's)."""
   header = ("slice", "chips", "hosts", "mesh", "per device",
             "HBM per device", "MFU", "step time", "chip-hours",
             "expected chip-hours", "TPUv3-core-days")
@@ -207,12 +208,18 @@ def describe_comparison(config_name, results, cheapest=None):
     if r.suggestions:
       lines.append(f"{r.description} does not fit; try: "
                    + "; ".join(s.split(":")[0] for s in r.suggestions))
+  lines += describe_left_out(left_out)
   if cheapest is not None:
     low, high = results[cheapest].expected_chip_hours
     lines.append(f"* the fewest expected chip-hours: "
                  f"{results[cheapest].description}, {_number(low)}-"
                  f"{_number(high)}")
   return "\n".join(lines)
+
+
+def describe_left_out(left_out):
+  """A line per slice of the generation that was not planned, and why."""
+  return [f"left out {line}" for line in left_out]
 
 
 def _plural(n, noun):

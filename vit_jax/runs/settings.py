@@ -155,6 +155,12 @@ class Distill:
   label_weight: float = key(0.0, "the label loss's share of the loss (0: "
                             "pure function matching)", at_least=0.0,
                             at_most=1.0, before=AS_DEFAULT)
+  teacher_mean: tuple = key(
+      (), "R,G,B in [0, 1]: the teacher takes (pixels / 255 - mean) / std; "
+      "(): as its source says, else assumed", before=AS_DEFAULT)
+  teacher_std: tuple = key(
+      (), "R,G,B > 0: the teacher's input std, with teacher_mean; (): as its "
+      "source says, else assumed", before=AS_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,10 @@ config.distill.teacher names any source that init_from takes (a workdir
 of ours, an .npz, an HF directory, a timm file, hf://ORG/NAME). It is read
 once, when the run is resolved, and taken on its own input: its mean and
 std are folded into its patch embedding (weights/exports.py), so it sees
-the student's [-1, 1] images. Inside the train step it runs on the very
+the student's [-1, 1] images. They are config.distill.teacher_mean and
+teacher_std where given, else its source's (an HF directory's
+preprocessor_config.json, a timm hub config); a timm file says none, so
+they are assumed, and the log says what, naming those keys. Inside the train step it runs on the very
 batch the student sees, after cropping, flipping, RandAugment and Mixup
 ("consistent" teaching, Beyer et al. 2022), resized to its own
 resolution; its params are an argument of the step, sharded over the
@@ -28,6 +31,8 @@ student predicts with the mean of its heads.
 """
 
 import dataclasses
+import math
+import numbers
 
 import flax.linen as nn
 import jax
@@ -37,9 +42,14 @@ from absl import logging
 
 from vit_jax import errors, sharding
 from vit_jax.models import flops, vit
-from vit_jax.weights import exports, hub, pretrained
+from vit_jax.weights import exports, hub, pretrained, torch_files
 
 KINDS = ("soft", "hard")
+# What sets a teacher's input normalisation: named where its source says
+# none, with what is assumed (exports.in_own_input).
+SETTERS = torch_files.Setters("--config.distill.teacher_mean",
+                              "--config.distill.teacher_std",
+                              "set those config keys")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +143,41 @@ def check(keys):
     raise errors.ConfigError(
         "config.distill.teacher: a teacher reads square images, and NaFlex "
         "images differ in shape; set config.naflex.max_num_patches=0")
+  _check_normalization(distill)
+
+
+def _check_normalization(distill):
+  """ConfigErrors of teacher_mean and teacher_std: both or neither, each
+  3 numbers, the mean's in [0, 1] (of pixels / 255), the std's > 0."""
+  given = [name for name in ("teacher_mean", "teacher_std")
+           if getattr(distill, name)]
+  if len(given) == 1:
+    raise errors.ConfigError(
+        f"config.distill.{given[0]}: give teacher_mean and teacher_std "
+        "both, or neither")
+  for name, fits, bounds in (
+      ("teacher_mean", lambda v: 0 <= v <= 1, "in [0, 1] (of pixels / 255)"),
+      ("teacher_std", lambda v: v > 0, "> 0")):
+    values = getattr(distill, name)
+    if values and not (len(values) == 3 and all(
+        isinstance(v, numbers.Real) and not isinstance(v, bool) and
+        math.isfinite(v) and fits(v) for v in values)):
+      raise errors.ConfigError(
+          f"config.distill.{name} takes 3 numbers {bounds}, R,G,B; got "
+          f"{values!r}")
+
+
+def normalization(keys):
+  """The teacher's input (a torch_files.Normalization) that
+  config.distill.teacher_mean and teacher_std give, or None where they are
+  unset: its source's own then, else assumed (exports.in_own_input)."""
+  distill = keys.distill
+  if not distill.teacher_mean:
+    return None
+  return torch_files.Normalization(
+      tuple(float(v) for v in distill.teacher_mean),
+      tuple(float(v) for v in distill.teacher_std),
+      "config.distill.teacher_mean and teacher_std")
 
 
 def pinned(keys, recorded=None):
@@ -164,7 +209,8 @@ def load(keys):
     return None
   try:
     loaded = exports.in_own_input(pretrained.load(source),
-                                  say=logging.warning)
+                                  normalization(keys), say=logging.warning,
+                                  setters=SETTERS)
     inference = pretrained.inference_of(loaded)
   except (errors.InputError, OSError) as e:
     raise errors.ConfigError(f"config.distill.teacher={source!r}: {e}") from e

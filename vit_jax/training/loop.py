@@ -40,21 +40,29 @@ def train_and_evaluate(run, started=None):
     finished = report_finished(run, program)
     if finished is not None:
       return finished
+    # A new run's init_from is read, and refused where it cannot fit,
+    # before anything is written in the workdir (its lock, its checkpoints'
+    # folder); a run that resumes reads its own checkpoint instead.
+    adapted = (None if run.workdir.checkpoint_steps()
+               else step_lib.initial_params(program, run.settings))
     with run.workdir.lock(run.settings.wait_for_lock):
       try:
-        return train(run, program, accounts)
+        return train(run, program, accounts, adapted)
       except divergence.Diverged as e:
         raise errors.RunError(divergence.explain(run, program, e)) from None
   finally:
     accounts.close()
 
 
-def train(run, program, accounts):
-  """The loop itself: steps, evaluations and saves from the latest step."""
+def train(run, program, accounts, adapted=None):
+  """The loop itself: steps, evaluations and saves from the latest step;
+  `adapted`: a new run's params from init_from (step.initial_params), where
+  read already."""
   keys = run.settings
   total = keys.total_steps
   manager = run.workdir.checkpoint_manager(keys.keep_checkpoints)
-  state, saved, resumed = resume_or_start(manager, program, keys, accounts)
+  state, saved, resumed = resume_or_start(manager, program, keys, accounts,
+                                          adapted)
   store.record(keys, run.workdir, {
       **run.changes, **store.devices_change(saved.get("mesh"), run.mesh)})
   evaluate = evaluators.Evaluators(run, program)
@@ -132,15 +140,16 @@ def report_finished(run, program):
           "core_days": timing.core_days(goodput.total(seconds))}
 
 
-def resume_or_start(manager, program, keys, accounts):
+def resume_or_start(manager, program, keys, accounts, adapted=None):
   """(state, saved, whether it resumed): the latest checkpoint's state and
-  what it carried (seconds, skipped examples, mesh), or a new run's."""
+  what it carried (seconds, skipped examples, mesh), or a new run's (from
+  `adapted`, its init_from's params, where read already)."""
   with accounts.counting("checkpoint"):
     restored = checkpoints.restore_newest_whole(manager, program.state_shapes)
   if restored:
     state, saved = restored
     return state, {"skipped_examples": 0, **saved}, True
-  return (step_lib.initial_state(program, keys),
+  return (step_lib.initial_state(program, keys, adapted),
           {"seconds": goodput.zeros(), "skipped_examples": 0}, False)
 
 

@@ -41,6 +41,7 @@ from jax.sharding import Mesh
 from vit_jax import errors, paths, sharding
 from vit_jax.data import packing, preprocess, shares, sources
 from vit_jax.models import naflex as naflex_lib
+from vit_jax.models.vit import ViTConfig
 from vit_jax.runs import settings, store, workdir as workdir_lib
 from vit_jax.training import (
   distill,
@@ -111,6 +112,7 @@ def run(config, workdir, devices=None):
   checked = checked._replace(settings=distill.pinned(
       pretrained.with_source(checked.settings, recorded), recorded))
   keys = checked.settings
+  check_rope(keys)  # Its rope is final now: the config's or the source's.
   mesh = sharding.make_mesh(dataclasses.asdict(keys.mesh), devices)
   data = sources.Sources(keys.dataset, keys.data_dir)
   keys = dataclasses.replace(
@@ -205,12 +207,38 @@ def check_values(config):
   targets.check(keys)
   distill.check(keys)
   check_packing(keys.naflex)
+  check_rope(keys)
   profiling.steps(keys.profile_steps)  # A ConfigError names the key.
   try:
     evaluations = evaluators.enabled(keys)
   except errors.InputError as e:
     raise errors.ConfigError(str(e)) from e  # It names the key.
   return Checked(keys, augmentation, evaluations)
+
+
+# The config.model keys that only a model with RoPE (model.rope) reads.
+ROPE_ONLY = ("rope_theta", "rope_shift", "rope_jitter", "rope_rescale")
+
+
+def check_rope(keys):
+  """A ConfigError naming a ROPE_ONLY key set where the model has no
+  RoPE, which would record it and train without it. A model whose rope
+  init_from says (unset: None) is checked once pretrained.with_source has
+  read it; a key at its default (unset, or the model's) passes."""
+  model = keys.model
+  if model.rope or (model.rope is None and keys.init_from):
+    return
+  for name in ROPE_ONLY:
+    value = getattr(model, name)
+    if value not in (getattr(settings.Model(), name),
+                     ViTConfig.__dataclass_fields__[name].default):
+      raise errors.ConfigError(
+          f"config.model.{name}={value!r} applies to rotary position "
+          "embeddings, which the model does not have (config.model.rope="
+          f"{model.rope or ''!r}"
+          f"{', the config or init_from says' if keys.init_from else ''}): "
+          "set config.model.rope ('axial', 'index' or 'mixed'), or leave "
+          f"{name} unset")
 
 
 # The config.naflex keys that only a packed run reads.
@@ -240,13 +268,7 @@ def check_program(checked, mesh, num_classes, teacher=None):
   built = step.parts(keys, num_classes, teacher)
   model = built.model
   distill.check_student(keys, model)
-  data_parallel = sharding.data_parallel_size(mesh)
-  per_step = data_parallel * keys.accum_steps
-  if keys.batch_size % per_step:
-    raise errors.ConfigError(
-        f"config.batch_size={keys.batch_size} is not divisible by the "
-        f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
-        f" x fsdp={mesh.shape['fsdp']}) times accum_steps={keys.accum_steps}")
+  per_step = check_batch(keys.batch_size, keys.accum_steps, mesh)
   classifying = [evaluation.name for evaluation in checked.evaluations]
   if keys.model.mpp and classifying:
     raise errors.ConfigError(
@@ -259,6 +281,20 @@ def check_program(checked, mesh, num_classes, teacher=None):
   if keys.naflex.max_num_patches:
     check_naflex(keys, model, keys.batch_size // per_step, mesh)
   return built
+
+
+def check_batch(batch_size, accum_steps, mesh):
+  """A ConfigError unless config.batch_size divides over the mesh's
+  data-parallel devices (data x fsdp) times accum_steps; returns that
+  product."""
+  data_parallel = sharding.data_parallel_size(mesh)
+  per_step = data_parallel * accum_steps
+  if batch_size % per_step:
+    raise errors.ConfigError(
+        f"config.batch_size={batch_size} is not divisible by the "
+        f"{data_parallel} data-parallel devices (mesh data={mesh.shape['data']}"
+        f" x fsdp={mesh.shape['fsdp']}) times accum_steps={accum_steps}")
+  return per_step
 
 
 def check_naflex(keys, model, images_per_device, mesh):

@@ -256,14 +256,25 @@ def build(settings, mesh, built, unroll=False):
                  teacher)
 
 
-def initial_state(program, settings):
-  """A new run's state: fresh, with params from init_from if set."""
-  adapted = None
-  if settings.init_from:  # Read and checked before anything is compiled.
-    adapted = pretrained.initial_params(settings.init_from,
-                                        program.state_shapes.params,
-                                        program.model.config.num_heads,
-                                        settings.dataset)
+def initial_params(program, settings):
+  """A new run's params from init_from, read and adapted to the program's
+  model as host arrays (pretrained.initial_params: a ConfigError where they
+  cannot fit), or None where it sets none. Nothing is compiled or
+  written."""
+  if not settings.init_from:
+    return None
+  return pretrained.initial_params(settings.init_from,
+                                   program.state_shapes.params,
+                                   program.model.config.num_heads,
+                                   settings.dataset)
+
+
+def initial_state(program, settings, adapted=None):
+  """A new run's state: fresh, with params from init_from if set (as
+  `initial_params` gives them: `adapted` where read already, else read
+  now, before anything is compiled)."""
+  if adapted is None:
+    adapted = initial_params(program, settings)
   state = program.init(jax.random.key(settings.seed))
   if adapted is None:
     return state

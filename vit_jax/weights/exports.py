@@ -48,6 +48,22 @@ def check_out(format_, out):
         next(f for f, s in SUFFIXES.items() if name.endswith(s)) + ")")
 
 
+def check_out_place(format_, out):
+  """Refuses `out` (--out) where something of the other kind is there: a
+  file where `format_` writes a directory (hf), a directory where it
+  writes a file. Asked once the path is known to be reachable."""
+  found = paths.path(out)
+  if format_ not in SUFFIXES and found.is_file():
+    raise errors.InputError(
+        f"--out={out} is an existing file, and --format={format_} writes a "
+        "directory (config.json, model.safetensors): give a directory's "
+        "path")
+  if format_ in SUFFIXES and found.is_dir():
+    raise errors.InputError(
+        f"--out={out} is an existing directory, and --format={format_} "
+        f"writes a file: give the path of a {SUFFIXES[format_]} file")
+
+
 def function_warnings(loaded, format_):
   """What an .npz loses: it records sizes, not the LayerNorm epsilon or
   the GELU, so a model with other values than the release's needs them
@@ -156,21 +172,23 @@ def fold_input_normalization(loaded, mean, std):
                                              "embedding": folded})
 
 
-def in_own_input(loaded, given=None, say=lambda line: None):
+def in_own_input(loaded, given=None, say=lambda line: None,
+                 setters=torch_files.FLAGS):
   """`loaded` changed to compute on vit_jax's images ([-1, 1]) what it
   computes on its own input: `given` (a torch_files.Normalization), else
   its source's (an HF directory's image processor, a timm hub config's,
   or the family's), folded into its patch embedding
   (`fold_input_normalization`). Where the source says none (a timm file
   off the hub) `say` is told in one line what is assumed and how to
-  change it. A run's and an .npz's input is vit_jax's
+  change it: by `setters` (torch_files.Setters: the tools' flags, or a
+  run's config keys). A run's and an .npz's input is vit_jax's
   own: they are left as they are."""
   normalization = given or loaded.normalization
   if normalization is None:
     return loaded
   if normalization.said_by is None:
     say(f"note: {loaded.what} says nothing of its input; assuming "
-        f"{normalization.named} (give those flags to change it)")
+        f"{normalization.named(setters)} ({setters.how} to change it)")
   if (normalization.mean, normalization.std) == (
       torch_files.HALF.mean, torch_files.HALF.std):
     return loaded

@@ -31,6 +31,7 @@ import numpy as np
 from absl import logging
 
 from vit_jax import errors, models, paths, serving
+from vit_jax.models import naflex as naflex_lib
 from vit_jax.runs import checkpoints, settings
 from vit_jax.runs.workdir import Workdir
 from vit_jax.weights import adaptation, hub, npz, torch_files
@@ -64,6 +65,16 @@ def refuse_unreadable(path):
         f"{path} is a model exported as a function (StableHLO or ONNX), "
         "which holds no params to read: give the run or the file it was "
         "exported from")
+
+
+def refuse_missing(path):
+  """An InputError where nothing is at `path` (a file, or a workdir, which
+  would otherwise be said to hold no run)."""
+  if not paths.path(path).exists():
+    raise errors.InputError(
+        f"{path} does not exist: a source is a workdir of ours, an .npz, an "
+        "HF transformers directory, a timm .safetensors file or "
+        "hf://ORG/NAME")
 
 
 def export_kind(path):
@@ -123,6 +134,7 @@ def load(source, num_heads=None):
   path, step = parse_source(found.path)
   num_heads = num_heads or found.num_heads
   refuse_unreadable(path)
+  refuse_missing(path)
   if step is not None and (path.endswith(FILE_SUFFIXES) or
                            torch_files.is_hf_dir(path)):
     raise errors.InputError(f"{source!r}: only a workdir has steps")
@@ -180,6 +192,7 @@ def source_options(source):
   does once."""
   path, _ = parse_source(local(source).path)
   refuse_unreadable(path)
+  refuse_missing(path)
   if path.endswith(".npz"):
     shapes = flax.traverse_util.flatten_dict(npz.read_shapes(path), sep="/")
     return _with_posemb({**_function(shapes),
@@ -271,8 +284,8 @@ def load_run(workdir, step=None):
           "directory, a timm .safetensors file or hf://ORG/NAME")
     if step is not None and step not in steps:
       raise errors.InputError(
-          f"{workdir} has no checkpoint of step {step}; it has "
-          f"{sorted(steps)}")
+          f"{workdir} has no checkpoint of step {step}; its checkpoints are "
+          f"of steps {', '.join(str(s) for s in sorted(steps))}")
     step, params, what = checkpoints.restore_newest_whole_params(reader, step)
   finally:
     reader.close()
@@ -336,6 +349,18 @@ class Inference:
   def crop_fraction(self):
     """How the run's evaluation resized images (1.0: plain resize)."""
     return self.config.eval_crop_fraction if self.config else 1.0
+
+  @property
+  def naflex(self):
+    """How the run's evaluation cut its images into patches, a
+    models.naflex.Budget: a NaFlex run's config.naflex.max_num_patches,
+    each image at its own size where it was packed; None where it read
+    square images, and for a file."""
+    config = self.config
+    if config is None:
+      return None
+    return naflex_lib.budget_of(config.naflex.max_num_patches, self.model,
+                                config.naflex.packing)
 
   def data(self, dataset="", data_dir=""):
     """(dataset, data_dir or None): those given, else the run's."""

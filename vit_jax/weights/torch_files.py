@@ -48,6 +48,20 @@ METADATA = {"format": "pt"}
 
 
 @dataclasses.dataclass(frozen=True)
+class Setters:
+  """What a user gives a model's input mean and std by, for the messages
+  that name them: a tool's flags, or a run's config keys (a teacher's,
+  training/distill.py)."""
+  mean: str
+  std: str
+  how: str  # how to change it: "give those flags"
+
+
+# The flags of the tools that run a source (cli/shared_flags.py).
+FLAGS = Setters("--input_mean", "--input_std", "give those flags")
+
+
+@dataclasses.dataclass(frozen=True)
 class Normalization:
   """The input a model was trained on: (pixels / 255 - mean) / std per RGB
   channel; `said_by`: what says so, None where it is assumed (the file
@@ -56,11 +70,10 @@ class Normalization:
   std: tuple
   said_by: str | None = None
 
-  @property
-  def named(self):
-    """The values, as the flags that give them."""
-    return (f"--input_mean={','.join(map(str, self.mean))} "
-            f"--input_std={','.join(map(str, self.std))}")
+  def named(self, by=FLAGS):
+    """The values, as `by` (Setters) gives them."""
+    return (f"{by.mean}={','.join(map(str, self.mean))} "
+            f"{by.std}={','.join(map(str, self.std))}")
 
 
 # vit_jax's own input, [-1, 1] (the released checkpoints', HF ViT's and
@@ -303,6 +316,8 @@ def read_hf(directory):
   if model.family == "dinov3":
     _add_zero_biases(tensors, config)
   flat = torch_layouts.to_release(tensors, layout, heads, prefix)
+  if not _hf_key_bias(model):
+    flat = _without_key_bias(flat)
   if "dist" in flat and "head_dist/kernel" not in flat:
     flat = _deit_token_as_register(flat)
   names = None
@@ -363,6 +378,22 @@ def hf_normalization(directory, family):
   return Normalization(mean, std, said_by)
 
 
+def _hf_key_bias(model):
+  """Whether an HF model's attention has a key bias: all but a DINOv3
+  whose config says it has none (its default)."""
+  return model.family != "dinov3" or bool(model.config.get(
+      "key_bias", DINOV3_DEFAULT_BIASES["key_bias"]))
+
+
+def _without_key_bias(flat):
+  """Release-layout `flat` without the attention's key biases, which
+  the readers filled with zeros where the source has none: such a model
+  (model.key_bias off) keeps none, so that fine-tuning trains none."""
+  return {key: value for key, value in flat.items()
+          if not (key.startswith("Transformer/encoderblock_")
+                  and key.endswith(f"/{torch_layouts.ATTENTION}/key/bias"))}
+
+
 def _add_zero_biases(tensors, config):
   """The zero biases of the projections that a DINOv3's config says have
   none: a zero bias computes the same."""
@@ -419,7 +450,7 @@ def hf_options(directory):
                             int(bool(dist) and not dist_head)),
           "distill_token": dist_head,
           "layer_scale": 1.0 if named(".layer_scale1.lambda1") else None,
-          "qk_norm": False,
+          "qk_norm": False, "key_bias": _hf_key_bias(model),
           "mlp": "swiglu" if model.config.get("use_gated_mlp") else "gelu"}
 
 
@@ -453,6 +484,8 @@ def timm_options(path):
               key in shapes for key in ("blocks.0.ls1.gamma",
                                         "blocks.0.gamma_1")) else None,
           "qk_norm": "blocks.0.attn.q_norm.weight" in shapes,
+          # timm's DINOv3 ports have none (a zero buffer in its place).
+          "key_bias": eva != "dinov3",
           "mlp": "swiglu" if "blocks.0.mlp.fc1_g.weight" in shapes else
                  "gelu"}
 
@@ -627,8 +660,11 @@ def read_timm(path, num_heads=None):
     num_heads = num_heads or EVA_HEADS.get(hidden, hidden // EVA_HEAD_DIM)
     tensors = _from_eva(tensors, eva, num_heads)
   num_heads = num_heads or heads_for_width(hidden)
-  return Read(torch_layouts.to_release(
-      _timm_prefix_tokens(tensors, pooled), "timm", num_heads), function,
+  flat = torch_layouts.to_release(_timm_prefix_tokens(tensors, pooled),
+                                  "timm", num_heads)
+  if eva == "dinov3":
+    flat = _without_key_bias(flat)
+  return Read(flat, function,
               image_size=EVA_IMAGE_SIZES.get(eva),
               normalization=IMAGENET if eva else HALF)
 
@@ -836,15 +872,23 @@ def write_dinov3(directory, flat, function, image_size, what):
   """An HF transformers DINOv3ViTModel directory of a model with 2-D RoPE
   and no position table (DINOv3's family); returns the number of classes
   of the head it leaves out (the family has no classifier), or 0. Every
-  projection is written with its bias (`key_bias` true: ours has one), and
-  a model without layer scale gets scales of ones, which compute the
-  same."""
+  projection is written with its bias but a key's where the model has
+  none (`key_bias`), and a model without layer scale gets scales of ones,
+  which compute the same. A model that pools the patch tokens and has no
+  class token writes its first register as the class token, as `write_eva`
+  does: DINOv3ViTModel's class token and registers are the same kind of
+  token (none rotated), so the patch tokens compute the same."""
   cannot = _dinov3_cannot(flat, function)
-  if "cls" not in flat:
-    cannot.append("no class token")
+  if "cls" not in flat and torch_layouts.REGISTERS not in flat:
+    cannot.append("neither a class token nor a register to write as one")
   _refuse(what, "as a DINOv3ViTModel", cannot)
   sizes = _sizes(flat)
   flat = dict(flat)
+  if "cls" not in flat:
+    registers = flat.pop(torch_layouts.REGISTERS)
+    flat["cls"] = registers[:, :1]
+    if registers.shape[1] > 1:
+      flat[torch_layouts.REGISTERS] = registers[:, 1:]
   flat.pop("head/kernel", None)
   flat.pop("head/bias", None)
   width = sizes["hidden_size"]
@@ -854,8 +898,12 @@ def write_dinov3(directory, flat, function, image_size, what):
       flat.setdefault(torch_layouts.BLOCK.format(i) + scale,
                       np.ones(width, dtype))
   registers = flat.get(torch_layouts.REGISTERS)
-  gated = models.architecture_of(flat)["mlp"] == "swiglu"
+  architecture = models.architecture_of(flat)
+  gated = architecture["mlp"] == "swiglu"
   tensors = torch_layouts.from_release(flat, "dinov3")
+  if not architecture["key_bias"]:  # from_release's zeros.
+    for i in range(sizes["num_layers"]):
+      del tensors[f"layer.{i}.attention.k_proj.bias"]
   # The masked-image-modelling token, which inference does not read.
   tensors["embeddings.mask_token"] = np.zeros((1, 1, width), dtype)
   config = {
@@ -868,7 +916,8 @@ def write_dinov3(directory, flat, function, image_size, what):
       "rope_theta": function["rope_theta"], "image_size": int(image_size),
       "patch_size": sizes["patch_size"], "num_channels": 3,
       "query_bias": True,
-      "key_bias": True, "value_bias": True, "proj_bias": True,
+      "key_bias": architecture["key_bias"], "value_bias": True,
+      "proj_bias": True,
       "mlp_bias": True, "layerscale_value": 1.0, "use_gated_mlp": gated,
       "num_register_tokens": 0 if registers is None else int(
           registers.shape[1]),
@@ -1009,7 +1058,7 @@ def write_eva(path, flat, function, image_size, what):
   sizes = _sizes(flat)
   keys = [torch_layouts.BLOCK.format(i) + torch_layouts.ATTENTION +
           "/key/bias" for i in range(sizes["num_layers"])]
-  if kind == "axial" and any(np.any(flat[key]) for key in keys):
+  if kind == "axial" and any(np.any(flat.get(key, 0)) for key in keys):
     cannot.append("a key bias (--format=hf writes it)")
   _refuse(what, "as a timm Eva", cannot)
   flat = dict(flat)

@@ -262,13 +262,16 @@ def _from_release(kind, leaves):
     return kernel.reshape(-1, kernel.shape[-1]).T, leaves["bias"]
   if kind == "heads_in":
     kernel = leaves["kernel"]
-    return kernel.reshape(kernel.shape[0], -1).T, leaves["bias"].reshape(-1)
+    # A projection without a bias (model.key_bias off) is written with a
+    # zero one, which computes the same.
+    bias = leaves.get("bias", np.zeros(kernel.shape[1:], kernel.dtype))
+    return kernel.reshape(kernel.shape[0], -1).T, bias.reshape(-1)
   if kind == "heads_out":
     kernel = leaves["kernel"]
     return kernel.reshape(-1, kernel.shape[-1]).T, leaves["bias"]
   parts = [_from_release("heads_in", {
-      "kernel": leaves[f"{name}/kernel"], "bias": leaves[f"{name}/bias"]})
-           for name in FUSED[kind]]
+      leaf: leaves[f"{name}/{leaf}"] for leaf in ("kernel", "bias")
+      if f"{name}/{leaf}" in leaves}) for name in FUSED[kind]]
   return (np.concatenate([w for w, _ in parts]),
           np.concatenate([b for _, b in parts]))
 

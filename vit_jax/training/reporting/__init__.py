@@ -70,7 +70,10 @@ class Report:
     if log_now:
       self._row = {**self._window.row(),
                    "train_skipped_examples": self._skipped.total()}
-    self._printer.step(step, lambda: float(metrics["train_loss"]))
+    # The progress line's loss is the row's: the window's mean, at a step
+    # that logs the very value metrics.jsonl holds.
+    self._printer.step(step, lambda: self._row["train_loss"] if log_now
+                       else self._window.mean("train_loss"))
 
   def counting(self, bucket):
     """Time inside goes to `bucket` (goodput.BUCKETS)."""

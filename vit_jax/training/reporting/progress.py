@@ -5,7 +5,9 @@
 
 A line comes every `every_steps` steps, at least every `every_seconds`
 (when a step ends), at the first step (which compiles) and at the last;
-and one with the evaluators' results whenever they run. Plain lines rather than a redrawn bar: they
+and one with the evaluators' results whenever they run. Its loss is the
+mean training loss of the steps since the last metrics row: at a step
+that logs, the train_loss of metrics.jsonl. Plain lines rather than a redrawn bar: they
 read the same in a terminal, a log file and a pod's prefixed output.
 """
 
@@ -73,8 +75,9 @@ class Progress:
       print(text, file=self._out or sys.stdout, flush=True)
 
   def step(self, step, loss):
-    """Called after every step. `loss` gives the step's training loss (called
-    only when a line is printed: it waits for the step)."""
+    """Called after every step. `loss` gives the training loss to show, the
+    mean of the steps since the last metrics row (called only when a line
+    is printed: it waits for the steps)."""
     now = self._clock()
     first = step == self._start_step + 1
     if first:

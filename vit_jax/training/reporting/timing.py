@@ -43,6 +43,11 @@ class Window:
     finally:
       self._start += time.time() - paused
 
+  def mean(self, name):
+    """The mean of the metric `name` over the window's steps so far, as
+    `row` gives it (it waits for them); the window goes on."""
+    return float(np.mean(jax.device_get([m[name] for m in self._metrics])))
+
   def row(self):
     """The window's mean metrics and img/s per device (and a packed run's
     sequences a second); starts a new one."""
