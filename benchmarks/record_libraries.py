@@ -1,0 +1,547 @@
+"""Records the real libraries' outputs, for tests/test_recorded_libraries.py.
+
+Run by hand, in a virtual environment of its own with torch, timm and
+transformers (never the project's; nothing of the package or its tests
+needs torch):
+
+  /work/torchvenv/bin/python benchmarks/record_libraries.py \
+      --out=tests/fixtures/libraries
+
+For each family of PyTorch-world ViT that vit_jax reads or writes it makes a
+SMALL random model (2 blocks, width 48, 4 heads, patch 8, 32 x 32 images;
+seeded, and every parameter perturbed by a seeded draw so that nothing is a
+trivial initialisation), saves it as its library saves it (transformers:
+`save_pretrained`, a directory of config.json and model.safetensors; timm:
+its `state_dict()` as .safetensors, and in model.json the
+`timm.create_model` name and arguments that build it), and records fixed
+inputs and the model's outputs on them, computed in float64 (the float32
+weights as saved, `model.double()`, the float32 inputs widened): logits,
+pooled features (what the head reads) and the patch tokens of the last
+hidden state. SigLIP 2's NaFlex tower also gets two image processors' work
+on a few pictures of different aspect ratios (PNG files): the
+`pixel_values`, `pixel_attention_mask` and `spatial_shapes` of
+transformers' Siglip2ImageProcessor (torchvision) and
+Siglip2ImageProcessorPil, and the model's outputs on the former's.
+
+The release's .npz form is recorded through google-research/
+vision_transformer's own model code (vit_jax/models_vit.py there) where a
+checkout is given (--vision_transformer=DIR): a second process, the
+project's Python (--release_python, which has jax and flax), imports that
+file alone (never this project's vit_jax), initialises small models,
+perturbs them as above, saves their params as the release's .npz files are
+(the params flattened with "/" joining the names, np.savez) and records
+their float32 outputs (upstream's computation dtype).
+
+Everything goes under --out, one folder per family (README.md there says
+what each file is), and versions.json. Written twice, the files are the
+same bytes: every draw is seeded, torch runs on one thread.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+
+import numpy as np
+
+# The sizes of every model here.
+WIDTH, DEPTH, HEADS, MLP_RATIO, PATCH, SIDE, CLASSES = 48, 2, 4, 2, 8, 32, 5
+# Inputs: NHWC float32 in [-1, 1]. "wide" only for models without a
+# position table (RoPE), which compute at any grid.
+SHAPES = {"square": (SIDE, SIDE), "wide": (24, 40)}
+BATCH = 2
+# SigLIP 2's NaFlex pictures (height, width) and the processor's budget.
+PICTURES = {"tall": (45, 23), "wide": (20, 70), "square": (32, 32)}
+MAX_NUM_PATCHES = 16
+
+# Each timm family: (timm.create_model's name, arguments beside the sizes,
+# the input shapes it is run on).
+TIMM_SIZES = dict(img_size=SIDE, patch_size=PATCH, embed_dim=WIDTH,
+                  depth=DEPTH, num_heads=HEADS, mlp_ratio=MLP_RATIO,
+                  num_classes=CLASSES)
+TIMM_FAMILIES = {
+    "timm_vit_token": ("vit_base_patch16_224", {}, ("square",)),
+    "timm_vit_map_registers_layerscale_qknorm": (
+        "vit_base_patch16_224", dict(reg_tokens=4, init_values=1e-5,
+                                     global_pool="map", qk_norm=True),
+        ("square",)),
+    "timm_vit_avg_fcnorm_registers_no_embed_class": (
+        "vit_base_patch16_224", dict(reg_tokens=2, global_pool="avg",
+                                     fc_norm=True, no_embed_class=True),
+        ("square",)),
+    "timm_deit_distilled": ("deit_base_distilled_patch16_224", {},
+                            ("square",)),
+    "timm_eva_rope_index": ("vit_base_patch16_rope_224",
+                            dict(dynamic_img_size=True), ("square", "wide")),
+    "timm_eva_rope_mixed": ("vit_base_patch16_rope_mixed_224",
+                            dict(dynamic_img_size=True), ("square", "wide")),
+    "timm_eva_rope_ape": ("vit_base_patch16_rope_ape_224", {}, ("square",)),
+    "timm_eva_dinov3_qkvb": ("vit_small_patch16_dinov3_qkvb", {},
+                             ("square", "wide")),
+    "timm_eva_dinov3_swiglu": ("vit_huge_plus_patch16_dinov3", {},
+                               ("square", "wide")),
+}
+HF_FAMILIES = ("hf_vit_classifier", "hf_vit_model_pooler",
+               "hf_deit_with_teacher", "hf_dinov2", "hf_dinov2_registers",
+               "hf_dinov3", "hf_siglip", "hf_siglip2_naflex")
+RELEASE_FAMILIES = {  # upstream's VisionTransformer arguments
+    "release_token_pre_logits": dict(classifier="token",
+                                     representation_size=WIDTH),
+    "release_gap": dict(classifier="gap", representation_size=None),
+}
+
+
+def seed_of(family):
+  """A seed of its own for each family, stable across runs and Pythons."""
+  return sum((i + 1) * ord(c) for i, c in enumerate(family)) % (2 ** 31)
+
+
+def images_for(family, shapes):
+  """{shape name: [BATCH, H, W, 3] float32 in [-1, 1]}."""
+  rng = np.random.default_rng(seed_of(family) + 1)
+  return {name: rng.uniform(-1, 1, (BATCH, *SHAPES[name], 3)).astype(
+      np.float32) for name in shapes}
+
+
+def perturbation_scale(name, shape):
+  """How much of a standard normal draw each parameter gets added: weights
+  about 1 / sqrt(fan in) (a trained model's scale, where timm's own init
+  is 0.02); tokens, tables and probes 0.5 (at the patch embedding's
+  scale); LayerNorm scales, biases, layer scales and RoPE frequencies
+  0.2."""
+  lower = name.lower()
+  if any(part in lower for part in ("token", "pos_embed", "position_embed",
+                                    "latent", "probe")):
+    return 0.5
+  if len(shape) >= 2:
+    return 1.0 / float(np.sqrt(np.prod(shape[1:])))
+  return 0.2
+
+
+def perturb(model, seed):
+  """Adds a seeded draw to every parameter (perturbation_scale), in the
+  order of their names."""
+  import torch  # pylint: disable=g-import-not-at-top
+  generator = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, param in sorted(model.named_parameters()):
+      draw = torch.randn(param.shape, generator=generator,
+                         dtype=torch.float64)
+      param.add_((perturbation_scale(name, param.shape) * draw).to(
+          param.dtype))
+  return model
+
+
+def save_arrays(arrays, path):
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  safetensors.numpy.save_file(
+      {key: np.ascontiguousarray(value) for key, value in arrays.items()},
+      path, metadata={"format": "np"})
+
+
+def as_numpy(tensor):
+  return tensor.detach().cpu().numpy()
+
+
+def to_torch(images):
+  """NHWC numpy -> NCHW float64 torch."""
+  import torch  # pylint: disable=g-import-not-at-top
+  return torch.from_numpy(images.transpose(0, 3, 1, 2).astype(np.float64))
+
+
+def write_json(value, path):
+  with open(path, "w") as f:
+    json.dump(value, f, indent=2, sort_keys=True)
+    f.write("\n")
+
+
+def record_timm(family, out):
+  import safetensors.torch  # pylint: disable=g-import-not-at-top
+  import timm  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  name, options, shapes = TIMM_FAMILIES[family]
+  kwargs = {**TIMM_SIZES, **options}
+  torch.manual_seed(seed_of(family))
+  model = timm.create_model(name, pretrained=False, **kwargs).eval()
+  perturb(model, seed_of(family))
+  os.makedirs(out, exist_ok=True)
+  safetensors.torch.save_file(
+      {key: value.contiguous() for key, value in model.state_dict().items()},
+      os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+  model = model.double()
+  inputs = images_for(family, shapes)
+  outputs = {}
+  with torch.no_grad():
+    for shape, images in inputs.items():
+      x = to_torch(images)
+      tokens = model.forward_features(x)
+      outputs[f"{shape}/logits"] = as_numpy(model.forward_head(tokens))
+      outputs[f"{shape}/features"] = as_numpy(
+          model.forward_head(tokens, pre_logits=True))
+      outputs[f"{shape}/patch_tokens"] = as_numpy(
+          tokens[:, model.num_prefix_tokens:])
+  save_arrays(inputs, os.path.join(out, "inputs.safetensors"))
+  save_arrays(outputs, os.path.join(out, "outputs.safetensors"))
+  write_json({
+      "library": "timm", "class": type(model).__name__,
+      "create_model": name, "kwargs": kwargs, "num_heads": HEADS,
+      "num_prefix_tokens": model.num_prefix_tokens,
+      "outputs": {
+          "logits": "model.forward_head(model.forward_features(x))",
+          "features": "model.forward_head(model.forward_features(x), "
+                      "pre_logits=True)",
+          "patch_tokens": "model.forward_features(x)[:, "
+                          "model.num_prefix_tokens:]"},
+  }, os.path.join(out, "model.json"))
+
+
+def _hf_model(family):
+  """(the model, what its outputs are: {output: expression})."""
+  import transformers as t  # pylint: disable=g-import-not-at-top
+  sizes = dict(hidden_size=WIDTH, num_hidden_layers=DEPTH,
+               num_attention_heads=HEADS, intermediate_size=WIDTH * MLP_RATIO,
+               image_size=SIDE, patch_size=PATCH)
+  labels = dict(id2label={i: f"class {i}" for i in range(CLASSES)},
+                label2id={f"class {i}": i for i in range(CLASSES)})
+  if family == "hf_vit_classifier":  # The hub's function: gelu, 1e-12.
+    return t.ViTForImageClassification(t.ViTConfig(**sizes, **labels)), {
+        "logits": "model(x).logits",
+        "features": "model.vit(x).last_hidden_state[:, 0]",
+        "patch_tokens": "model.vit(x).last_hidden_state[:, 1:]"}
+  if family == "hf_vit_model_pooler":
+    return t.ViTModel(t.ViTConfig(**sizes, hidden_act="gelu_pytorch_tanh",
+                                  layer_norm_eps=1e-6),
+                      add_pooling_layer=True), {
+        "features": "model(x).pooler_output",
+        "patch_tokens": "model(x).last_hidden_state[:, 1:]"}
+  if family == "hf_deit_with_teacher":
+    return t.DeiTForImageClassificationWithTeacher(
+        t.DeiTConfig(**sizes, **labels)), {
+        "logits": "model(x).logits (the two heads' mean)",
+        "features": "model.deit(x).last_hidden_state[:, :2].mean(1)",
+        "patch_tokens": "model.deit(x).last_hidden_state[:, 2:]"}
+  if family == "hf_dinov2":
+    sizes.pop("intermediate_size")
+    return t.Dinov2Model(t.Dinov2Config(**sizes, mlp_ratio=MLP_RATIO)), {
+        "features": "model(x).pooler_output",
+        "patch_tokens": "model(x).last_hidden_state[:, 1:]"}
+  if family == "hf_dinov2_registers":
+    sizes.pop("intermediate_size")
+    return t.Dinov2WithRegistersModel(t.Dinov2WithRegistersConfig(
+        **sizes, mlp_ratio=MLP_RATIO, num_register_tokens=4)), {
+        "features": "model(x).pooler_output",
+        "patch_tokens": "model(x).last_hidden_state[:, 5:]"}
+  if family == "hf_dinov3":
+    return t.DINOv3ViTModel(t.DINOv3ViTConfig(
+        **sizes, num_register_tokens=4)), {
+        "features": "model(x).pooler_output",
+        "patch_tokens": "model(x).last_hidden_state[:, 5:]"}
+  if family == "hf_siglip":
+    return t.SiglipVisionModel(t.SiglipVisionConfig(**sizes)), {
+        "features": "model(x).pooler_output",
+        "patch_tokens": "model(x).last_hidden_state"}
+  if family == "hf_siglip2_naflex":
+    sizes.pop("image_size")
+    return t.Siglip2VisionModel(t.Siglip2VisionConfig(
+        **sizes, num_patches=(SIDE // PATCH) ** 2)), {
+        "features": "model(**processed).pooler_output",
+        "patch_tokens": "model(**processed).last_hidden_state (padding "
+                        "rows included)"}
+  raise ValueError(family)
+
+
+HF_SHAPES = {"hf_dinov3": ("square", "wide")}
+
+
+def _hf_outputs(family, model, x):
+  """{output: numpy} of an HF model on NCHW float64 `x`."""
+  if family == "hf_vit_classifier":
+    hidden = model.vit(x).last_hidden_state
+    return {"logits": model(x).logits, "features": hidden[:, 0],
+            "patch_tokens": hidden[:, 1:]}
+  if family == "hf_deit_with_teacher":
+    hidden = model.deit(x).last_hidden_state
+    return {"logits": model(x).logits,
+            "features": hidden[:, :2].mean(1), "patch_tokens": hidden[:, 2:]}
+  out = model(x)
+  prefix = {"hf_vit_model_pooler": 1, "hf_dinov2": 1,
+            "hf_dinov2_registers": 5, "hf_dinov3": 5, "hf_siglip": 0}[family]
+  return {"features": out.pooler_output,
+          "patch_tokens": out.last_hidden_state[:, prefix:]}
+
+
+def record_hf(family, out):
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(seed_of(family))
+  model, described = _hf_model(family)
+  model = perturb(model.eval(), seed_of(family))
+  os.makedirs(out, exist_ok=True)
+  model.save_pretrained(os.path.join(out, "hf"))
+  model = model.double()
+  if family == "hf_siglip2_naflex":
+    inputs, outputs = _siglip2_naflex(model, out)
+  else:
+    inputs = images_for(family, HF_SHAPES.get(family, ("square",)))
+    outputs = {}
+    with torch.no_grad():
+      for shape, images in inputs.items():
+        for key, value in _hf_outputs(family, model, to_torch(images)).items():
+          outputs[f"{shape}/{key}"] = as_numpy(value)
+  save_arrays(inputs, os.path.join(out, "inputs.safetensors"))
+  save_arrays(outputs, os.path.join(out, "outputs.safetensors"))
+  # pylint: disable-next=protected-access
+  attention = model.config._attn_implementation
+  write_json({"library": "transformers", "class": type(model).__name__,
+              "num_heads": HEADS, "attn_implementation": attention,
+              "outputs": described}, os.path.join(out, "model.json"))
+
+
+def picture(name):
+  """A uint8 RGB picture of PICTURES' size: smooth gradients and waves, a
+  little seeded noise."""
+  height, width = PICTURES[name]
+  rows, cols = np.mgrid[0:height, 0:width].astype(np.float64)
+  rng = np.random.default_rng(seed_of(name))
+  channels = [
+      128 + 100 * np.sin(rows / 5.0 + cols / 9.0),
+      255 * cols / max(width - 1, 1),
+      128 + 90 * np.cos(np.hypot(rows - height / 2, cols - width / 3) / 4.0),
+  ]
+  image = np.stack(channels, axis=-1) + rng.normal(0, 12, (height, width, 3))
+  return np.clip(np.round(image), 0, 255).astype(np.uint8)
+
+
+def _siglip2_naflex(model, out):
+  """SigLIP 2's pictures through both image processors (their outputs),
+  and the model on the torchvision one's (float64)."""
+  import PIL.Image  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers as t  # pylint: disable=g-import-not-at-top
+  names = list(PICTURES)
+  for name in names:
+    PIL.Image.fromarray(picture(name)).save(
+        os.path.join(out, f"picture_{name}.png"))
+  pictures = [PIL.Image.open(os.path.join(out, f"picture_{name}.png"))
+              .convert("RGB") for name in names]
+  inputs = {}
+  processed = None
+  for key, kind in (("torchvision", t.Siglip2ImageProcessor),
+                    ("pil", t.Siglip2ImageProcessorPil)):
+    processor = kind(patch_size=PATCH, max_num_patches=MAX_NUM_PATCHES)
+    batch = processor(images=pictures, return_tensors="pt")
+    if key == "torchvision":
+      processor.save_pretrained(os.path.join(out, "hf"))
+      processed = batch
+    inputs[f"{key}/pixel_values"] = as_numpy(batch["pixel_values"]).astype(
+        np.float32)
+    inputs[f"{key}/pixel_attention_mask"] = as_numpy(
+        batch["pixel_attention_mask"]).astype(np.int32)
+    inputs[f"{key}/spatial_shapes"] = as_numpy(
+        batch["spatial_shapes"]).astype(np.int32)
+  with torch.no_grad():
+    result = model(pixel_values=processed["pixel_values"].double(),
+                   pixel_attention_mask=processed["pixel_attention_mask"],
+                   spatial_shapes=processed["spatial_shapes"])
+  outputs = {"naflex/features": as_numpy(result.pooler_output),
+             "naflex/patch_tokens": as_numpy(result.last_hidden_state)}
+  write_json({"pictures": names, "max_num_patches": MAX_NUM_PATCHES,
+              "patch_size": PATCH}, os.path.join(out, "pictures.json"))
+  return inputs, outputs
+
+
+# The release's code, run by the project's Python (--release_python): it
+# imports google-research/vision_transformer's models_vit.py as the package
+# `vit_jax` of that checkout, so this project's vit_jax is never imported.
+RELEASE_SCRIPT = r"""
+import json, sys, types
+import numpy as np
+checkout, out, families = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+package = types.ModuleType("vit_jax")
+package.__path__ = [checkout + "/vit_jax"]
+sys.modules["vit_jax"] = package
+import flax, jax, ml_collections
+from vit_jax import models_vit
+sizes = json.loads(sys.argv[4])
+recorded = {}
+for family, options in families.items():
+  seed, images = options.pop("seed"), np.load(options.pop("images"))
+  model = models_vit.VisionTransformer(
+      num_classes=sizes["classes"], patches=ml_collections.ConfigDict(
+          {"size": (sizes["patch"], sizes["patch"])}),
+      transformer=dict(num_layers=sizes["depth"],
+                       mlp_dim=sizes["width"] * sizes["mlp_ratio"],
+                       num_heads=sizes["heads"], dropout_rate=0.0,
+                       attention_dropout_rate=0.0),
+      hidden_size=sizes["width"], **options)
+  params = model.init(jax.random.PRNGKey(seed), images[:1],
+                      train=False)["params"]
+  flat = flax.traverse_util.flatten_dict(params, sep="/")
+  rng = np.random.default_rng(seed)
+  perturbed = {}
+  for name in sorted(flat):
+    value = np.asarray(flat[name], np.float64)
+    base = name.rsplit("/", 1)[-1]
+    if name in ("cls", "Transformer/posembed_input/pos_embedding"):
+      scale = 0.5
+    elif base == "kernel":
+      scale = 1 / np.sqrt(np.prod(value.shape[:-1]))
+      if value.ndim == 3 and name.endswith("/out/kernel"):
+        scale = 1 / np.sqrt(np.prod(value.shape[:2]))
+      elif value.ndim == 3:
+        scale = 1 / np.sqrt(value.shape[0])
+    else:
+      scale = 0.2
+    perturbed[name] = (value + scale * rng.standard_normal(value.shape)
+                       ).astype(np.float32)
+  np.savez(f"{out}/{family}/model.npz", **perturbed)
+  params = flax.traverse_util.unflatten_dict(
+      {k: jax.numpy.asarray(v) for k, v in perturbed.items()}, sep="/")
+  logits = model.apply({"params": params}, images, train=False)
+  # What the head reads: the output of pre_logits (an IdentityLayer
+  # without a representation_size; else a Dense, whose tanh the head
+  # reads), captured as flax records a module's output.
+  _, state = model.apply({"params": params}, images, train=False,
+                         capture_intermediates=lambda m, _: m.name in (
+                             "pre_logits", "Transformer"))
+  inter = state["intermediates"]
+  tokens = inter["Transformer"]["__call__"][0]
+  prefix = 1 if options["classifier"] == "token" else 0
+  features = inter["pre_logits"]["__call__"][0]
+  if options["representation_size"]:  # The Dense's output, then its tanh.
+    features = jax.numpy.tanh(features)
+  np.savez(f"{out}/{family}/outputs.npz", logits=np.asarray(logits),
+           features=np.asarray(features),
+           patch_tokens=np.asarray(tokens[:, prefix:]))
+  recorded[family] = str(logits.dtype)
+print(json.dumps({"jax": jax.__version__, "flax": flax.__version__,
+                  "dtypes": recorded}))
+"""
+
+
+def record_release(out, checkout, python):
+  """The release families (RELEASE_FAMILIES) through upstream's code;
+  returns what the second process says of itself (jax, flax versions)."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  families = {}
+  with tempfile.TemporaryDirectory() as scratch:
+    for family, options in RELEASE_FAMILIES.items():
+      os.makedirs(os.path.join(out, family), exist_ok=True)
+      images = images_for(family, ("square",))
+      np.save(os.path.join(scratch, f"{family}.npy"), images["square"])
+      families[family] = {**options, "seed": seed_of(family),
+                          "images": os.path.join(scratch, f"{family}.npy")}
+    sizes = dict(classes=CLASSES, patch=PATCH, depth=DEPTH, width=WIDTH,
+                 mlp_ratio=MLP_RATIO, heads=HEADS)
+    done = subprocess.run(
+        [python, "-c", RELEASE_SCRIPT, checkout, out, json.dumps(families),
+         json.dumps(sizes)], capture_output=True, text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    if done.returncode:
+      raise RuntimeError(f"upstream's models_vit.py did not run:\n"
+                         f"{done.stderr[-4000:]}")
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+  for family, options in RELEASE_FAMILIES.items():
+    directory = os.path.join(out, family)
+    outputs = dict(np.load(os.path.join(directory, "outputs.npz")))
+    os.remove(os.path.join(directory, "outputs.npz"))
+    save_arrays(images_for(family, ("square",)),
+                os.path.join(directory, "inputs.safetensors"))
+    save_arrays({f"square/{key}": value for key, value in outputs.items()},
+                os.path.join(directory, "outputs.safetensors"))
+    write_json({"library": "google-research/vision_transformer",
+                "class": "models_vit.VisionTransformer",
+                "kwargs": {**options, "hidden_size": WIDTH,
+                           "patches": {"size": [PATCH, PATCH]},
+                           "num_classes": CLASSES,
+                           "transformer": {
+                               "num_layers": DEPTH,
+                               "mlp_dim": WIDTH * MLP_RATIO,
+                               "num_heads": HEADS}},
+                "num_heads": HEADS, "dtype": said["dtypes"][family],
+                "outputs": {
+                    "logits": "model.apply(params, x, train=False)",
+                    "features": "what its head reads: the output of its "
+                                "pre_logits layer (tanh of the Dense's, "
+                                "with a representation_size)",
+                    "patch_tokens": "the output of its Transformer "
+                                    "(encoder_norm applied), patches"}},
+               os.path.join(directory, "model.json"))
+  return said
+
+
+def checkout_commit(checkout):
+  done = subprocess.run(["git", "-C", checkout, "rev-parse", "HEAD"],
+                        capture_output=True, text=True)
+  return done.stdout.strip() or None
+
+
+def versions(release):
+  # pylint: disable=g-import-not-at-top
+  import PIL
+  import safetensors
+  import timm
+  import torch
+  import torchvision
+  import transformers
+  found = {"python": platform.python_version(), "torch": torch.__version__,
+           "torchvision": torchvision.__version__, "timm": timm.__version__,
+           "transformers": transformers.__version__,
+           "safetensors": safetensors.__version__,
+           "numpy": np.__version__, "pillow": PIL.__version__}
+  if release:
+    found.update(release)
+  return found
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--only", default="",
+                      help="comma-separated families (default: all)")
+  parser.add_argument(
+      "--vision_transformer", default="",
+      help="a checkout of google-research/vision_transformer; without, the "
+           "release families are left as they are")
+  parser.add_argument(
+      "--release_python", default=os.path.join(
+          os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+          ".venv", "bin", "python"),
+      help="a Python with jax and flax, to run upstream's models_vit.py")
+  args = parser.parse_args()
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(1)
+  torch.use_deterministic_algorithms(True)
+  only = set(filter(None, args.only.split(",")))
+  out = os.path.abspath(args.out)
+  os.makedirs(out, exist_ok=True)
+  for family in TIMM_FAMILIES:
+    if not only or family in only:
+      record_timm(family, os.path.join(out, family))
+      print("recorded", family)
+  for family in HF_FAMILIES:
+    if not only or family in only:
+      record_hf(family, os.path.join(out, family))
+      print("recorded", family)
+  release = None
+  if args.vision_transformer and (not only or only & set(RELEASE_FAMILIES)):
+    said = record_release(out, os.path.abspath(args.vision_transformer),
+                          args.release_python)
+    release = {"jax (release families)": said["jax"],
+               "flax (release families)": said["flax"],
+               "google-research/vision_transformer": checkout_commit(
+                   args.vision_transformer)}
+    print("recorded", ", ".join(RELEASE_FAMILIES))
+  path = os.path.join(out, "versions.json")
+  found = versions(release)
+  if release is None and os.path.exists(path):  # Keep the release's record.
+    with open(path) as f:
+      found.update({key: value for key, value in json.load(f).items()
+                    if "release" in key or "vision_transformer" in key})
+  write_json(found, path)
+  print(f"wrote {out} ({datetime.date.today()})")
+
+
+if __name__ == "__main__":
+  main()
