@@ -181,6 +181,13 @@ def test_tools_write_in_a_workdir_only_under_its_exports_and_figures(
   for allowed in (f"{run.exports}/model.npz", run.exports, run.figures,
                   str(tmp_path / "model.npz")):
     workdir_lib.check_output(allowed, "--out")
+  # An HF export written again: its config.json is the export's, beside
+  # its weights, not a run's.
+  export = tmp_path / "hf"
+  export.mkdir()
+  (export / "config.json").write_text('{"model_type": "vit"}')
+  (export / "model.safetensors").write_bytes(b"")
+  workdir_lib.check_output(str(export), "--out")
   # The command of issue "Every tool as careful": the run's config.json was
   # replaced by the HF one.
   code, _, stderr = call_tool("export", f"--workdir={run}", f"--out={run}",

@@ -199,10 +199,18 @@ def check_output(output, flag):
   path = paths.path(output)
   for folder in [path, *path.parents]:
     workdir = Workdir(folder)
-    if workdir.has_run():
+    if workdir.has_run() and not _is_weights_export(folder):
       if workdir.may_hold(path):
         return
       raise errors.InputError(
           f"{flag}={output} is inside the workdir of a run ({workdir}), "
           f"whose files are the run's: write under {workdir.exports} (or "
           f"{workdir.figures}), or outside the workdir")
+
+
+def _is_weights_export(folder):
+  """Whether `folder` is an HF export (its config.json beside the model's
+  weights, which no run's workdir holds at its top): one written again is
+  replaced, not taken for a run."""
+  return any((folder / name).exists()
+             for name in ("model.safetensors", "model.safetensors.index.json"))
