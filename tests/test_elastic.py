@@ -185,15 +185,7 @@ def test_a_run_stopped_on_2_slices_resumes_on_1_of_4_devices(
                   "new": "4 (data=1 x fsdp=4 x model=1)"},
       "mesh.slices": {"old": 2, "new": -1}}
   assert "devices: '8 (data=2 x fsdp=4 x model=1)' -> '4 (data=1" in stderr
-  config = small_config(digits_data_dir, **ELASTIC)
-  _, params, _ = latest_checkpoint(workdir, config)
-  _, expected, _ = latest_checkpoint(uninterrupted[2], config)
-  # Summed in other orders (gloo's, then another mesh's): float32
-  # rounding; a wrong batch or share moves params by 1e-3 or more.
-  np.testing.assert_allclose(
-      np.concatenate([x.ravel() for x in jax.tree.leaves(params)]),
-      np.concatenate([x.ravel() for x in jax.tree.leaves(expected)]),
-      rtol=1e-6, atol=5e-7)
+  assert_params_close(workdir, data_dir, uninterrupted)
 
 
 def test_a_run_stopped_on_8_devices_resumes_on_2_hosts_of_2(
@@ -207,6 +199,20 @@ def test_a_run_stopped_on_8_devices_resumes_on_2_hosts_of_2(
   assert code == 0, stderr[-3000:]
   changes = assert_continues(workdir, log, 2, stopped[1], uninterrupted)
   assert changes["devices"]["new"] == "4 (data=4 x fsdp=1 x model=1)"
+  assert_params_close(workdir, stopped[2], uninterrupted)
+
+
+def assert_params_close(workdir, data_dir, uninterrupted):
+  """The resumed run's final params are the uninterrupted run's, within
+  float32 rounding: the same batches summed in other orders (gloo's, then
+  another mesh's); a wrong batch or share moves params by 1e-3 or more."""
+  config = small_config(data_dir, **ELASTIC)
+  _, params, _ = latest_checkpoint(workdir, config)
+  _, expected, _ = latest_checkpoint(uninterrupted[2], config)
+  np.testing.assert_allclose(
+      np.concatenate([x.ravel() for x in jax.tree.leaves(params)]),
+      np.concatenate([x.ravel() for x in jax.tree.leaves(expected)]),
+      rtol=1e-6, atol=5e-7)
 
 
 def test_the_default_shares_suit_slices_and_small_datasets():

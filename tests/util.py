@@ -375,13 +375,20 @@ def program_of(config, num_classes=10, mesh=None):
 
 def latest_checkpoint(workdir, config, num_classes=10):
   """(step, params, progress) of the newest checkpoint in `workdir`."""
+  state, progress = latest_state(workdir, config, num_classes)
+  return int(state.step), state.params, progress
+
+
+def latest_state(workdir, config, num_classes=10):
+  """(the whole train state on the host: step, params, optimizer state,
+  ..., progress) of the newest checkpoint in `workdir`."""
   from vit_jax.runs import checkpoints as checkpoints_lib
   from vit_jax.runs.workdir import Workdir
   program = program_of(config, num_classes)
   manager = Workdir(workdir).checkpoint_manager(3)
   state, progress = checkpoints_lib.restore_newest_whole(manager,
                                                    program.state_shapes)
-  return int(state.step), jax.device_get(state.params), progress
+  return jax.device_get(state), progress
 
 
 def assert_trees_equal(actual, expected):
