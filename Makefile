@@ -39,7 +39,7 @@ transfer: $(VENV)/installed
 	    --workdir=workdir/transfer/$$run | sed "s/^/$$run: /" || exit 1; \
 	done
 
-# The digits figures that the README shows (docs/digits_*.png): a fresh run
+# The digits figures that docs/figures.md shows (docs/digits_*.png): a fresh run
 # of `make train`'s command, then its figures, copied over the old ones.
 docs_figures: $(VENV)/installed
 	rm -rf workdir/docs_digits

@@ -3,7 +3,7 @@
 any key as --config.KEY=VALUE.
 
 The keys, their defaults, bounds and meanings are in one place,
-vit_jax/runs/settings.py; README's "Config keys" table explains them.
+vit_jax/runs/settings.py; docs/config.md's "Config keys" table explains them.
 """
 
 from vit_jax.runs import settings

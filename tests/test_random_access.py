@@ -118,7 +118,7 @@ def test_a_late_resume_reads_only_the_batches_it_yields(digits_data_dir,
 def test_a_converted_tfrecord_dataset_reads_the_same_records_at_random(
     digits_data_dir, digits_tfrecord_data_dir, tmp_path):
   out = str(tmp_path / "converted")
-  # As README's command does it, in this process.
+  # As docs/pods.md's command does it, in this process.
   printed = run_tool("convert_dataset", "--dataset=digits",
                      f"--data_dir={digits_tfrecord_data_dir}",
                      f"--out_data_dir={out}").splitlines()

@@ -19,8 +19,8 @@ since runs were first recorded carries `before`: the value that does what
 a run recorded without it did, or RESOLVED, whatever the restart resolves
 it to.
 
-README's "Config keys" table names every key here, and every key has a
-description (tests/test_readme.py, tests/test_settings.py).
+docs/config.md's "Config keys" table names every key here, and every key
+has a description (tests/test_readme.py, tests/test_settings.py).
 """
 
 import dataclasses
@@ -64,7 +64,8 @@ def _model_section():
   return dataclasses.make_dataclass(
       "Model", fields, frozen=True, namespace={"__module__": __name__,
           "__doc__": "config.model: `name` and an override of each of "
-                     "models.create's fields (README, \"Models\"); None "
+                     "models.create's fields (docs/config.md, "
+                     "\"Models\"); None "
                      "leaves a field as the name, init_from, else the "
                      "paper's ViT sets it."})
 
