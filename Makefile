@@ -49,9 +49,10 @@ docs_figures: $(VENV)/installed
 	  cp "$$png" "docs/digits_$$(basename "$$png")" || exit 1; \
 	done
 
+# PYTEST_ARGS: more of pytest's arguments, e.g. a file, -k, or coverage's.
 test: $(VENV)/installed
 	$(PYTHON) -m ruff check --quiet .
-	$(TEST_ENV) $(PYTHON) -m pytest -n 2 --dist worksteal -q --durations=40
+	$(TEST_ENV) $(PYTHON) -m pytest -n 2 --dist worksteal -q --durations=40 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) workdir
