@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 
 import flax.linen as nn
 import jax
@@ -20,6 +21,7 @@ from tests.util import (
   logged,
   main_flags,
   metric_rows,
+  program_of,
   run_tool,
   run_training,
   sigterm_at_step,
@@ -60,8 +62,9 @@ def test_a_half_width_student_learns_from_the_digits_run(digits_run,
                                                           tmp_path):
   """configs/distill/digits.py's recipe, shortened: function matching
   alone (no label loss) halves the distillation term and teaches the
-  student the digits; its FLOPs count the teacher's forward pass."""
-  teacher, _, teacher_accuracy, _ = digits_run
+  student the digits; its teacher agreement is the two checkpoints' on the
+  test split; its FLOPs count the teacher's forward pass."""
+  teacher, pngs, teacher_accuracy, _ = digits_run
   config = small_config(digits_data_dir, **{
       **DIGITS_RUN, "model.hidden_size": 32, "model.mlp_dim": 64,
       "total_steps": 150, "log_every": 10, "evaluators.test.every": 150,
@@ -75,16 +78,33 @@ def test_a_half_width_student_learns_from_the_digits_run(digits_run,
   # teacher on more images than either is right on.
   assert result["test_teacher_agreement"] >= max(result["test_accuracy"],
                                                  teacher_accuracy)
+  # And it is the share of the test images on which the student's
+  # checkpoint and the teacher's top classes agree, counted here: each
+  # image decoded by PIL, in [-1, 1] in numpy, each model applied to all
+  # of them at once.
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  assert config.polyak_decay == 0  # The params are what was evaluated.
+  _, student_params, _ = latest_checkpoint(str(tmp_path), config)
+  loaded = distill.load(typed(config))
+  files = sorted(os.listdir(pngs))
+  images = np.stack([np.asarray(Image.open(os.path.join(pngs, name)).convert(
+      "RGB")) for name in files]).astype(np.float32) / 127.5 - 1
+  top = [np.asarray(jax.jit(lambda p, m=model: m.apply(
+      {"params": p}, images, train=False))(params)).argmax(-1)
+         for model, params in ((program_of(config).model, student_params),
+                               (loaded.model, loaded.params))]
+  assert len(files) == result["test_examples"] == 360
+  assert result["test_teacher_agreement"] == pytest.approx(
+      np.mean(top[0] == top[1]), abs=0.1 / len(files))
   alone = small_config(digits_data_dir, **{**DIGITS_RUN,
                                            "model.hidden_size": 32,
                                            "model.mlp_dim": 64})
   row = next(r for r in metric_rows(tmp_path) if "flops_per_step" in r)
   student = typed(alone)
   built = step_lib.parts(student, 10)
-  teacher_model = distill.load(typed(config)).model
   assert row["flops_per_step"] == pytest.approx(config.batch_size * (
       flops.flops_per_image(built.model, 8, train=True)
-      + flops.flops_per_image(teacher_model, 8)))
+      + flops.flops_per_image(loaded.model, 8)))
 
 
 @pytest.mark.parametrize("kind", distill.KINDS)

@@ -153,15 +153,19 @@ def test_digits_at_mixed_sizes_span_8_to_64_patches():
   assert min(counts) <= 12 and max(counts) == 64
 
 
-# The session's digits model (square 8 x 8 digits), fine-tuned.
+# The session's digits model (square 8 x 8 digits), fine-tuned for 80
+# steps: its head starts afresh (a new dataset), and its features of square
+# digits carry little to digits of mixed sizes (0.24 on them with its own
+# head, when written), so it learns them almost anew: 0.29 in a run of 12
+# steps, 0.43 of 48, 0.55 of 80 when written.
 PACKED = {"dataset": "digits/mixed_sizes", "image_size": 16,
           "naflex.max_num_patches": 64, "naflex.packing": True,
           "naflex.images_per_sequence": 2.5, "mesh.data": 8,
           "mesh.model": 1, "model.dropout_rate": 0.0,
           "model.hidden_size": 64, "model.mlp_dim": 128,
           "model.scan_layers": True, "input_shares": 16,
-          "total_steps": 12, "log_every": 1, "checkpoint_every": 4,
-          "evaluators.test.every": 12, "optimizer.warmup_steps": 2,
+          "total_steps": 80, "log_every": 1, "checkpoint_every": 20,
+          "evaluators.test.every": 80, "optimizer.warmup_steps": 2,
           "optimizer.learning_rate": 3e-3}
 
 
@@ -176,8 +180,8 @@ def test_a_packed_run_learns_with_little_padding(packed_run):
   config, workdir = packed_run
   rows = [row for row in metric_rows(workdir) if "train_loss" in row]
   losses = [row["train_loss"] for row in rows]
-  # Its head starts afresh (a new dataset): 2.30 -> 2.08 when written.
-  assert np.mean(losses[-3:]) < 0.95 * np.mean(losses[:3])
+  # Its head starts afresh (a new dataset): 2.29 -> 1.23 when written.
+  assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3])
   padding = np.mean([row["padding_fraction"] for row in rows])
   images = np.mean([row["images_per_step"] for row in rows])
   assert padding < 0.2
@@ -189,7 +193,37 @@ def test_a_packed_run_learns_with_little_padding(packed_run):
       / config.batch_size)
   accuracy = [row["test_accuracy"] for row in metric_rows(workdir)
               if "test_accuracy" in row]
-  assert accuracy[-1] > 0.2  # Chance is 0.1; 0.29 when written.
+  assert accuracy[-1] >= 0.5  # Chance is 0.1; 0.547 when written.
+
+
+def test_a_packed_runs_logged_counts_are_its_batches(packed_run, tmp_path):
+  """images_per_step, padding_fraction, dropped_fraction and the skipped
+  examples, as the run logged them at its first four steps, are counted
+  here from each step's packed batch itself (made again from the run's
+  config): its images the distinct slots its patches name, its padding
+  the patches of slot 0, the images read that found no room and those
+  that did not decode (train_skipped_examples: all so far) its
+  counters'."""
+  config, workdir = packed_run
+  rows = {row["step"]: row for row in metric_rows(workdir)
+          if "train_loss" in row}
+  dropped_somewhere, broken = False, 0
+  for step, batch in enumerate(_batches(config, str(tmp_path), 0, 4),
+                               start=1):
+    segments = batch["segments"]
+    images = sum(len(np.unique(row[row > 0])) for row in segments)
+    assert images == batch["mask"].sum()
+    dropped = int(batch["dropped"].sum())
+    dropped_somewhere |= dropped > 0
+    row = rows[step]
+    assert row["images_per_step"] == images
+    assert row["padding_fraction"] == pytest.approx(
+        np.count_nonzero(segments == 0) / segments.size, rel=1e-6)
+    assert row["dropped_fraction"] == pytest.approx(
+        dropped / (images + dropped), rel=1e-6)
+    broken += int(batch["broken"].sum())
+    assert row["train_skipped_examples"] == broken
+  assert dropped_somewhere  # The test can tell a count from a constant.
 
 
 def test_a_packed_run_stopped_by_sigterm_resumes_bitwise(
