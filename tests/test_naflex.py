@@ -401,8 +401,9 @@ def test_a_devices_memory_is_told_only_where_an_allocator_serves_it():
   naflex.check_budget(config, 10**6, device=planned)  # Not refused here.
 
 
-# The aspect ratios (height : width) of benchmarks/naflex.py's folder:
-# screens, documents, panoramas, squares.
+# The aspect ratios (height : width) of the folder of benchmarks/naflex.py
+# as it was at bba7b30 (docs/naflex.md, "What it costs"): screens,
+# documents, panoramas, squares.
 ASPECTS = [(3, 4), (4, 3), (9, 16), (16, 9), (1, 1), (1.414, 1), (1, 3),
            (10, 16), (2, 3), (3, 1)]
 

@@ -43,12 +43,13 @@ class DigitsConfig(tfds.core.BuilderConfig):
     self.mixed_sizes = mixed_sizes
 
 
-def mixed_size(index):
+def mixed_size(index, long_sides=MIXED_LONG_SIDES):
   """(height, width) of image `index` of digits/mixed_sizes: the longer
-  side uniform over MIXED_LONG_SIDES, the aspect ratio log-uniform up to
+  side uniform over `long_sides` (both included; benchmarks/naflex.py
+  writes other ranges), the aspect ratio log-uniform up to
   MIXED_MAX_ASPECT either way, both drawn from the index alone."""
   rng = np.random.default_rng(index)
-  longer = int(rng.integers(MIXED_LONG_SIDES[0], MIXED_LONG_SIDES[1] + 1))
+  longer = int(rng.integers(long_sides[0], long_sides[1] + 1))
   aspect = float(np.exp(rng.uniform(-1, 1) * np.log(MIXED_MAX_ASPECT)))
   shorter = max(1, round(longer / max(aspect, 1 / aspect)))
   return (longer, shorter) if aspect >= 1 else (shorter, longer)
