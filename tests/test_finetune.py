@@ -128,7 +128,7 @@ def test_an_npz_sources_options_from_its_headers_are_its_arrays(tmp_path,
       "layer_norm_epsilon": 1e-6, "gelu": "tanh", "final_norm": "pooled",
       "rope": "", "rope_theta": 100.0, "classifier": "gap",
       "num_registers": 2, "distill_token": False, "layer_scale": 1.0,
-      "qk_norm": True,
+      "qk_norm": True, "key_bias": True,
       "mlp": "swiglu", "posemb": "learn"}
 
 

@@ -109,7 +109,7 @@ def test_distilling_is_function_matching_of_a_b16_into_an_s16(epochs, steps):
   assert config.total_steps == steps  # ceil(epochs * TRAIN_IMAGES / 4096)
   assert config.distill.to_dict() == dict(
       teacher="hf://google/vit-base-patch16-224", kind="soft",
-      temperature=1.0, label_weight=0.0)
+      temperature=1.0, label_weight=0.0, teacher_mean=(), teacher_std=())
   assert config.mixup.to_dict() == dict(prob=1.0, alpha=1.0)
   assert config.augment == "inception_crop,flip" and not config.randaugment
   assert (config.batch_size, config.model.name) == (4096, "S/16")
