@@ -24,7 +24,7 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # The tests compile hundreds of small programs and run each for a few steps:
 # LLVM at -O0, and XLA:CPU's older elemental emitters in place of its fusion
-# emitters, compile them much faster (README, "Tests"; docs/speed_on_cpu.md).
+# emitters, compile them much faster (docs/testing.md; docs/speed_on_cpu.md).
 # Results move within float32 rounding (fewer fused multiply-adds); every
 # comparison in the tests is between runs of these same settings. Runs
 # outside the tests keep XLA's defaults.
@@ -67,23 +67,127 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # start in the directory PROCESSES names, through a sitecustomize put first
 # on PYTHONPATH; the session's summary counts them. A process named by its
 # pid and start time: a pid may be reused, and a process that re-executes
-# itself (vit_jax/runtime.py) is one process.
+# itself (vit_jax/runtime.py) is one process. A fork that goes on in Python
+# (os.fork, multiprocessing's fork) is a process too, recorded in the child
+# by a hook of os.register_at_fork. A Python process that would not record
+# itself (started without PROCESSES or this PYTHONPATH, or with -I, -E or
+# -S) is refused as it starts (an audit hook), saying what to give it. Not
+# seen: a Python started so by another program (a shell's `env -i python`).
+#
+# The session fails when it started more than PROCESS_BUDGET (its workers
+# and the local Cloud Storage's included), and a test fails when it started
+# more than TEST_PROCESS_BUDGET, unless it is marked with its own allowance,
+# `@pytest.mark.processes(N)`.
 PROCESSES = "VIT_JAX_TEST_PROCESSES"
-SITECUSTOMIZE = """\
+PROCESS_BUDGET = 40
+TEST_PROCESS_BUDGET = 1
+SITECUSTOMIZE = r'''"""Written by tests/conftest.py: a Python process started under the
+tests records itself, and each fork of itself, in the folder that
+VIT_JAX_TEST_PROCESSES names, and refuses to start a Python process that
+would not."""
 import os
-if os.environ.get("VIT_JAX_TEST_PROCESSES"):
+import sys
+
+_FOLDER = "VIT_JAX_TEST_PROCESSES"
+_SITE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _record(how):
+  """This process, named by its pid and start time, as started by the test
+  that PYTEST_CURRENT_TEST names ("pytest": none, an xdist worker)."""
+  folder = os.environ.get(_FOLDER)
+  if not folder:
+    return
   try:
     with open("/proc/self/stat") as stat:
       started = stat.read().rsplit(")", 1)[1].split()[19]
   except (OSError, IndexError):
     started = ""
   try:
-    with open(os.path.join(os.environ["VIT_JAX_TEST_PROCESSES"],
-                           f"{os.getpid()}-{started}"), "w") as record:
-      record.write(os.environ.get("PYTEST_CURRENT_TEST", "pytest"))
+    with open(os.path.join(folder, f"{os.getpid()}-{started}"), "w") as f:
+      f.write(os.environ.get("PYTEST_CURRENT_TEST", "pytest") + "\n" + how)
   except OSError:
     pass
-"""
+
+
+def _forked():
+  """In a fork's child: a process, unless subprocess forked it to run a
+  program (its preexec_fn), which records itself if it is a Python."""
+  frame = sys._getframe().f_back
+  while frame is not None:
+    if (frame.f_code.co_name == "_execute_child"
+        and frame.f_code.co_filename.endswith("subprocess.py")):
+      return
+    frame = frame.f_back
+  _record("forked")
+
+
+def _is_python(program):
+  name = os.path.basename(program)
+  return ((name.startswith("python") and not name[6:].strip("0123456789."))
+          or os.path.realpath(program) == os.path.realpath(sys.executable))
+
+
+def _isolating(argv):
+  """Whether an interpreter's options (argv after its name) leave out
+  PYTHONPATH or site: -I, -E or -S."""
+  value_follows = False
+  for arg in argv[1:]:
+    arg = os.fsdecode(arg)
+    if value_follows:
+      value_follows = False
+    elif arg in ("-", "--") or not arg.startswith("-"):
+      return False  # A script or stdin: the options have ended.
+    elif arg.startswith("--"):
+      value_follows = arg == "--check-hash-based-pycs"
+    else:
+      for i, letter in enumerate(arg[1:], 2):
+        if letter in "IES":
+          return True
+        if letter in "cm":
+          return False  # Its command or module: the options have ended.
+        if letter in "XW":
+          value_follows = i == len(arg)
+          break
+  return False
+
+
+def _refuse_unrecorded(event, args):
+  """An audit hook: a Python process started without what records it is
+  refused (RuntimeError)."""
+  if event == "subprocess.Popen":
+    executable, argv, _, env = args
+  elif event in ("os.exec", "os.posix_spawn"):
+    executable, argv, env = None, args[1], args[2]
+    argv = [args[0], *list(argv)[1:]]
+  else:
+    return
+  argv = ([argv] if isinstance(argv, (str, bytes, os.PathLike))
+          else list(argv))
+  program = executable if executable is not None else (argv or [""])[0]
+  if not _is_python(os.fsdecode(program)):
+    return
+  env = os.environ if env is None else env
+
+  def get(name):
+    value = env.get(name, env.get(name.encode(), b"") if isinstance(
+        env, dict) else "")
+    return os.fsdecode(value or "")
+  if (get(_FOLDER) and _SITE in get("PYTHONPATH").split(os.pathsep)
+      and not _isolating(argv)):
+    return
+  raise RuntimeError(
+      f"{os.fsdecode(program)} would start without the tests' count of "
+      f"Python processes: give it this environment's {_FOLDER} and "
+      f"PYTHONPATH, and none of -I, -E, -S (tests/conftest.py)")
+
+
+if os.environ.get(_FOLDER):
+  if not globals().get("_HOOKS_ONLY"):
+    _record("started")
+  os.register_at_fork(after_in_child=_forked)
+  sys.addaudithook(_refuse_unrecorded)
+'''
 # Set by the session's first process alone, which counts.
 _processes_started = None
 if PROCESSES not in os.environ:
@@ -92,11 +196,17 @@ if PROCESSES not in os.environ:
   _processes_started = os.path.join(_counter, "started")
   os.mkdir(_processes_started)
   os.mkdir(os.path.join(_counter, "site"))
-  with open(os.path.join(_counter, "site", "sitecustomize.py"), "w") as f:
+  _site = os.path.join(_counter, "site", "sitecustomize.py")
+  with open(_site, "w") as f:
     f.write(SITECUSTOMIZE)
   os.environ[PROCESSES] = _processes_started
   os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [
       os.path.join(_counter, "site"), os.environ.get("PYTHONPATH")]))
+  # This process (not counted: the session itself) forks and starts
+  # processes as the others do.
+  exec(compile(SITECUSTOMIZE, _site, "exec"),  # noqa: S102  # pylint: disable=exec-used
+       {"__name__": "vit_jax_test_processes", "__file__": _site,
+        "_HOOKS_ONLY": True})
 
 import signal  # pylint: disable=g-import-not-at-top
 import threading  # pylint: disable=g-import-not-at-top
@@ -105,20 +215,83 @@ import warnings  # pylint: disable=g-import-not-at-top
 import pytest  # pylint: disable=g-import-not-at-top
 
 
+def started_processes(folder=None):
+  """The Python processes recorded in `folder` (default: this session's),
+  as (the test that started them, "started" or "forked"), one per
+  process."""
+  folder = folder or os.environ[PROCESSES]
+  found = []
+  for name in sorted(os.listdir(folder)):
+    try:
+      with open(os.path.join(folder, name)) as record:
+        text = record.read()
+    except OSError:
+      continue
+    test, _, how = text.partition("\n")
+    found.append((test.rsplit(" (", 1)[0] or "pytest", how or "started"))
+  return found
+
+
+def _counts_the_session(config):
+  """Whether this is a session's own process (not an xdist worker's), where
+  a count is kept."""
+  return (not hasattr(config, "workerinput")
+          and os.path.isdir(os.environ.get(PROCESSES, "")))
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "processes(count): the Python processes the test may "
+      f"start (default {TEST_PROCESS_BUDGET}; tests/conftest.py)")
+
+
+def pytest_sessionfinish(session):
+  """More processes than PROCESS_BUDGET fail the session."""
+  if (_counts_the_session(session.config)
+      and len(started_processes()) > PROCESS_BUDGET
+      and session.exitstatus in (pytest.ExitCode.OK,
+                                 pytest.ExitCode.NO_TESTS_COLLECTED)):
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter):
   """The Python processes the session started, by the test that started
   them ("pytest": its own workers), then their count."""
-  if _processes_started is None:
+  if not _counts_the_session(terminalreporter.config):
     return
-  names = os.listdir(_processes_started)
+  started = started_processes()
   by_test = {}
-  for name in names:
-    with open(os.path.join(_processes_started, name)) as record:
-      test = record.read().rsplit(" (", 1)[0] or "pytest"
-    by_test[test] = by_test.get(test, 0) + 1
+  for test, how in started:
+    name = test if how == "started" else f"{test} ({how})"
+    by_test[name] = by_test.get(name, 0) + 1
   for test, count in sorted(by_test.items()):
     terminalreporter.write_line(f"{count:3d} {test}")
-  terminalreporter.write_line(f"{len(names)} Python processes started")
+  terminalreporter.write_line(f"{len(started)} Python processes started")
+  if len(started) > PROCESS_BUDGET:
+    terminalreporter.write_line(
+        f"FAILED: more Python processes than the session's budget of "
+        f"{PROCESS_BUDGET} (tests/conftest.py, PROCESS_BUDGET): start fewer "
+        f"(tests/util.py, call_tool)", red=True)
+
+
+@pytest.fixture(autouse=True)
+def _processes_within_budget(request):
+  """A test that started more Python processes than it may (forks
+  included) fails."""
+  yield
+  if not os.path.isdir(os.environ.get(PROCESSES, "")):
+    return
+  marker = request.node.get_closest_marker("processes")
+  allowed = marker.args[0] if marker else TEST_PROCESS_BUDGET
+  mine = [how for test, how in started_processes()
+          if test == request.node.nodeid]
+  if len(mine) > allowed:
+    pytest.fail(
+        f"{len(mine)} Python processes started ({mine.count('forked')} of "
+        f"them forks), more than the {allowed} this test may start: start "
+        f"fewer (tests/util.py, call_tool), or mark it "
+        f"@pytest.mark.processes({len(mine)}) saying why",
+        pytrace=False)
 
 
 def _failed_on_ci(report):

@@ -75,6 +75,8 @@ EMULATOR_PORT = 4443
 TOKEN = "vit-jax-tests"
 # Seconds the emulator may take to start.
 START_TIMEOUT = 60
+# Its process, in the tests' count of processes (tests/conftest.py).
+PROCESS_NAME = "tests/gcs.py: the local Cloud Storage"
 
 
 class Unavailable(Exception):
@@ -266,7 +268,10 @@ def _start(directory):
         # -P: not tests/ first on its sys.path.
         [sys.executable, "-P", os.path.abspath(__file__), directory, binary],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-        start_new_session=True)
+        start_new_session=True,
+        # The session's, not the test's that asked first (tests/conftest.py
+        # counts each test's processes by this name).
+        env=dict(os.environ, PYTEST_CURRENT_TEST=PROCESS_NAME))
   deadline = time.monotonic() + START_TIMEOUT
   while (found := _settings()) is None:
     if process.poll() is not None or time.monotonic() > deadline:

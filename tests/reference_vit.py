@@ -632,7 +632,7 @@ def forward_dinov3(tensors, images, num_heads, eps=1e-5, gelu="exact",
 
 
 def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
-                       rope_theta=100.0, pool="patches"):
+                       rope_theta=100.0, pool="patches", attention=None):
   """The pooled features of timm's DINOv3 ports (its Eva class, global_pool
   "avg": the mean of the patch tokens after `norm`, the class token and
   registers left out) for NHWC `images` of any size, float64 (logits under
@@ -642,7 +642,8 @@ def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
   table, an MLP of fc1 and fc2 or a SwiGLU (fc2 of SiLU(fc1_g) * fc1_x);
   the patches' queries and keys turned by `rope_phases` as DINOv3 turns
   them (timm's rope_rotate_half). `pool` "class": its class token after
-  `norm` (global_pool "token")."""
+  `norm` (global_pool "token"). `attention`, a list where given: each
+  layer's attention weights [n, heads, tokens, tokens] appended to it."""
   t = _strip(tensors, "")
   x = _conv_patches(t, "patch_embed.proj", np.asarray(images, np.float64))
   n, num_patches, width = x.shape
@@ -667,6 +668,8 @@ def forward_eva_dinov3(tensors, images, num_heads, eps=1e-5, head=None,
     logits = np.einsum("nqhd,nkhd->nhqk", q, k) / np.sqrt(q.shape[-1])
     weights = np.exp(logits - logits.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
+    if attention is not None:
+      attention.append(weights)
     y = np.einsum("nhqk,nkhd->nqhd", weights, v).reshape(n, -1, width)
     x = x + t[b + "gamma_1"] * _linear(t, b + "attn.proj", y)
     y = _torch_norm(t, b + "norm2", x, eps)

@@ -170,6 +170,9 @@ def assert_continues(workdir, batch_log, num_processes, stopped_at,
   return changes
 
 
+# Its run, and the pod of two of `stopped` where this test asks for it
+# first.
+@pytest.mark.processes(3)
 def test_a_run_stopped_on_2_slices_resumes_on_1_of_4_devices(
     digits_data_dir, tmp_path, stopped, uninterrupted):
   workdir = resumed_copy(stopped, tmp_path)
@@ -188,6 +191,9 @@ def test_a_run_stopped_on_2_slices_resumes_on_1_of_4_devices(
   assert_params_close(workdir, data_dir, uninterrupted)
 
 
+# Its pod of two, and the pod of two of `stopped` where this test asks for
+# it first.
+@pytest.mark.processes(4)
 def test_a_run_stopped_on_8_devices_resumes_on_2_hosts_of_2(
     tmp_path, stopped, uninterrupted):
   workdir = resumed_copy(stopped, tmp_path)

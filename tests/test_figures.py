@@ -12,20 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import reference_vit
 from tests.test_naflex import patchify
-from tests.test_todays_checkpoints import eva_dinov3_file
-from tests.test_torch_interchange import HEADS
+from tests.test_todays_checkpoints import REGISTERS, eva_dinov3_file
+from tests.test_torch_interchange import HEADS, PATCH, WIDTH
 from tests.util import (
   call_tool,
   randomize,
   run_tool,
 )
 from vit_jax import errors, models
-from vit_jax.analysis import attention as attention_lib, classify
+from vit_jax.analysis import attention as attention_lib, classify, plots
 from vit_jax.data import image_files
 from vit_jax.models import naflex
 from vit_jax.weights import npz, pretrained
 
+# timm's IMAGENET_DEFAULT_MEAN and IMAGENET_DEFAULT_STD.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 FIGURES = ("embedding_filters.png", "position_embedding_similarity.png",
            "mean_attention_distance.png", "attention_rollout.png")
 
@@ -152,21 +155,97 @@ def test_registers_are_left_out_of_the_distances_and_the_rollout():
       attention_lib.attention_rollout(gap, False), rtol=1e-12)
 
 
-def test_figures_of_a_headless_dinov3_with_registers(tmp_path):
+def test_figures_of_a_headless_dinov3_with_registers(tmp_path, monkeypatch):
   """A timm DINOv3 (no head, no position table, 5 prefix tokens): its
-  filters, attention distances and rollout, at each image's own grid."""
-  _, path = eva_dinov3_file(tmp_path)
+  filters, attention distances and rollout, at each image's own grid. The
+  numbers each figure draws are those of timm's model (its attention from
+  tests/reference_vit.py), computed here from their definitions: the
+  patches' attention to the patches, the class token and the registers
+  left out."""
+  tensors, path = eva_dinov3_file(tmp_path)
   pixels = np.random.default_rng(4).integers(0, 256, (12, 20, 3), np.uint8)
   png = str(tmp_path / "wide.png")
   with open(png, "wb") as f:
     f.write(tf_png(pixels))
+  drawn = {}
+  for name in ("embedding_filters", "attention_distance",
+               "attention_rollout"):
+    monkeypatch.setattr(plots, name, functools.partial(
+        lambda draw, name, *args, **kwargs: drawn.update({name: args}) or (
+            draw(*args, **kwargs)), getattr(plots, name), name))
+  summary = attention_lib.attention_summary
+  inputs = []
+  monkeypatch.setattr(attention_lib, "attention_summary", lambda model, params,
+                      batch, *args: inputs.append(batch) or summary(
+                          model, params, batch, *args))
+  out = tmp_path / "figures"
   status, stdout, stderr = call_tool(
-      "figures", f"--from={path}", f"--num_heads={HEADS}",
-      f"--out={tmp_path / 'figures'}", "--max_num_patches=64", png)
+      "figures", f"--from={path}", f"--num_heads={HEADS}", f"--out={out}",
+      "--max_num_patches=64", png)
   assert status == 0, stderr[-3000:]
-  written = sorted(os.listdir(tmp_path / "figures"))
+  written = sorted(os.listdir(out))
   assert written == ["attention_rollout.png", "embedding_filters.png",
                      "mean_attention_distance.png"], stdout
+  assert_pngs(out, written)
+
+  # The image as the model saw it: its patches (pixels 0 to 255) at their
+  # grid; timm's model takes it as it was trained, normalised by ImageNet's
+  # mean and std (a timm file off the hub says nothing of its input).
+  assert "assuming --input_mean=0.485,0.456,0.406 --input_std=0.229,0.224," \
+      "0.225" in stderr, stderr
+  (batch,) = inputs
+  (rows, cols), = np.asarray(batch.grid)
+  assert rows * cols <= 64 and (rows, cols) != (1, 1)
+  image = np.asarray(batch.pixels[0, :rows * cols], np.float64).reshape(
+      rows, cols, PATCH, PATCH, 3).transpose(0, 2, 1, 3, 4).reshape(
+          1, rows * PATCH, cols * PATCH, 3)
+  assert image.min() >= 0 and image.max() <= 255 and image.max() > 1
+  mean = np.array(IMAGENET_MEAN)
+  std = np.array(IMAGENET_STD)
+  attention = []
+  reference_vit.forward_eva_dinov3(tensors, (image / 255 - mean) / std,
+                                   HEADS, attention=attention)
+  prefix = 1 + REGISTERS
+  patches = rows * cols
+  centres = [np.array(divmod(q, cols)) * PATCH for q in range(patches)]
+  expected_distances = np.zeros((len(attention), HEADS))
+  for layer, weights in enumerate(attention):
+    for head in range(HEADS):
+      for q in range(patches):
+        on_patches = weights[0, head, prefix + q, prefix:]
+        on_patches = on_patches / on_patches.sum()
+        expected_distances[layer, head] += sum(
+            w * np.linalg.norm(centres[q] - centres[k])
+            for k, w in enumerate(on_patches)) / patches
+  distances, uniform, image_size = drawn["attention_distance"][:3]
+  np.testing.assert_allclose(distances, expected_distances, rtol=1e-4)
+  assert image_size == max(rows, cols) * PATCH
+  np.testing.assert_allclose(uniform, np.mean(
+      [np.linalg.norm(a - b) for a in centres for b in centres]))
+
+  # Rollout: the heads averaged, the residual added, rows renormalised,
+  # the layers multiplied (the first on the right); a GAP model's map is
+  # what the patches draw from each patch, on average over them.
+  flow = np.eye(prefix + patches)
+  for weights in attention:
+    mixed = weights[0].mean(axis=0) + np.eye(prefix + patches)
+    flow = (mixed / mixed.sum(axis=-1, keepdims=True)) @ flow
+  expected_map = flow[prefix:, prefix:].mean(axis=0).reshape(rows, cols)
+  shown, (drawn_map,) = drawn["attention_rollout"][:2]
+  np.testing.assert_allclose(drawn_map, expected_map, rtol=1e-4)
+  assert shown[0].shape == (rows * PATCH, cols * PATCH, 3)
+
+  # The filters: principal components of timm's patch embedding as it
+  # applies to images in [-1, 1] (each input channel's weights over 2 std),
+  # each filter flattened as (row, column, channel).
+  components, explained = drawn["embedding_filters"][:2]
+  filters = (tensors["patch_embed.proj.weight"].astype(np.float64).transpose(
+      0, 2, 3, 1) / (2 * std)).reshape(WIDTH, -1)
+  singular = np.linalg.svd(filters - filters.mean(axis=0),
+                           compute_uv=False)
+  np.testing.assert_allclose(explained, (singular**2 / (singular**2).sum())[
+      :len(explained)], rtol=1e-4, atol=1e-7)
+  assert components.shape == (len(explained), PATCH, PATCH, 3)
 
 
 def tf_png(pixels):

@@ -30,7 +30,9 @@ from tests.util import (
   start_pod,
   wait_for_step,
 )
+from vit_jax import errors
 from vit_jax.runs import lock
+from vit_jax.runs.workdir import Workdir
 from vit_jax.weights import npz, pretrained
 
 # Long enough to be stopped between two saves.
@@ -141,6 +143,7 @@ def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
                      pretrained.load(local).params)
 
 
+@pytest.mark.processes(2)  # A pod of two.
 def test_a_pod_on_gcs_sets_a_damaged_checkpoint_aside(
     gcs_bucket, digits_data_dir):
   workdir = f"{gcs_bucket}/runs/pod"
@@ -234,7 +237,171 @@ def test_of_runs_starting_together_on_a_bucket_exactly_one_holds_it(
     assert holder["host"] == f"host-{winners[0]}"
     assert all(result["host"] == holder["host"] for result in results
                if result is not None)
-    # (A removal on the condition of another generation is not shown: the
-    # emulator ignores preconditions on deletes.)
+    # (A removal on the condition of another generation:
+    # test_a_removal_spares_a_lock_another_host_wrote_since.)
     locks[winners[0]]._remove()  # pylint: disable=protected-access
     assert not epath.Path(lock_url).exists()
+
+
+def other_hosts_lock(url, renewed=None):
+  """Writes, over whatever is there, the lock of a run on another host
+  renewed at `renewed` (default now): a rival taking the workdir over."""
+  epath.Path(url).write_text(json.dumps({
+      "host": "rival", "pid": 7, "since": 1,
+      "renewed": time.time() if renewed is None else renewed}))
+
+
+def holder(url):
+  """The host of the lock at `url`, read in one request (TensorFlow's
+  client reads an object's size, then its bytes: a renewal between them
+  would mix two versions)."""
+  text, _ = lock._BucketObject(url).read()  # pylint: disable=protected-access
+  return json.loads(text)["host"]
+
+
+def test_a_renewal_after_a_rivals_write_fails_and_leaves_the_rivals_lock(
+    gcs_bucket, monkeypatch):
+  """Renewals are conditioned on the generation the holder wrote: once
+  another host has written the lock (it took over a lease it saw lapse),
+  the holder's next renewal is refused, it renews no more, and at its end
+  it leaves the rival's lock in place."""
+  monkeypatch.setattr(lock, "RENEW_SECONDS", 0.05)
+  workdir = f"{gcs_bucket}/run"
+  url = f"{workdir}/{lock.LOCK_FILE}"
+  held = lock.WorkdirLock(workdir)
+  renewals = []  # (generation asked, generation written or None)
+  write = held._object.write  # pylint: disable=protected-access
+
+  def recorded(text, generation):
+    written = write(text, generation)
+    renewals.append((generation, written))
+    return written
+  monkeypatch.setattr(held._object, "write", recorded)  # pylint: disable=protected-access
+  with held:
+    deadline = time.monotonic() + 60
+    while len(renewals) < 3:  # Taken, then renewed.
+      assert time.monotonic() < deadline
+      time.sleep(0.01)
+    # Each renewal on the condition of the generation written before it.
+    assert all(written for _, written in renewals[:3])
+    assert [asked for asked, _ in renewals[1:3]] == [
+        written for _, written in renewals[:2]]
+    assert holder(url) == held._me["host"]  # pylint: disable=protected-access
+    other_hosts_lock(url)
+    # Its next renewal is refused, and the renewer stops; the rival's lock
+    # is never overwritten meanwhile.
+    renewer = held._renewer  # pylint: disable=protected-access
+    while renewer.is_alive():
+      assert holder(url) == "rival"
+      assert time.monotonic() < deadline
+      renewer.join(timeout=0.05)
+    assert renewals[-1][1] is None
+    assert holder(url) == "rival"
+  assert holder(url) == "rival"  # Not removed at the end either.
+
+
+def test_a_removal_spares_a_lock_another_host_wrote_since(gcs_bucket,
+                                                          monkeypatch):
+  """The holder's removal is conditioned on the generation it wrote: a
+  rival's lock written between the holder's last look and its delete
+  stays. fake-gcs-server ignores preconditions on deletes, so they are
+  checked here as Cloud Storage checks them."""
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  from google.cloud.storage import blob as blob_lib  # pylint: disable=g-import-not-at-top
+  real_delete = blob_lib.Blob.delete
+  conditions = []
+
+  def delete(self, *args, if_generation_match=None, **kwargs):
+    conditions.append(if_generation_match)
+    if if_generation_match is not None:
+      now = self.bucket.get_blob(self.name)
+      if now is not None and now.generation != if_generation_match:
+        raise exceptions.PreconditionFailed(
+            f"generation {now.generation}, not {if_generation_match}")
+    return real_delete(self, *args, if_generation_match=if_generation_match,
+                       **kwargs)
+  monkeypatch.setattr(blob_lib.Blob, "delete", delete)
+  workdir = f"{gcs_bucket}/run"
+  url = f"{workdir}/{lock.LOCK_FILE}"
+  held = lock.WorkdirLock(workdir)
+  real_held_by_me = held._held_by_me  # pylint: disable=protected-access
+  looks = []
+
+  def held_by_me_then_a_rival_writes():
+    looks.append(real_held_by_me())
+    other_hosts_lock(url)  # After the holder's last look.
+    return looks[-1]
+  monkeypatch.setattr(held, "_held_by_me", held_by_me_then_a_rival_writes)
+  with held:
+    pass
+  assert looks == [True]
+  assert epath.Path(url).exists() and holder(url) == "rival"
+  assert conditions == [held._written]  # pylint: disable=protected-access
+  # Without a rival, the removal takes the holder's own lock.
+  conditions.clear()
+  with lock.WorkdirLock(f"{gcs_bucket}/other") as own:
+    pass
+  assert conditions == [own._written]  # pylint: disable=protected-access
+  assert not epath.Path(f"{gcs_bucket}/other/{lock.LOCK_FILE}").exists()
+
+
+class LockClock:
+  """The lock module's `time`: a clock that a sleep moves on at once, as
+  far as it was asked to (no test waits out a lease)."""
+
+  def __init__(self):
+    self.slept = []
+
+  def time(self):
+    return time.time() + sum(self.slept)
+
+  def sleep(self, seconds):
+    self.slept.append(seconds)
+
+  def ctime(self, seconds):
+    return time.ctime(seconds)
+
+
+@pytest.mark.parametrize("wait_for_lock,holder_alive", [
+    (False, True), (True, True), (True, False)])
+def test_another_hosts_lock_in_a_bucket_is_waited_out_as_configured(
+    gcs_bucket, digits_data_dir, monkeypatch, capfd, wait_for_lock,
+    holder_alive):
+  """A run on a workdir in a bucket whose lock another host renewed less
+  than a lease ago: with wait_for_lock it waits for the lease once, saying
+  so, then takes the lock, or is refused if the holder renewed it
+  meanwhile; without, it is refused at once. A refusal comes before
+  anything is written."""
+  workdir = f"{gcs_bucket}/run"
+  url = f"{workdir}/{lock.LOCK_FILE}"
+  clock = LockClock()
+  real_sleep = clock.sleep
+
+  def sleep_and_maybe_renew(seconds):
+    real_sleep(seconds)
+    if holder_alive:
+      other_hosts_lock(url, clock.time())
+  clock.sleep = sleep_and_maybe_renew
+  monkeypatch.setattr(lock, "time", clock)
+  other_hosts_lock(url)
+  if holder_alive:  # Refused: the whole run, through its config key.
+    config = small_config(digits_data_dir, wait_for_lock=wait_for_lock)
+    with pytest.raises(errors.RunError, match="in use by process 7 on host "
+                       "rival"):
+      run_training(config, workdir)
+    assert stored(workdir) == [lock.LOCK_FILE]
+    assert holder(url) == "rival"
+  else:  # Taken: what the run would hold, without its training.
+    with Workdir(workdir).lock(wait_for_lock) as held:
+      assert holder(url) == held._me["host"]  # pylint: disable=protected-access
+    assert not epath.Path(url).exists()
+  said = capfd.readouterr().err
+  if wait_for_lock:
+    assert len(clock.slept) == 1, clock.slept
+    # Until the lease the holder's lock showed lapses (less the time the
+    # run took to get to it).
+    assert 0 < clock.slept[0] <= lock.LEASE_SECONDS + 1
+    assert said.count(" is held by process 7 on host rival, whose lease "
+                      "lapses at ") == 1, said
+  else:
+    assert not clock.slept and "whose lease lapses" not in said

@@ -123,6 +123,9 @@ def record(workdir):
   return Workdir(workdir).read_time()
 
 
+# The run, stopped, and its resume: a process each (their wall times are
+# what the buckets add up to).
+@pytest.mark.processes(2)
 def test_a_stop_and_a_resume_buckets_add_up_to_the_wall_time(
     digits_data_dir, tmp_path):
   workdir = str(tmp_path / "run")

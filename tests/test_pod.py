@@ -57,6 +57,7 @@ def pod_run(digits_data_dir, tmp_path_factory):
   return workdir, stdout
 
 
+@pytest.mark.processes(2)  # pod_run's pod of two.
 def test_two_processes_of_4_devices_train_like_one_of_8(
     digits_data_dir, tmp_path, pod_run):
   pod_workdir, stdout = pod_run
@@ -87,6 +88,7 @@ def test_two_processes_of_4_devices_train_like_one_of_8(
       rtol=1e-6, atol=5e-7)
 
 
+@pytest.mark.processes(2)  # A pod of two.
 def test_a_process_that_dies_takes_the_pod_down_with_no_orphans(
     digits_data_dir, tmp_path):
   workdir = str(tmp_path)

@@ -26,6 +26,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from tests.util import REPO, call_tool
 
 MARKER = re.compile(r"<!-- test(?:: (.*?))? -->")
@@ -143,6 +145,9 @@ test_accuracy 0.9806 | test_examples 360 | core_days 0.003250 (compile 24s (17%)
   assert_shaped_as_the_readme_says(printed)
 
 
+# The first `vit_jax.main` and `vit_jax.predict` commands, as typed: a
+# process each.
+@pytest.mark.processes(2)
 def test_the_marked_commands_run_as_written(tmp_path):
   for name in LINKED:
     os.symlink(os.path.join(REPO, name), tmp_path / name)

@@ -149,6 +149,9 @@ def test_memory_is_kept_only_where_jax_computes_on_the_cpu(monkeypatch):
   assert runtime.allocator_environment() == {"GLIBC_TUNABLES": TUNABLES}
 
 
+# A process for each of two malloc settings (glibc reads them as it
+# starts).
+@pytest.mark.processes(2)
 @needs_huge_pages
 def test_a_freed_buffer_is_reused_without_page_faults():
   # With glibc's tunables (the host's TCMalloc: the test above).
