@@ -67,14 +67,16 @@ def refuse_unreadable(path):
         "exported from")
 
 
+# What a source may be, for the messages that refuse one.
+SOURCE_KINDS = ("a source is a workdir of ours, an .npz, an HF transformers "
+                "directory, a timm .safetensors file or hf://ORG/NAME")
+
+
 def refuse_missing(path):
   """An InputError where nothing is at `path` (a file, or a workdir, which
   would otherwise be said to hold no run)."""
   if not paths.path(path).exists():
-    raise errors.InputError(
-        f"{path} does not exist: a source is a workdir of ours, an .npz, an "
-        "HF transformers directory, a timm .safetensors file or "
-        "hf://ORG/NAME")
+    raise errors.InputError(f"{path} does not exist: {SOURCE_KINDS}")
 
 
 def export_kind(path):
@@ -280,8 +282,7 @@ def load_run(workdir, step=None):
     if not steps:
       raise errors.InputError(
           f"{workdir} holds no checkpoint (looked in {workdir.checkpoints}); "
-          "a source is a workdir of ours, an .npz, an HF transformers "
-          "directory, a timm .safetensors file or hf://ORG/NAME")
+          f"{SOURCE_KINDS}")
     if step is not None and step not in steps:
       raise errors.InputError(
           f"{workdir} has no checkpoint of step {step}; its checkpoints are "
