@@ -94,7 +94,7 @@ def main(argv):
   first, since = steady_start
   seconds = time.perf_counter() - since
   rate = (f.train_steps - first) * config.batch_size / seconds
-  flops = flops_lib.flops_per_image(config.model, f.image_size, train=True)
+  flops = flops_lib.flops_per_image(keys.model, f.image_size, train=True)
   peak = throughput.peak_flops_per_device()[0]
   print(f"steps {first + 1}-{f.train_steps}: {rate:.0f} img/s"
         + (f", MFU {rate * flops / (peak * jax.device_count()):.1%}"

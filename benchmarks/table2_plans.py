@@ -34,6 +34,7 @@ from vit_jax import runtime
 runtime.compile_ahead_of_time()  # Before JAX is imported.
 from configs.table2 import finetune, pretrain
 from vit_jax.planning import catalogue, cost as cost_lib
+from vit_jax.runs import settings
 
 flags.DEFINE_enum("only", None, ["pretrain", "finetune"], "Plan one kind.")
 flags.DEFINE_string("json", None, "Also write each plan as a JSON line here.")
@@ -53,10 +54,10 @@ FINETUNE = {f"{column},{task},test": FINETUNE_SLICES[column.split("-")[0]]
             for column in finetune.COLUMNS for task in finetune.TASKS}
 
 
-def step_shape(config):
+def step_shape(keys):
   """What a step's cost depends on, but for the head's class count."""
-  return (config.model.to_json(), config.image_size, config.batch_size,
-          config.accum_steps, config.mesh.to_json(), config.polyak_decay)
+  return (keys.model, keys.image_size, keys.batch_size, keys.accum_steps,
+          keys.mesh, keys.polyak_decay)
 
 
 def rows(kind):
@@ -69,14 +70,14 @@ def rows(kind):
                    "finetune": (finetune, FINETUNE)}[kind]
   planned = {}
   for arg, slice_name in table.items():
-    config = module.get_config(arg)
-    key = (step_shape(config), slice_name)
+    keys = settings.of(module.get_config(arg))
+    key = (step_shape(keys), slice_name)
     if kind == "finetune" and key in planned:
       first, result = planned[key]
       yield kind, arg, dataclasses.replace(
-          result, total_steps=config.total_steps), first
+          result, total_steps=keys.total_steps), first
       continue
-    result = cost_lib.plan(config, slice_name)
+    result = cost_lib.plan(keys, slice_name)
     planned[key] = (arg, result)
     yield kind, arg, result, None
 
@@ -105,12 +106,13 @@ def across_generations(topology_names):
   before the first compile."""
   slices = {arg: [v3_slice, *topology_names]
             for arg, v3_slice in PRETRAIN.items()}
+  keys = {arg: settings.of(pretrain.get_config(arg)) for arg in slices}
   for arg, names in slices.items():
     for name in names:
-      catalogue.check_layout(pretrain.get_config(arg), catalogue.topology(name))
+      catalogue.check_layout(keys[arg].mesh, catalogue.topology(name))
   for arg, names in slices.items():
     for name in names:
-      yield arg, cost_lib.plan(pretrain.get_config(arg), name)
+      yield arg, cost_lib.plan(keys[arg], name)
 
 
 def generations_row(arg, result):

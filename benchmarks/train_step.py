@@ -166,10 +166,11 @@ def main(argv):
       for attention in f.attention:
         config = config_for(name, int(batch), dtype, f.image_size, attention,
                             f.set)
+        keys = settings_on_devices(config)
         row = {"model": name, "image_size": config.image_size,
                "batch": config.batch_size, "dtype": dtype,
                "attention": attention,
-               "resolved": settings_on_devices(config).model.attention,
+               "resolved": keys.model.attention,
                "set": f.set,
                "devices": jax.device_count()}
         try:
@@ -180,7 +181,7 @@ def main(argv):
           row.update(fits=False, error=str(e).strip().splitlines()[0][:200],
                      out_of_memory=out_of_memory(e))
         else:
-          flops = flops_lib.flops_per_image(config.model, config.image_size,
+          flops = flops_lib.flops_per_image(keys.model, config.image_size,
                                             train=True)
           achieved = flops * config.batch_size / seconds
           row.update(fits=True, step_seconds=seconds,

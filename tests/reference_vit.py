@@ -9,7 +9,8 @@ with our model checks both the model and the interchange.
 `forward_torch` reads PyTorch state dicts in their own names and layouts
 (HF transformers' ViT, timm's VisionTransformer), written from torch's
 conventions (Linear: x W^T + b; Conv2d weight [out, in, kh, kw]), sharing
-nothing with vit_jax.torch_layouts. `forward_siglip` (transformers' SigLIP
+nothing with vit_jax.weights.pytorch.layouts.
+`forward_siglip` (transformers' SigLIP
 and SigLIP 2 image towers), `forward_dinov2` (DINOv2, with or without
 registers), `forward_dinov3` (transformers' DINOv3 ViTs), `forward_eva_dinov3`
 (timm's DINOv3 ports), `forward_eva_rope` (timm's RoPE ViTs) and `forward_timm` (timm's VisionTransformer with register

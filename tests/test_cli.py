@@ -25,6 +25,7 @@ from PIL import Image
 
 from tests.util import REPO, call_main, call_tool, from_a_shell
 from vit_jax import cli, errors, models, runtime
+from vit_jax.cli import logs, messages, signals
 from vit_jax.weights import npz as npz_lib
 
 DIGITS = ["vit_jax.main", "--config=configs/digits.py"]
@@ -150,7 +151,7 @@ def test_a_mistake_gets_a_short_message_and_exit_status_2(scratch, name):
   assert status == cli.EXIT_USER_ERROR, stderr[-3000:]
   assert "Traceback" not in stderr + stdout
   lines = stderr.strip().splitlines()
-  assert 1 <= len(lines) <= cli.MAX_ERROR_LINES, stderr
+  assert 1 <= len(lines) <= messages.MAX_ERROR_LINES, stderr
   assert lines[0].startswith("error: ")
   assert named.format(tmp=scratch) in stderr
 
@@ -453,7 +454,7 @@ def process_state():
                                                  signal.SIGTERM)],
       "path": list(sys.path), "argv": list(sys.argv), "cwd": os.getcwd(),
       "exit status": cli._exit_status,  # pylint: disable=protected-access
-      "held errors": list(cli._held_errors),  # pylint: disable=protected-access
+      "held errors": list(logs._held_errors),  # pylint: disable=protected-access
       "compilation cache": (jax.config.jax_enable_compilation_cache,
                             jax.config.jax_compilation_cache_dir),
   }
@@ -474,18 +475,18 @@ def test_a_tool_run_in_the_tests_process_leaves_it_as_found(scratch):
 
 
 def test_user_errors_are_told_by_kind():
-  assert cli.is_user_error(errors.InputError("x"))
-  assert cli.is_user_error(FileNotFoundError(errno.ENOENT, "gone", "/a"))
-  assert cli.is_user_error(OSError(errno.ENOSPC, "full"))
-  assert not cli.is_user_error(ValueError("a bug's ValueError"))
-  assert not cli.is_user_error(KeyError("k"))
-  assert not cli.is_user_error(OSError(errno.EIO, "I/O error"))
+  assert messages.is_user_error(errors.InputError("x"))
+  assert messages.is_user_error(FileNotFoundError(errno.ENOENT, "gone", "/a"))
+  assert messages.is_user_error(OSError(errno.ENOSPC, "full"))
+  assert not messages.is_user_error(ValueError("a bug's ValueError"))
+  assert not messages.is_user_error(KeyError("k"))
+  assert not messages.is_user_error(OSError(errno.EIO, "I/O error"))
 
 
 def test_prepare_quietens_the_libraries_but_keeps_the_users_settings(
     monkeypatch):
   # The environment alone: the signal and exit handlers stay pytest's.
-  monkeypatch.setattr(cli, "_stop_quietly_on_signals", lambda: None)
+  monkeypatch.setattr(signals, "stop_quietly", lambda: None)
   monkeypatch.setattr(atexit, "register", lambda function: function)
   environ = {"VIT_JAX_CPU_DEFAULTS": "0",  # No re-execution here.
              "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "1"}

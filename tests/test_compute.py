@@ -1,11 +1,14 @@
 """FLOP accounting against XLA's own count, and the throughput metrics."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 from vit_jax import models
 from vit_jax.models import flops as flops_lib, naflex
+from vit_jax.runs import settings
 from vit_jax.training import throughput
 
 
@@ -93,15 +96,15 @@ def test_flops_by_hand_and_the_papers_ratio():
                                                                    abs=0.01)
 
 
-def test_a_config_model_with_overrides_is_counted_as_built():
-  config_model = dict(name="Ti/2", hidden_size=64, num_layers=4, mlp_dim=256,
-                      num_heads=4, representation_size=32)
-  vit = flops_lib.model_sizes(config_model, num_classes=10)
+def test_model_settings_with_overrides_are_counted_as_built():
+  model = settings.Model(name="Ti/2", hidden_size=64, num_layers=4,
+                         mlp_dim=256, num_heads=4, representation_size=32)
+  vit = flops_lib.model_sizes(model, num_classes=10)
   sizes = vit.config
   assert (sizes.hidden_size, sizes.num_layers, sizes.patch_size) == (64, 4, 2)
-  with_pre_logits = flops_lib.flops_per_image(config_model, 8, num_classes=10)
-  config_model["representation_size"] = None
-  without = flops_lib.flops_per_image(config_model, 8, num_classes=10)
+  with_pre_logits = flops_lib.flops_per_image(model, 8, num_classes=10)
+  without = flops_lib.flops_per_image(
+      dataclasses.replace(model, representation_size=None), 8, num_classes=10)
   assert with_pre_logits - without == 2 * 64 * 32 + 2 * 32 * 10 - 2 * 64 * 10
 
 

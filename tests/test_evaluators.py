@@ -14,6 +14,7 @@ from tests.test_train import compiles_during
 from tests.util import mocked_tfds, randomize, run_training, small_config
 from vit_jax import sharding
 from vit_jax.data import preprocess, sources
+from vit_jax.runs import settings
 from vit_jax.training import evaluators, resolve, step as step_lib
 from vit_jax.training.evaluators import fewshot, real
 
@@ -80,7 +81,7 @@ def test_real_evaluator_scores_the_sets_of_every_image(real_validation):
       "evaluators.test.every": 0, "mesh.data": 8, "mesh.model": 1})
   config.evaluators.real = dict(kind="real", every=5)
   mesh = sharding.make_mesh(config.mesh)
-  checked = resolve.check_values(config)
+  checked = resolve.check_values(settings.of(config))
   built = step_lib.parts(checked.settings, 1000)
   program = step_lib.build(checked.settings, mesh, built)
   params = randomize(program.init(jax.random.key(0)).params, scale=1.0)
@@ -154,7 +155,7 @@ def test_fewshot_separates_separable_classes():
 def resolved_run(config, mesh, data, built, checked=None):
   """The Run of `config` with no workdir: the parts of it that evaluators
   read."""
-  checked = checked or resolve.check_values(config)
+  checked = checked or resolve.check_values(settings.of(config))
   return resolve.Run(settings=checked.settings,
                      augmentation=checked.augmentation,
                      evaluations=checked.evaluations, workdir=None, mesh=mesh,
@@ -165,7 +166,7 @@ def run_evaluators(config, params=None):
   """The config's evaluators at the last step, on a random small model."""
   mesh = sharding.make_mesh(config.mesh)
   data = sources.Sources(config.dataset, config.data_dir)
-  checked = resolve.check_values(config)
+  checked = resolve.check_values(settings.of(config))
   resolve.check_data(checked, data)
   built = step_lib.parts(checked.settings, 10)
   program = step_lib.build(checked.settings, mesh, built)

@@ -25,6 +25,7 @@ from vit_jax import errors, models
 from vit_jax.analysis import attention as attention_lib, classify, plots
 from vit_jax.data import image_files
 from vit_jax.models import naflex
+from vit_jax.runs import settings
 from vit_jax.weights import npz, pretrained
 
 # timm's IMAGENET_DEFAULT_MEAN and IMAGENET_DEFAULT_STD.
@@ -460,7 +461,7 @@ def test_a_scanned_run_loads_as_the_plain_model(digits_run):
   np.testing.assert_allclose(
       inference.model.apply({"params": inference.params}, pixels,
                             train=False),
-      models.create_from_config(config.model, 10).apply(
+      models.create_from_settings(settings.of(config).model, 10).apply(
           {"params": run_params}, pixels, train=False), rtol=1e-5, atol=1e-6)
 
 

@@ -124,12 +124,11 @@ def test_an_npz_sources_options_from_its_headers_are_its_arrays(tmp_path,
   from_arrays = {**loaded.function, **models.architecture_of(arrays),
                  "posemb": models.posemb_of(arrays, loaded.function)}
   assert pretrained.source_options(path) == from_arrays
+  # The defaults of every option a source fixes, but the model's own.
   assert from_arrays == {
-      "layer_norm_epsilon": 1e-6, "gelu": "tanh", "final_norm": "pooled",
-      "rope": "", "rope_theta": 100.0, "classifier": "gap",
-      "num_registers": 2, "distill_token": False, "layer_scale": 1.0,
-      "qk_norm": True, "key_bias": True,
-      "mlp": "swiglu", "posemb": "learn"}
+      **models.SOURCE_OPTIONS, "final_norm": "pooled", "classifier": "gap",
+      "num_registers": 2, "layer_scale": 1.0, "qk_norm": True,
+      "mlp": "swiglu"}
 
 
 def test_scanned_and_rematerialised_runs_exchange_params_with_plain_ones(

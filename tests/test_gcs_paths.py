@@ -35,16 +35,17 @@ from tests.test_torch_interchange import (
   write_hf_dir,
 )
 from tests.util import call_tool, main_flags, randomize, stored_examples
-from vit_jax import cli, errors, models, paths
+from vit_jax import errors, models, paths
 from vit_jax.analysis import attention as attention_lib
+from vit_jax.cli import signals
 from vit_jax.data import folder, image_files, random_access, sources
 from vit_jax.weights import (
   exports,
   function_exports,
   npz as npz_lib,
   pretrained,
-  torch_files,
 )
+from vit_jax.weights.pytorch import files, hf
 
 
 def upload(local, url):
@@ -90,7 +91,7 @@ def test_hf_directories_and_timm_files_in_a_bucket_load_as_locally(
   tensors = random_tensors(hf_shapes())
   local = write_hf_dir(tmp_path / "hf", tensors, hf_config())
   url = upload(local, f"{gcs_bucket}/hf")
-  assert torch_files.is_hf_dir(url)
+  assert hf.is_hf_dir(url)
   assert_same_checkpoint(pretrained.load(url), pretrained.load(local))
 
   # Shards listed in an index.
@@ -173,7 +174,7 @@ def test_hf_and_timm_exports_to_a_bucket_load_back(tmp_path, gcs_bucket):
   again = pretrained.load(url, HEADS)
   assert_same_params(again.params, pretrained.load(local, HEADS).params)
   for key, value in load_file(local).items():
-    np.testing.assert_array_equal(torch_files.read_safetensors(url)[key],
+    np.testing.assert_array_equal(files.read_safetensors(url)[key],
                                   value)
 
   # The standalone serving.py reads local files: the hint copies first,
@@ -344,14 +345,14 @@ def test_a_write_that_fails_keeps_the_old_file_whole(tmp_path, monkeypatch,
   else:
     path = str(tmp_path / "model.safetensors")
     tensors = random_tensors(timm_shapes())
-    torch_files.write_safetensors(tensors, path)
+    files.write_safetensors(tensors, path)
     monkeypatch.setattr(
-        torch_files.safetensors.numpy, "save_file",
+        files.safetensors.numpy, "save_file",
         lambda _, name, metadata=None: half_a_file_then_a_full_disk(name))
 
     def write():
-      torch_files.write_safetensors(random_tensors(timm_shapes(), seed=1),
-                                    path)
+      files.write_safetensors(random_tensors(timm_shapes(), seed=1),
+                              path)
   before = pathlib.Path(path).read_bytes()
   with pytest.raises(OSError) as raised:
     write()
@@ -576,7 +577,7 @@ def test_sigterm_stops_a_run_waiting_for_storage_at_once(
       os.kill(os.getpid(), signal.SIGTERM)
   # The handler that cli.prepare installs in a tool's own process (here,
   # in pytest's, call_tool leaves prepare out).
-  before = signal.signal(signal.SIGTERM, cli._raise_stopped)  # pylint: disable=protected-access
+  before = signal.signal(signal.SIGTERM, signals.raise_stopped)
   try:
     sender = threading.Thread(target=send)
     sender.start()

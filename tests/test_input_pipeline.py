@@ -500,7 +500,7 @@ def test_eval_crop_fraction_one_is_the_plain_resize(digits_data_dir):
 
 @pytest.mark.parametrize("fraction", [0, -0.5, 1.5, float("nan")])
 def test_eval_crop_fraction_outside_0_1_is_refused(digits_data_dir, fraction):
-  with pytest.raises(errors.InputError, match="eval_crop_fraction must be in"):
+  with pytest.raises(errors.InputError, match="eval_crop_fraction: must be in"):
     pipeline_lib.eval_dataset(sources.lookup("digits", digits_data_dir),
                               "test",
                               batch_size=8,

@@ -197,8 +197,8 @@ def test_remat_and_scan_leave_logits_and_gradients_equal(remat_policy,
 
 
 def test_unknown_remat_policy_is_refused():
-  with pytest.raises(errors.InputError, match="unknown remat_policy 'dots'.*"
-                     "nothing_saveable"):
+  with pytest.raises(errors.InputError, match="remat_policy must be one of "
+                     r"\[.*'nothing_saveable'.*\], got 'dots'"):
     models.create("B/16", num_classes=10, remat_policy="dots")
 
 

@@ -14,8 +14,8 @@ from tests.util import (
   run_training,
   small_config,
 )
-from vit_jax import errors, sharding
-from vit_jax.models import masked_patches
+from vit_jax import errors, models, sharding
+from vit_jax.models import masked_patches, naflex
 from vit_jax.runs import settings, writers
 from vit_jax.training import resolve, step
 
@@ -127,5 +127,20 @@ def test_the_papers_mpp_config_is_b16_on_jft_and_passes_the_checks():
   assert (config.optimizer.name, config.optimizer.learning_rate,
           config.optimizer.warmup_steps, config.optimizer.decay) == (
               "adam", 2e-4, 10_000, "cosine")
-  resolve.check_program(resolve.check_values(config),
+  resolve.check_program(resolve.check_values(settings.of(config)),
                         sharding.make_mesh(config.mesh), 10)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_naflex_and_packed_batches_are_refused_with_a_line(packed):
+  """Masked patch prediction corrupts a square grid of patches: a NaFlex
+  or packed batch is refused before anything is traced."""
+  model = models.create("Ti/4", 10, hidden_size=16, num_layers=1, mlp_dim=32,
+                        num_heads=2, mpp=True)
+  pixels = jnp.zeros((1, 4, 4 * 4 * 3), jnp.uint8)
+  grids = jnp.array([[[2, 2]]], jnp.int32)
+  batch = naflex.Packed(pixels, jnp.ones((1, 4), jnp.int32),
+                        jnp.zeros((1, 4, 2), jnp.int32), grids) if packed \
+      else naflex.Patches(pixels, grids[:, 0])
+  with pytest.raises(errors.InputError, match="takes square images"):
+    model.init(jax.random.key(0), batch, train=False)

@@ -24,6 +24,7 @@ from tests.util import (
 from vit_jax import errors
 from vit_jax.data import pipeline, sources
 from vit_jax.models import naflex
+from vit_jax.runs import settings
 from vit_jax.training import resolve
 
 # Canvases of 1 x 1, 1 x 2, 2 x 1 and 1 x 3 digits (8 x 8 pixels each),
@@ -173,7 +174,7 @@ def test_what_a_naflex_run_refuses(overrides, says):
       "naflex.max_num_patches": 16, **overrides})
   with pytest.raises(errors.ConfigError,
                      match=f"naflex.max_num_patches: .*{says}"):
-    resolve.program(config)
+    resolve.program(settings.of(config))
 
 
 def test_a_budget_whose_attention_cannot_fit_a_device_is_refused_up_front():
@@ -187,11 +188,11 @@ def test_a_budget_whose_attention_cannot_fit_a_device_is_refused_up_front():
       r"would take 1,280 GB \(4 heads x 100,000 patches squared, float32\), "
       r"more than the device's [\d,]+ GB; give a smaller budget, fewer "
       r"images per device")):
-    resolve.program(config)
+    resolve.program(settings.of(config))
   # The fused attention keeps no weights: the same budget is built.
-  resolve.program(small_config("/nonexistent", **{
+  resolve.program(settings.of(small_config("/nonexistent", **{
       "naflex.max_num_patches": 100_000, "batch_size": 32, "mesh.data": 8,
-      "mesh.model": 1, "model.num_heads": 4, "model.attention": "fused"}))
+      "mesh.model": 1, "model.num_heads": 4, "model.attention": "fused"})))
 
 
 def test_the_plan_compiles_the_step_at_the_budget():
@@ -200,8 +201,9 @@ def test_the_plan_compiles_the_step_at_the_budget():
   import jax  # pylint: disable=g-import-not-at-top
 
   from vit_jax.planning import cost  # pylint: disable=g-import-not-at-top
-  config = small_config("/nonexistent", **{"naflex.max_num_patches": 24})
-  program, batch = cost.build_step(config, jax.devices(), 10)
+  keys = settings.of(small_config("/nonexistent",
+                                  **{"naflex.max_num_patches": 24}))
+  program, batch = cost.build_step(keys, jax.devices(), 10)
   assert batch["image"].shape == (32, 24, 2 * 2 * 3)
   assert batch["grid"].shape == (32, 2)
   program.train_step.lower(program.state_shapes, batch).compile()

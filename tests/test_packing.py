@@ -110,7 +110,8 @@ def test_slots_default_to_twice_the_images_read_a_sequence():
   config = small_config("/nonexistent", **{
       "naflex.max_num_patches": 16, "naflex.packing": True,
       "naflex.images_per_sequence": 2.5})
-  packs = packing.Packing.of(resolve.check_values(config).settings.naflex)
+  packs = packing.Packing.of(
+      resolve.check_values(settings.of(config)).settings.naflex)
   assert (packs.length, packs.slots, packs.images_per_share(8)) == (16, 5, 20)
 
 
@@ -307,7 +308,7 @@ def test_the_loss_is_the_mean_over_images(digits_data_dir, tmp_path):
 def test_what_a_packed_run_refuses(overrides, says):
   config = small_config("/nonexistent", **{**PACKED, **overrides})
   with pytest.raises(errors.ConfigError, match=says):
-    resolve.program(config)
+    resolve.program(settings.of(config))
 
 
 @pytest.mark.parametrize("per_sequence", [1.0, 1.5, 2.0, 2.5, 7.3])
@@ -339,13 +340,13 @@ def test_a_packed_step_with_the_splash_kernel_plans_on_a_tpu():
   the splash kernel taking the images' slots as its segment ids."""
   from vit_jax.planning import cost, report  # pylint: disable=g-import-not-at-top
   # Unscanned: the plan compiles no loop-free twin for its estimate.
-  config = small_config("/nonexistent", **{
+  keys = settings.of(small_config("/nonexistent", **{
       **PACKED, "mesh.data": -1, "model.attention": "splash",
-      "model.scan_layers": False})
-  program, batch = cost.build_step(config, jax.devices(), 10)
+      "model.scan_layers": False}))
+  program, batch = cost.build_step(keys, jax.devices(), 10)
   assert batch["image"].shape == (32, 64, 2 * 2 * 3)
   assert batch["grids"].shape == batch["label"].shape + (2,) == (32, 5, 2)
-  plan = cost.plan(config, "v6e-4", classes=10)
+  plan = cost.plan(keys, "v6e-4", classes=10)
   # Two blocks: each the forward kernel and the backward's two.
   assert plan.fits and plan.pallas_kernels == 6
   assert plan.packing == {"slots": 5, "images_per_sequence": 2.5}

@@ -70,15 +70,15 @@ def test_a_small_pretraining_config_on_v3_8_from_the_command_line():
 
 
 def tiny_pretraining(**overrides):
-  """One Ti/16 block and a 10-class head: a step that compiles in seconds;
-  the batch sets how much HBM it takes."""
+  """The Settings of one Ti/16 block and a 10-class head, as vit_jax.plan
+  reads them: a step that compiles in seconds; the batch sets how much HBM
+  it takes."""
   config = pretrain.get_config("B/16,jft")
-  with config.unlocked():
-    config.model.num_layers = 1
   config.update_from_flattened_dict({
-      "model.name": "Ti/16", "model.representation_size": None,
-      "model.scan_layers": False, "mesh.fsdp": 1, **overrides})
-  return config
+      "model.name": "Ti/16", "model.num_layers": 1,
+      "model.representation_size": None, "model.scan_layers": False,
+      "mesh.fsdp": 1, **overrides})
+  return settings.of(config)
 
 
 # One slice of each generation after v3, 4 chips each.
@@ -216,7 +216,7 @@ def test_plans_are_compared_in_one_table(later_generations):
 def test_a_mesh_that_needs_split_torus_sides_is_refused_before_compiling():
   # fsdp=8 cannot span whole sides of 4x4x4 or 16x16 chips; 8x16 can.
   with pytest.raises(errors.ConfigError) as refused:
-    cost_lib.compare(pretrain.get_config("L/16,i21k"),
+    cost_lib.compare(settings.of(pretrain.get_config("L/16,i21k")),
                      ["v3-256", "v4-128", "v6e-256"])
   assert str(refused.value).splitlines() == [
       "config.mesh data=-1 x fsdp=8 x model=1 cannot be laid out on "
@@ -286,8 +286,8 @@ def test_the_compilers_estimates_are_read_right():
 
 def test_a_run_over_two_slices_is_planned_with_what_crosses_between(
     later_generations):
-  config = tiny_pretraining(batch_size=64, image_size=16)
-  two = cost_lib.plan(config, "v5p-8", classes=10, slices=2)
+  keys = tiny_pretraining(batch_size=64, image_size=16)
+  two = cost_lib.plan(keys, "v5p-8", classes=10, slices=2)
   got = two.to_json()
   assert (got["slices"], got["chips"], got["devices"], got["hosts"]) == (
       2, 8, 8, 2)
@@ -296,9 +296,9 @@ def test_a_run_over_two_slices_is_planned_with_what_crosses_between(
   # them to the other slice, in bfloat16 as the step computes them, plus
   # the tiles' padding: more than 2 bytes a parameter, less than 4.
   # (Its remat policy named: "auto" would compile the step to choose one.)
-  with config.unlocked():
-    config.model.remat_policy = two.remat_policy
-  program, _ = cost_lib.build_step(config, catalogue.topology("v5p-8").devices,
+  chosen = dataclasses.replace(keys, model=dataclasses.replace(
+      keys.model, remat_policy=two.remat_policy))
+  program, _ = cost_lib.build_step(chosen, catalogue.topology("v5p-8").devices,
                                    10)
   params = sum(x.size for x in jax.tree.leaves(program.state_shapes.params))
   assert 2 * params / 4 <= got["dcn_bytes_per_device_per_step"] < (
@@ -321,7 +321,7 @@ def test_a_run_over_two_slices_is_planned_with_what_crosses_between(
   # compiling.
   with pytest.raises(errors.ConfigError, match="2 x v6e-4: Cloud TPU "
                      "publishes no DCN bandwidth for v6e.*--dcn_gbps"):
-    cost_lib.compare(config, ["v6e-4", "v5p-8"], classes=10, slices=2)
+    cost_lib.compare(keys, ["v6e-4", "v5p-8"], classes=10, slices=2)
 
 
 def test_the_steps_work_is_sorted_by_kind():
@@ -417,7 +417,7 @@ def test_auto_remat_keeps_the_first_policy_whose_step_fits(monkeypatch):
 
 
 def test_auto_attention_is_cudnns_on_gpus_in_half_precision():
-  model = settings.of(tiny_pretraining()).model  # bfloat16, no dropout on
+  model = tiny_pretraining().model  # bfloat16, no dropout on
   assert (model.attention, model.dtype) == ("auto", "bfloat16")  # weights.
   gpu, tpu = (types.SimpleNamespace(platform=p) for p in ("gpu", "tpu"))
   assert fitting.attention(model, gpu) == "fused"
@@ -512,16 +512,16 @@ def test_slices_and_class_counts():
   with pytest.raises(errors.InputError, match="v4 chip grid has 3 sides"):
     catalogue.topology("v4:4x4")
 
-  config = pretrain.get_config("L/16,i21k")
-  assert cost_lib.num_classes(config) == 21_843  # Not on this machine.
-  assert cost_lib.num_classes(config, 5) == 5
-  config.dataset = "cifar100"  # In the TFDS catalog, not prepared here.
-  assert cost_lib.num_classes(config) == 100
-  config.dataset = "vtab:dsprites_location"
-  assert cost_lib.num_classes(config) == 16
-  config.dataset = "no_such_dataset"
+  keys = settings.of(pretrain.get_config("L/16,i21k"))
+  assert cost_lib.num_classes(keys) == 21_843  # Not on this machine.
+  assert cost_lib.num_classes(keys, 5) == 5
+  for dataset, classes in (
+      ("cifar100", 100),  # In the TFDS catalog, not prepared here.
+      ("vtab:dsprites_location", 16)):
+    assert cost_lib.num_classes(
+        dataclasses.replace(keys, dataset=dataset)) == classes
   with pytest.raises(errors.ConfigError, match="--num_classes"):
-    cost_lib.num_classes(config)
+    cost_lib.num_classes(dataclasses.replace(keys, dataset="no_such_dataset"))
 
 
 def test_the_cheapest_slice_of_a_generation_is_found_from_the_command_line():
@@ -600,16 +600,16 @@ def test_a_slice_too_small_for_the_batch_accumulates_micro_batches(
   images at most, a plan's chip-hours are its chips'."""
   planned = []
 
-  def plan_slice(config, tpu_slice, classes, overhead):
+  def plan_slice(keys, tpu_slice, classes, overhead):
     del classes, overhead
-    planned.append((tpu_slice.name, config.accum_steps))
-    per_device = config.batch_size / len(tpu_slice.devices)
-    if per_device < config.accum_steps:  # As resolve refuses it.
+    planned.append((tpu_slice.name, keys.accum_steps))
+    per_device = keys.batch_size / len(tpu_slice.devices)
+    if per_device < keys.accum_steps:  # As resolve refuses it.
       raise errors.ConfigError("the batch does not divide")
     return types.SimpleNamespace(
-        topology=tpu_slice.name, accum_steps=config.accum_steps,
-        fits=per_device / config.accum_steps <= 8,
-        predicted_chip_hours=tpu_slice.chips + config.accum_steps / 10)
+        topology=tpu_slice.name, accum_steps=keys.accum_steps,
+        fits=per_device / keys.accum_steps <= 8,
+        predicted_chip_hours=tpu_slice.chips + keys.accum_steps / 10)
   monkeypatch.setattr(cost_lib, "plan_slice", plan_slice)
   said = []
   plans, best, left_out = cost_lib.cheapest(
@@ -651,16 +651,16 @@ def test_the_cheapest_is_the_fewest_chip_hours_of_the_slices_that_fit(
   hours = {"v5litepod-8": 30.0, "v5litepod-16": 20.0, "v5litepod-32": 25.0,
            "v5litepod-64": 40.0, "v5litepod-128": 80.0}
 
-  def plan_slice(config, tpu_slice, classes, overhead):
+  def plan_slice(keys, tpu_slice, classes, overhead):
     del classes, overhead
-    per_device = config.batch_size / len(tpu_slice.devices)
-    if per_device < config.accum_steps:  # As resolve refuses it.
+    per_device = keys.batch_size / len(tpu_slice.devices)
+    if per_device < keys.accum_steps:  # As resolve refuses it.
       raise errors.ConfigError("the batch does not divide")
-    fits = per_device / config.accum_steps <= holds.get(tpu_slice.name, 8)
+    fits = per_device / keys.accum_steps <= holds.get(tpu_slice.name, 8)
     # As a plan that does not fit has no estimate.
     planned = hours[tpu_slice.name] if fits else None
     return types.SimpleNamespace(
-        topology=tpu_slice.name, accum_steps=config.accum_steps, fits=fits,
+        topology=tpu_slice.name, accum_steps=keys.accum_steps, fits=fits,
         predicted_chip_hours=planned, expected_chip_hours=planned and [
             planned * r for r in catalogue.EXPECTED_OVER_PLANNED])
   monkeypatch.setattr(cost_lib, "plan_slice", plan_slice)
@@ -716,14 +716,14 @@ def test_the_expected_costs_anchors_are_planned_as_recorded(
   rounding. The compiles are not redone: S/16's step and its twins take
   minutes here (62 s and 480 s on a busy 2-core machine; they gave
   0.10610 s and 13.80 chip-hours when planned so, as recorded)."""
-  config = module.get_config(arg)
+  keys = settings.of(module.get_config(arg))
   compiled = []
   monkeypatch.setattr(fitting, "compile_step", lambda program, batch: (
       compiled.append(1) or _CompiledAsRecorded(), None, 0.0))
   monkeypatch.setattr(cost_lib, "unrolled_cost", lambda *args: (
       {"flops": 1.0, "bytes": 1.0, "optimal_seconds": step_seconds,
        "dcn_bytes": 0.0, "kernels": 0.0}, 0.0))
-  got = cost_lib.plan(config, topology, classes=classes)
+  got = cost_lib.plan(keys, topology, classes=classes)
   assert compiled and got.fits and got.estimated_step_seconds == step_seconds
   assert took / got.predicted_chip_hours == pytest.approx(
       catalogue.MEASURED_OVER_PLANNED[run], rel=0.01)

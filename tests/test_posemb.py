@@ -10,7 +10,7 @@ import pytest
 from tests.util import program_of, randomize, small_config, train_steps
 from vit_jax import errors, models
 from vit_jax.analysis import attention
-from vit_jax.models import rope, vit
+from vit_jax.models import positions, rope, tokens as tokens_lib
 from vit_jax.runs import settings
 from vit_jax.runs.workdir import Workdir
 from vit_jax.training import step
@@ -19,14 +19,14 @@ from vit_jax.weights import (
   exports,
   npz as npz_lib,
   pretrained,
-  torch_files,
 )
+from vit_jax.weights.pytorch import hf, timm
 
 ROW, COL = models.POSEMB_2D_KEYS
 
 
 def test_sincos2d_codes_the_row_then_the_column():
-  table = vit.sincos2d_table(3, 4, 8)  # Frequencies 1 and 1/100.
+  table = positions.sincos2d_table(3, 4, 8)  # Frequencies 1 and 1/100.
   assert table.shape == (12, 8)
   for r in range(3):
     for c in range(4):
@@ -35,12 +35,12 @@ def test_sincos2d_codes_the_row_then_the_column():
           np.sin(c), np.sin(c / 100), np.cos(c), np.cos(c / 100)], atol=1e-6)
   assert len(np.unique(table.round(5), axis=0)) == 12
   with pytest.raises(errors.InputError, match="divisible by 4"):
-    vit.sincos2d_table(2, 2, 6)
+    positions.sincos2d_table(2, 2, 6)
 
 
 def test_learn2d_patches_share_their_rows_and_columns_halves():
-  module = vit.AddPositionEmbedding("learn2d", (3, 4))
-  tokens = jnp.zeros((1, 1 + 12, 8))
+  module = positions.AddPositionEmbedding("learn2d")
+  tokens = tokens_lib.of_grid(jnp.zeros((1, 1 + 12, 8)), (3, 4))
   params = flax.linen.meta.unbox(module.init(jax.random.key(0), tokens))
   table = np.asarray(module.apply(params, tokens))[0]
   row, col, token = (params["params"][f"{name}_embedding"]
@@ -64,7 +64,7 @@ def shuffled_patches(images, patch, order):
       0, 1, 3, 2, 4, 5).reshape(n, h, w, c)
 
 
-@pytest.mark.parametrize("posemb", models.vit.POSEMB_KINDS)
+@pytest.mark.parametrize("posemb", models.config.POSEMB_KINDS)
 def test_only_without_position_embedding_does_a_gap_vit_ignore_patch_order(
     posemb):
   model = models.create("Ti/4", 10, hidden_size=32, num_layers=2, mlp_dim=64,
@@ -123,7 +123,7 @@ def flat(tree):
   return flax.traverse_util.flatten_dict(jax.device_get(tree), sep="/")
 
 
-@pytest.mark.parametrize("posemb", models.vit.POSEMB_KINDS)
+@pytest.mark.parametrize("posemb", models.config.POSEMB_KINDS)
 def test_from_params_reads_the_kind_and_inspect_its_table(posemb):
   model = models.create("Ti/4", 10, hidden_size=32, num_layers=2, mlp_dim=64,
                         num_heads=4, posemb=posemb)
@@ -143,7 +143,7 @@ def test_from_params_reads_the_kind_and_inspect_its_table(posemb):
         "posembed_input"]["pos_embedding"])
   elif posemb == "sincos2d":
     np.testing.assert_array_equal(table[0, 0], 0)
-    np.testing.assert_array_equal(table[0, 1:], vit.sincos2d_table(6, 6, 32))
+    np.testing.assert_array_equal(table[0, 1:], positions.sincos2d_table(6, 6, 32))
   else:
     assert table.shape == (1, 37, 32)
 
@@ -181,10 +181,10 @@ def test_a_rope_model_with_a_table_is_refused_by_pytorchs_layouts_and_npz_says_s
   flat_params = flax.traverse_util.flatten_dict(params, sep="/")
   with pytest.raises(errors.InputError, match="timm Eva: the model has a "
                      "position table"):
-    torch_files.write_timm("unused.safetensors", flat_params, function,
-                           "the run")
+    timm.write_timm("unused.safetensors", flat_params, function,
+                    "the run")
   with pytest.raises(errors.InputError, match="rotary embeddings"):
-    torch_files.write_hf("unused", flat_params, function, None, "the run")
+    hf.write_hf("unused", flat_params, function, None, "the run")
   loaded = pretrained.Checkpoint(params, "the run", function)
   (warning,) = exports.function_warnings(loaded, "npz")
   assert "--config.model.rope=axial" in warning

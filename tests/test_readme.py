@@ -205,6 +205,24 @@ def test_the_config_table_names_every_key_and_only_keys():
               if f"`{key}`" not in described]
 
 
+def test_the_models_page_describes_every_option_a_checkpoint_fixes():
+  """docs/models.md has a bullet for each option declared of kind
+  architecture (but posemb, which has a section of its own) and of kind
+  function, where its declaration adds one."""
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  text = read("docs/models.md")
+
+  def bulleted(title):  # The names before each bullet's colon.
+    heads = re.findall(r"^- (.*?):", section(text, title), re.MULTILINE)
+    return {name for head in heads for name in re.findall(r"`(\w+)", head)}
+
+  assert set(models.ARCHITECTURE_OPTIONS) - {"posemb"} == bulleted(
+      "## Today's options")
+  assert set(models.FUNCTION_OPTIONS) == bulleted(
+      "## The function of other sources' weights")
+  assert "posemb" in section(text, "## Position embeddings")
+
+
 def test_the_keys_a_restart_may_change_are_the_ones_the_docs_list():
   from vit_jax.runs import settings  # pylint: disable=g-import-not-at-top
   text = read("docs/training.md")

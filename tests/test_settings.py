@@ -116,12 +116,12 @@ def test_a_rope_key_needs_a_model_with_rope(tmp_path, key, value):
           r"embeddings, which the model does not have \(config.model.rope=''"
           r".*leave {key} unset$")
   with pytest.raises(errors.ConfigError, match=says.format(key=key)):
-    resolve.check_values(config_of(**{f"model.{key}": value}))
-  resolve.check_values(config_of(**{f"model.{key}": value,
-                                    "model.rope": "axial",
-                                    "model.posemb": "none"}))
+    resolve.check_values(settings.of(config_of(**{f"model.{key}": value})))
+  resolve.check_values(settings.of(config_of(**{f"model.{key}": value,
+                                                "model.rope": "axial",
+                                                "model.posemb": "none"})))
   if key == "rope_theta":  # The model's default, set: as unset.
-    resolve.check_values(config_of(**{"model.rope_theta": 100.0}))
+    resolve.check_values(settings.of(config_of(**{"model.rope_theta": 100.0})))
   # init_from: a source without RoPE, then one with it ("mixed": its
   # blocks' learned frequencies), which the run takes (unset here).
   for rope in ("", "mixed"):
@@ -131,13 +131,12 @@ def test_a_rope_key_needs_a_model_with_rope(tmp_path, key, value):
     weights.save_npz(model.init(jax.random.key(0), np.zeros((1, 8, 8, 3)),
                                 train=False)["params"], source)
     config = config_of(**{f"model.{key}": value, "init_from": source})
-    resolve.check_values(config)  # Its rope is init_from's: not read yet.
+    keys = settings.of(config)
+    resolve.check_values(keys)  # Its rope is init_from's: not read yet.
     workdir = tmp_path / f"run_{rope or 'none'}"
     if rope:
-      assert pretrained.with_source(resolve.check_values(
-          config).settings).model.rope == "mixed"
-      resolve.check_rope(pretrained.with_source(
-          resolve.check_values(config).settings))
+      assert pretrained.with_source(keys).model.rope == "mixed"
+      resolve.check_rope(pretrained.with_source(keys))
       continue
     with pytest.raises(errors.ConfigError, match=says.format(key=key)):
       resolve.run(config, str(workdir))
@@ -149,9 +148,7 @@ def resolved_digits(**changes):
   function and architecture options filled in as resolve fills them for
   no init_from; `changes` as dotted keys."""
   config = digits.get_config()
-  config.model.update(layer_norm_epsilon=1e-6, gelu="tanh",
-                      final_norm="tokens", classifier="token",
-                      num_registers=0, qk_norm=False)
+  config.model.update(models.SOURCE_OPTIONS)
   config.input_shares = 4
   config.update_from_flattened_dict(changes)
   return settings.of(config)
@@ -161,7 +158,7 @@ def test_a_restart_changes_only_what_the_keys_allow(tmp_path):
   recorded = resolved_digits()
   allowed = resolved_digits(**{
       "total_steps": 2000, "mesh.data": 4, "evaluators.test.every": 7,
-      "model.remat_policy": "minimal"})
+      "model.remat_policy": "nothing_saveable"})
   assert set(store.differences_allowed(allowed, recorded,
                                        Workdir(tmp_path))) == {
       "total_steps", "mesh.data", "evaluators.test.every",

@@ -24,7 +24,13 @@ import tensorflow_datasets as tfds
 from configs import digits
 from configs.table2 import finetune, pretrain
 from tests.test_train import compiles_during
-from tests.util import check_config, mocked_tfds, program_of, run_training
+from tests.util import (
+  SMALL,
+  check_config,
+  mocked_tfds,
+  program_of,
+  run_training,
+)
 from vit_jax import errors, models
 from vit_jax.data import sources
 from vit_jax.models import flops
@@ -84,8 +90,9 @@ SPLITS = {
 PRIVATE = {"jft300m": (303_000_000, 18_291),
            "imagenet21k": (14_000_000, 21_843)}
 
-# A model small enough for two steps on CPU; patch sizes are kept.
-TINY_MODEL = dict(hidden_size=32, num_layers=1, mlp_dim=64, num_heads=2)
+# A model small enough for two steps on CPU: the sizes that a name sets
+# (but its patch size), as the tests' small runs have them.
+TINY_MODEL = {key: SMALL[f"model.{key}"] for key in models.VARIANTS["B"]}
 
 
 def get(name):
@@ -277,9 +284,9 @@ def test_epochs_chosen_are_those_table2s_core_days_imply():
   # model and resolution, as configured) make JFT's 0.68k core-days 0.20k
   # for ImageNet-21k, against Table 2's 0.23k.
   def trained_flops(arg):
-    config = pretrain.get_config(arg)
-    return config.total_steps * config.batch_size * flops.flops_per_image(
-        config.model, config.image_size, train=True)
+    keys = settings.of(pretrain.get_config(arg))
+    return keys.total_steps * keys.batch_size * flops.flops_per_image(
+        keys.model, keys.image_size, train=True)
 
   i21k = CORE_DAYS["L/16,jft"] * (trained_flops("L/16,i21k")
                                   / trained_flops("L/16,jft"))

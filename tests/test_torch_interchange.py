@@ -27,8 +27,8 @@ from vit_jax.weights import (
   exports,
   npz as npz_lib,
   pretrained,
-  torch_files,
 )
+from vit_jax.weights.pytorch import files
 
 # A model of SMALL's sizes (tests/util.py), trained at 16x16 with 5 classes.
 WIDTH, LAYERS, MLP, HEADS, PATCH, SIDE, CLASSES = 32, 2, 64, 4, 2, 16, 5
@@ -209,7 +209,7 @@ def assert_options_from_headers(source):
   """A run learns `source`'s function and architecture without reading a
   tensor of it (`initial_params` then reads them once), and they are what
   its tensors say."""
-  with mock.patch.object(torch_files, "read_safetensors",
+  with mock.patch.object(files, "read_safetensors",
                          side_effect=AssertionError("a tensor was read")):
     options = pretrained.source_options(source)
   loaded = pretrained.load(source, HEADS)
@@ -272,7 +272,7 @@ def test_an_hf_deit_reads_with_its_distillation_token(tmp_path, deit):
   assert (config.distill_token, config.num_registers) == (
       (True, 0) if deit == "teacher" else (False, 1))
   assert pretrained.load(source).normalization.mean == (
-      torch_files.IMAGENET.mean)
+      files.IMAGENET.mean)
   x, expected = assert_computes_as_torch(inference, tensors, "hf", HEADS,
                                          1e-12, "exact")
   if deit == "teacher":

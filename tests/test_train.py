@@ -25,6 +25,7 @@ from tests.util import (
 from vit_jax import errors, runtime, sharding
 from vit_jax.data import pipeline
 from vit_jax.models import flops
+from vit_jax.runs import settings
 from vit_jax.training import throughput
 
 
@@ -134,7 +135,8 @@ def test_a_run_builds_its_model_and_optimizer_once(digits_data_dir, tmp_path,
   from vit_jax import models  # pylint: disable=g-import-not-at-top
   from vit_jax.training import optimizer  # pylint: disable=g-import-not-at-top
   built = []
-  for module, name in ((models, "create_from_config"), (optimizer, "create")):
+  for module, name in ((models, "create_from_settings"),
+                       (optimizer, "create")):
     real = getattr(module, name)
 
     def counted(*args, real=real, name=name, **kwargs):
@@ -147,7 +149,7 @@ def test_a_run_builds_its_model_and_optimizer_once(digits_data_dir, tmp_path,
   assert "test_accuracy" in run_training(config, str(tmp_path / "run"))
   # The optimizer twice: for the state's structure, and inside the train
   # step, from the schedule's numbers as the step takes them (data).
-  assert sorted(built) == ["create", "create", "create_from_config"]
+  assert sorted(built) == ["create", "create", "create_from_settings"]
 
 
 def test_a_crashed_run_resumes_to_the_uninterrupted_result(
@@ -203,7 +205,7 @@ def test_a_vit_learns_digits(digits_data_dir, tmp_path):
     assert any(key in r for r in rows), key
   logged = rows[-1]
   assert logged["flops_per_step"] == 64 * flops.flops_per_image(
-      config.model, 8, train=True, num_classes=10)
+      settings.of(config).model, 8, train=True, num_classes=10)
   assert logged["tflops_per_sec_per_device"] == pytest.approx(
       logged["img_per_sec_per_device"] * logged["flops_per_step"] / 64 / 1e12)
   # Against the measured matmul rate of the CPUs the 8 devices share.
@@ -307,7 +309,7 @@ def compiles_during(fn):
      "not divisible by the mesh axis 'model'"),
     (dict(image_size=0), "config.image_size must be a whole number >= 1"),
     (dict(keep_checkpoints=0), "config.keep_checkpoints must be a whole"),
-    (dict(eval_crop_fraction=1.5), "config.eval_crop_fraction must be in"),
+    (dict(eval_crop_fraction=1.5), "config.eval_crop_fraction: must be in"),
     (dict(**{"optimizer.b2": 1.0}), "config.optimizer.b2 must be a number in "
      "[0.0, 1.0)"),
     (dict(**{"model.mlp_dim": 0}), "config.model.mlp_dim must be a whole "

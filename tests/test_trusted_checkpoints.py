@@ -209,7 +209,7 @@ def test_a_signal_as_the_lock_appears_removes_it(tmp_path, monkeypatch):
 
   def link_then_stopped(*args):
     link(*args)
-    raise KeyboardInterrupt  # What cli.Stopped is.
+    raise KeyboardInterrupt  # What cli.signals.Stopped is.
   monkeypatch.setattr(os, "link", link_then_stopped)
   with pytest.raises(KeyboardInterrupt):
     with lock.WorkdirLock(str(tmp_path)):

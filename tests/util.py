@@ -94,9 +94,10 @@ def check_config(config):
   returns the mesh."""
   from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
   from vit_jax.training import resolve  # pylint: disable=g-import-not-at-top
-  mesh = resolve.program(config).mesh
-  resolve.check_data(resolve.check_values(config),
-                     sources.Sources(config.dataset, config.data_dir))
+  keys = typed(config)
+  mesh = resolve.program(keys).mesh
+  resolve.check_data(resolve.check_values(keys),
+                     sources.Sources(keys.dataset, keys.data_dir))
   return mesh
 
 
@@ -223,13 +224,13 @@ def call_tool(tool, *args, cwd=REPO):
 def call_main(main, *argv, positional=False, cwd=REPO):
   """(exit status, stdout, stderr) of `cli.run(main, positional)` given the
   command line ARGV (the tool's name first), in this process
-  (vit_jax.cli.run_here), run in `cwd`, with Python's own warning filters
+  (tests/in_process.py), run in `cwd`, with Python's own warning filters
   and unraisable hook (pytest's keep what a process would print). JAX's
   compilation cache settings, which a tool that trains sets, are put back
   after; glibc's malloc thresholds that it sets stay (runtime's
   keep_freed_memory: how freed memory is kept, not what is computed; under
   `make test`, whose GLIBC_TUNABLES keeps the whole heap, it sets none)."""
-  from vit_jax import cli  # pylint: disable=g-import-not-at-top
+  from tests import in_process  # pylint: disable=g-import-not-at-top
   cache = {name: getattr(jax.config, name) for name in (
       "jax_enable_compilation_cache", "jax_compilation_cache_dir")}
   stdout, stderr = io.StringIO(), io.StringIO()
@@ -244,7 +245,7 @@ def call_main(main, *argv, positional=False, cwd=REPO):
         warnings.filterwarnings(action, category=category, module=module,
                                 append=True)
       warnings.showwarning = _show_warning
-      status = cli.run_here(main, list(argv), positional)
+      status = in_process.run_here(main, list(argv), positional)
   finally:
     for name, value in cache.items():
       jax.config.update(name, value)

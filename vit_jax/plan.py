@@ -29,6 +29,7 @@ from ml_collections import config_flags
 
 from vit_jax import cli, errors
 from vit_jax.planning import cost as cost_lib, report
+from vit_jax.runs import settings
 
 config_flags.DEFINE_config_file(
     "config", None, "An ml-collections config file.", lock_config=True)
@@ -89,6 +90,7 @@ def main(argv):
         f"--dcn_gbps_per_chip={f.dcn_gbps_per_chip:g} is the bandwidth "
         "between slices, which a plan of one slice does not use: leave it "
         "out, or plan several with --slices")
+  keys = settings.of(f.config)  # The config as a run takes it.
   if f.cheapest or f.compare:  # One table of several slices.
     best, left_out = None, []
     if f.cheapest:
@@ -96,10 +98,10 @@ def main(argv):
         raise errors.InputError("--cheapest plans single slices: leave out "
                                 "--slices")
       results, best, left_out = cost_lib.cheapest(
-          f.config, f.cheapest, f.num_classes, f.overhead,
+          keys, f.cheapest, f.num_classes, f.overhead,
           say=lambda line: print(line, file=sys.stderr, flush=True))
     else:
-      results = cost_lib.compare(f.config, f.compare, f.num_classes,
+      results = cost_lib.compare(keys, f.compare, f.num_classes,
                                  f.overhead, f.slices, dcn)
     if f.json:
       marked = lambda i: {"cheapest": i == best} if f.cheapest else {}
@@ -111,7 +113,7 @@ def main(argv):
     else:
       print(report.describe_comparison(config_name, results, best, left_out))
     return
-  result = cost_lib.plan(f.config, f.topology, f.num_classes, f.overhead,
+  result = cost_lib.plan(keys, f.topology, f.num_classes, f.overhead,
                          f.slices, dcn)
   if f.json:
     print(json.dumps({"config": config_name, **result.to_json()}))

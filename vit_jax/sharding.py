@@ -6,8 +6,8 @@ The mesh has three axes:
          (ZeRO-3 style; XLA gathers each weight where it is used);
   model  tensor parallelism: attention heads and MLP hidden units split.
 
-Parameters carry logical axis names (set in vit_jax/models/vit.py and
-resnet.py). The table
+Parameters carry logical axis names (set in vit_jax/models/: the ViT's
+modules and resnet.py). The table
 below maps them to mesh axes, and then FSDP splits the largest dimension that
 the table left unsharded and that `fsdp` divides (never a scanned model's
 `layers`). The batch is split over `data` and `fsdp` together, and so is

@@ -18,7 +18,7 @@ import numpy as np
 from vit_jax import errors, models, paths
 from vit_jax.analysis import classify, plots
 from vit_jax.data import image_files as images_lib
-from vit_jax.models import naflex, vit
+from vit_jax.models import naflex, positions, tokens as tokens_lib
 from vit_jax.runs import writers
 
 
@@ -165,10 +165,11 @@ def position_table(model, params, image_size):
     return None
   grid = image_size // model.token_stride
   tokens = grid * grid + model.config.embedded_prefix_tokens
-  module = vit.AddPositionEmbedding(model.config.posemb, (grid, grid))
+  module = positions.AddPositionEmbedding(model.config.posemb)
   variables = {"params": params["Transformer"].get("posembed_input", {})}
-  return np.asarray(module.apply(
-      variables, np.zeros((1, tokens, model.config.hidden_size), np.float32)))
+  return np.asarray(module.apply(variables, tokens_lib.of_grid(
+      np.zeros((1, tokens, model.config.hidden_size), np.float32),
+      (grid, grid))))
 
 
 def position_similarity(posemb, extra=1):

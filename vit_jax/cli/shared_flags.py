@@ -12,7 +12,8 @@ from ml_collections import config_flags
 
 from vit_jax import errors, paths, runtime
 from vit_jax.models import naflex
-from vit_jax.weights import exports, pretrained, torch_files
+from vit_jax.weights import exports, pretrained
+from vit_jax.weights.pytorch import files
 
 
 def define_training():
@@ -102,12 +103,12 @@ def model_from_flags(features=False):
 
 
 def normalization_from_flags():
-  """--input_mean and --input_std as a torch_files.Normalization, or None
+  """--input_mean and --input_std as a files.Normalization, or None
   where they are not given."""
   f = flags.FLAGS
   if not f.input_mean:
     return None
-  return torch_files.Normalization(
+  return files.Normalization(
       tuple(floats(f.input_mean, "--input_mean")),
       tuple(floats(f.input_std, "--input_std")), "--input_mean/--input_std")
 

@@ -63,14 +63,14 @@ class Packing(NamedTuple):
                naflex.token_drop_sampled)
 
   def check(self):
-    """InputError naming the key of a setting that cannot pack."""
+    """A ConfigError naming the key of a setting that cannot pack."""
     if not self.length:
-      raise errors.InputError(
+      raise errors.ConfigError(
           "config.naflex.packing packs sequences of "
           "config.naflex.max_num_patches patches: set it (e.g. 256)")
     if self.slots < self.per_sequence:
       # Every step would leave over images that never find a sequence.
-      raise errors.InputError(
+      raise errors.ConfigError(
           f"config.naflex.max_images_per_sequence={self.slots} is below "
           f"config.naflex.images_per_sequence={self.per_sequence:g}, the "
           "images read for each sequence: give at least "
@@ -78,11 +78,11 @@ class Packing(NamedTuple):
           "images_per_sequence)")
     if bool(self.min_side) != bool(self.max_side) or (
         self.min_side > self.max_side):
-      raise errors.InputError(
+      raise errors.ConfigError(
           f"config.naflex.min_side={self.min_side} and max_side="
           f"{self.max_side}: set both, min_side <= max_side, or neither")
     if self.token_drop_sampled and self.token_drop >= 0.5:
-      raise errors.InputError(
+      raise errors.ConfigError(
           f"config.naflex.token_drop={self.token_drop} with "
           "token_drop_sampled draws shares up to twice it, which must stay "
           "below 1: give less than 0.5")

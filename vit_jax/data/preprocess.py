@@ -171,9 +171,9 @@ def central_crop(image, image_size):
 def check_crop_fraction(crop_fraction):
   if not 0 < crop_fraction <= 1:  # Also refuses NaN.
     raise errors.InputError(
-        f"eval_crop_fraction must be in (0, 1], got {crop_fraction!r}: 1 "
-        f"resizes to the image size, f < 1 resizes to image_size / f and "
-        f"takes the central crop")
+        f"must be in (0, 1], got {crop_fraction!r}: 1 resizes to the image "
+        "size, f < 1 resizes to image_size / f and takes the central crop",
+        key="eval_crop_fraction")
 
 
 def eval_resize(image, image_size, crop_fraction=1.0):
@@ -287,16 +287,16 @@ class Augmentation:
 
 def augmentation(augment="", randaugment=""):
   """The Augmentation of `augment` ("flip,shift", a tuple of names, or
-  empty) and `randaugment` ("N,M", or "" for none); an InputError starts
-  with the argument that is wrong."""
+  empty) and `randaugment` ("N,M", or "" for none); an InputError's key
+  is the argument that is wrong."""
   if isinstance(augment, str):
     augment = augment.split(",")
   names = tuple(name.strip() for name in augment if name.strip())
   for name in names:
     if name not in AUGMENTATIONS:
       raise errors.InputError(
-          f"augment: unknown augmentation {name!r}: expected names from "
-          f"{sorted(AUGMENTATIONS)}")
+          f"unknown augmentation {name!r}: expected names from "
+          f"{sorted(AUGMENTATIONS)}", key="augment")
   return Augmentation(names, *_parse_randaugment(randaugment))
 
 
@@ -342,9 +342,9 @@ def _parse_randaugment(spec):
     layers, magnitude = int(layers), float(magnitude)
   except ValueError:
     raise errors.InputError(
-        f"randaugment must be 'N,M' (N ops per image at magnitude M of "
+        f"must be 'N,M' (N ops per image at magnitude M of "
         f"{randaugment_lib.MAX_MAGNITUDE:g}, e.g. '2,10'), or '' for none; "
-        f"got {spec!r}") from None
+        f"got {spec!r}", key="randaugment") from None
   randaugment_lib.check(layers, magnitude)
   return layers, magnitude
 

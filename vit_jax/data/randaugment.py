@@ -320,14 +320,14 @@ def check(num_layers, magnitude):
   if (isinstance(num_layers, bool) or
       not isinstance(num_layers, (int, np.integer)) or num_layers < 0):
     raise errors.InputError(
-        f"randaugment's number of layers must be a whole number >= 0, got "
-        f"{num_layers!r}")
+        f"its number of layers must be a whole number >= 0, got "
+        f"{num_layers!r}", key="randaugment")
   if (isinstance(magnitude, bool) or
       not isinstance(magnitude, (int, float, np.integer, np.floating)) or
       not 0 <= magnitude <= MAX_MAGNITUDE):  # Also refuses NaN.
     raise errors.InputError(
-        f"randaugment's magnitude must be a number in [0, {MAX_MAGNITUDE}], "
-        f"got {magnitude!r}")
+        f"its magnitude must be a number in [0, {MAX_MAGNITUDE}], got "
+        f"{magnitude!r}", key="randaugment")
 
 
 def _layer_seeds(seed, num_layers):

@@ -1,26 +1,27 @@
 """Model zoo: `create("B/16", num_classes=1000, ...)` -> a flax.linen Module."""
 
 import collections
+import dataclasses
 import re
 
 import flax
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.models.vit import (
+from vit_jax.models import config as config_lib, options
+from vit_jax.models.config import (
   CONFIG_FIELDS,
-  MaskedPatchViT,
-  VisionTransformer,
+  POSEMB_2D_KEYS as POSEMB_2D_KEYS,  # Also read by weights/.
+  POSEMB_KEY as POSEMB_KEY,
   ViTConfig,
-  grid_side as grid_side,  # Also read by weights/.
+)
+from vit_jax.models.heads import (
   logits_and_pre_logits as logits_and_pre_logits,  # For the model's users.
 )
-
-# Where the release layout keeps the position embedding ("learn"), and where
-# the "learn2d" kind keeps its row and column tables.
-POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
-POSEMB_2D_KEYS = ("Transformer/posembed_input/row_embedding",
-                  "Transformer/posembed_input/col_embedding")
+from vit_jax.models.positions import (
+  grid_side as grid_side,  # Also read by weights/.
+)
+from vit_jax.models.vit import MaskedPatchViT, VisionTransformer
 
 # Table 1 of the paper; Ti and S come from the later public release.
 VARIANTS = {
@@ -33,21 +34,17 @@ VARIANTS = {
 PATCH_SIZES = (8, 14, 16, 32)
 
 # The fields that set what a model computes beyond its sizes, and the
-# release's values of them (vit.py says who uses which). They travel with a
-# model's params: a run started from another source's weights computes that
-# source's function (pretrained.with_source).
-FUNCTION_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
-                    for key in ("layer_norm_epsilon", "gelu", "final_norm",
-                                "rope", "rope_theta")}
+# release's values of them (config.py declares which: kind FUNCTION). They
+# travel with a model's params: a run started from another source's weights
+# computes that source's function (pretrained.with_source).
+FUNCTION_OPTIONS = config_lib.declared(options.FUNCTION)
 # The parts of the architecture that a checkpoint fixes beyond its sizes,
-# and their defaults (the paper's ViT). A fine-tune takes them from its
-# source too, read from the params (`architecture_of`, `posemb_of`).
-ARCHITECTURE_OPTIONS = {key: ViTConfig.__dataclass_fields__[key].default
-                        for key in ("classifier", "num_registers",
-                                    "distill_token", "layer_scale", "qk_norm",
-                                    "key_bias", "mlp", "posemb")}
+# and their defaults (the paper's ViT): kind ARCHITECTURE. A fine-tune takes
+# them from its source too, read from the params (`architecture_of`,
+# `posemb_of`).
+ARCHITECTURE_OPTIONS = config_lib.declared(options.ARCHITECTURE)
 # The classification heads of release-layout params: a distillation
-# token's has its own (vit.py). A fine-tune to other classes starts both
+# token's has its own (heads.py). A fine-tune to other classes starts both
 # afresh.
 HEADS = ("head", "head_dist")
 # Options a config may leave unset (None): a run resolves them from its
@@ -124,44 +121,30 @@ def create(name, num_classes, **overrides):
   return model
 
 
-def create_from_config(model_config, num_classes):
-  """The model that a config.model (its name and overrides) describes.
+def create_from_settings(model, num_classes):
+  """The model that typed model settings (runs/settings.py's Model: its
+  name and an override of each field) describe.
 
   A remat_policy or attention of "auto" is a run's to make concrete (it
-  depends on the devices: training/fitting.py); a model built from a config
+  depends on the devices: training/fitting.py); a model built from settings
   that no run resolved keeps every activation and computes attention with
   the einsum, which compute the same."""
-  fields = dict(model_config)
-  if fields.get("remat_policy") == "auto":
+  fields = dataclasses.asdict(model)
+  if fields["remat_policy"] == "auto":
     fields["remat_policy"] = ""
-  if fields.get("attention") == "auto":
+  if fields["attention"] == "auto":
     fields["attention"] = "einsum"
   return create(fields.pop("name"), num_classes, **fields)
 
 
-_BLOCK_0 = "Transformer/encoderblock_0/"
-
-
 def architecture_of(flat):
   """The ARCHITECTURE_OPTIONS of release-layout params (a flat '/'-keyed
-  dict) but posemb (`posemb_of`): a class token says classifier "token", a
-  `MAPHead_0` "map", else "gap"; `ls1` layer scale (whose initial value
-  does not matter to loaded params: 1.0), `Transformer/registers` their
-  count, `dist` a distillation token, `query_norm` qk_norm, a `key/bias`
-  key_bias, an MLP gate (`Dense_gate`) mlp "swiglu".
-  """
-  return dict(
-      classifier=("token" if "cls" in flat else
-                  "map" if "MAPHead_0/probe" in flat else "gap"),
-      num_registers=(np.shape(flat["Transformer/registers"])[1]
-                     if "Transformer/registers" in flat else 0),
-      distill_token="dist" in flat,
-      layer_scale=1.0 if _BLOCK_0 + "ls1" in flat else None,
-      qk_norm=(_BLOCK_0 + "MultiHeadDotProductAttention_1/query_norm/scale"
-               in flat),
-      key_bias=_BLOCK_0 + "MultiHeadDotProductAttention_1/key/bias" in flat,
-      mlp="swiglu" if _BLOCK_0 + "MlpBlock_3/Dense_gate/kernel" in flat
-      else "gelu")
+  dict of arrays or shapes) but posemb (`posemb_of`), each read as
+  config.py declares (its `marks`): e.g. a class token says classifier
+  "token", `Transformer/registers` their count, `ls1` layer scale 1.0
+  (whose initial value does not matter to loaded params)."""
+  return config_lib.revealed(
+      flat, [name for name in ARCHITECTURE_OPTIONS if name != "posemb"])
 
 
 def posemb_prefix(flat):
@@ -175,9 +158,10 @@ def posemb_of(keys, function):
   `function` (FUNCTION_OPTIONS): the kind its table says; "none" for a
   rotary model with no table (DINOv3's); None where nothing says (no table:
   "sincos2d" or "none")."""
-  return ("learn" if POSEMB_KEY in keys else
-          "learn2d" if POSEMB_2D_KEYS[0] in keys else
-          "none" if function.get("rope") else None)
+  posemb = config_lib.revealed(dict.fromkeys(keys), ["posemb"])["posemb"]
+  if posemb is None and function.get("rope"):
+    return "none"
+  return posemb
 
 
 def from_params(params, posemb=None, **function):
@@ -199,8 +183,8 @@ def from_params(params, posemb=None, **function):
   """
   flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
   wanted = ("embedding/kernel", "head/kernel",
-            _BLOCK_0 + "MultiHeadDotProductAttention_1/query/kernel",
-            _BLOCK_0 + "MlpBlock_3/Dense_0/kernel")
+            config_lib.BLOCK_0 + "MultiHeadDotProductAttention_1/query/kernel",
+            config_lib.BLOCK_0 + "MlpBlock_3/Dense_0/kernel")
   missing = [key for key in wanted if key not in flat]
   if missing:
     raise errors.InputError(
@@ -236,8 +220,8 @@ def from_params(params, posemb=None, **function):
       mlp_dim=np.shape(flat[wanted[3]])[1],
       representation_size=(np.shape(flat["pre_logits/kernel"])[1]
                            if "pre_logits/kernel" in flat else None),
-      posemb=posemb, final_norm="pooled" if "fc_norm/scale" in flat else
-      "tokens", **hybrid, **architecture, **function)
+      posemb=posemb, **hybrid, **architecture, **function,
+      **config_lib.revealed(flat, ["final_norm"]))
   model = VisionTransformer(num_classes=np.shape(flat["head/kernel"])[1],
                             config=config)
   model.check_options()

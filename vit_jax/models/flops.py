@@ -20,13 +20,13 @@ TRAIN_FORWARDS = 3  # Forward + backward (two forwards' worth).
 
 
 def model_sizes(model, num_classes=1000):
-  """A model name ("B/16"), a config.model (name plus overrides) or a
-  VisionTransformer -> the VisionTransformer it describes."""
+  """A model name ("B/16"), typed model settings (runs/settings.py's
+  Model) or a VisionTransformer -> the VisionTransformer it describes."""
   if isinstance(model, str):
     return models.create(model, num_classes)
   if isinstance(model, models.VisionTransformer):
     return model
-  return models.create_from_config(model, num_classes)
+  return models.create_from_settings(model, num_classes)
 
 
 def flops_per_image(model, image_size, train=False, num_classes=1000,

@@ -65,28 +65,6 @@ class Packed(NamedTuple):
   def slots(self):
     return self.grids.shape[1]
 
-  def token_grids(self):
-    """[N, L, 2] int32: each patch's image's (rows, cols); (1, 1) for
-    padding, so that no padding token's place is undefined."""
-    slot = jnp.maximum(self.segments - 1, 0)
-    grids = jnp.take_along_axis(self.grids, slot[..., None], axis=1)
-    return jnp.where(self.segments[..., None] > 0, grids, 1)
-
-  def token_slots(self, prefix_tokens, registers):
-    """[N, prefix_tokens * K + registers * K + L] int32: the slot of every
-    token of the sequence the model makes of it: each slot's prefix
-    tokens, each slot's registers, then the patches (0: padding)."""
-    n = self.segments.shape[0]
-    slots = jnp.arange(1, self.slots + 1, dtype=jnp.int32)
-    prefix = [jnp.repeat(slots, count) for count in (prefix_tokens, registers)]
-    return jnp.concatenate([jnp.broadcast_to(p, (n, p.shape[0]))
-                            for p in prefix] + [self.segments], axis=1)
-
-  def attention_mask(self, prefix_tokens, registers):
-    """Which tokens each token attends to, those of its own slot (padding
-    to padding, which no image reads): Segments of its token_slots."""
-    return Segments(self.token_slots(prefix_tokens, registers))
-
 
 class Segments(NamedTuple):
   """Attention's mask of a packed sequence, each token attending to the

@@ -1,8 +1,10 @@
 """How a setting is declared: once, as a dataclass field with its default,
-a line on what it means, its bounds, whether a restart may change it and
-what runs recorded before it existed did.
+a line on what it means, its bounds or choices, whether a restart may change
+it and what runs recorded before it existed did; a model option also with
+what it is (its `kind`) and, where a checkpoint fixes it, the parameter
+that reveals it (`marks`).
 
-ViTConfig's fields (models/vit.py) are declared with `key`; the config's
+ViTConfig's fields (models/config.py) are declared with `key`; the config's
 model section (runs/settings.py) is derived from them, and the rest of the
 config is declared with the same `key`. The declaration lives here, on the
 models' floor, because the models are the lowest wing that has settings.
@@ -11,6 +13,8 @@ models' floor, because the models are the lowest wing that has settings.
 import copy
 import dataclasses
 import numbers
+
+import numpy as np
 
 # `before` of a key that runs recorded from the first: none.
 ORIGINAL = object()
@@ -21,35 +25,69 @@ AS_DEFAULT = object()
 # `config` of a model option whose config key has the model's default.
 SAME = object()
 
+# `kind` of a model option that changes the function a model's params
+# compute but not their shapes (a source's function travels with its
+# weights: pretrained.with_source) ...
+FUNCTION = "function"
+# ... and of one that changes which params there are: a checkpoint fixes
+# it, and a fine-tune reads it from the params (`marks`).
+ARCHITECTURE = "architecture"
+
+
+@dataclasses.dataclass(frozen=True)
+class Marks:
+  """How params in the release layout (a flat '/'-keyed dict of arrays or
+  shapes) reveal an option: the value of the first of `params` they hold,
+  else `absent`. A value that is callable is called with that param's
+  shape."""
+  params: dict
+  absent: object
+
+  def read(self, flat):
+    for name, value in self.params.items():
+      if name in flat:
+        return value(np.shape(flat[name])) if callable(value) else value
+    return self.absent
+
 
 def key(default=dataclasses.MISSING, description="", *, at_least=None,
-        below=None, at_most=None, changeable=False, before=ORIGINAL,
-        config=SAME):
+        below=None, at_most=None, choices=None, changeable=False,
+        before=ORIGINAL, config=SAME, kind=None, marks=None):
   """A field: `default` (none: the field is required), a one-line
   `description`; for a number, its bounds: `at_least`, and `below` or
   `at_most` (None: none; an int `at_least` alone asks for a whole number);
-  whether a restart may change it (`changeable`); `before`, what a run
-  recorded without it did (ORIGINAL: every run recorded it; AS_DEFAULT:
-  its default; RESOLVED: whatever the restart resolves it to; else that
-  value). `config`: a model option's default as a config key where it
-  differs from the model's: None (unset: the model's name or init_from
-  says) or "auto" (the run resolves it from the devices)."""
+  or the values it may take (`choices`); whether a restart may change it
+  (`changeable`); `before`, what a run recorded without it did (ORIGINAL:
+  every run recorded it; AS_DEFAULT: its default; RESOLVED: whatever the
+  restart resolves it to; else that value). For a model option: `config`,
+  its default as a config key where it differs from the model's: None
+  (unset: the model's name or init_from says) or "auto" (the run resolves
+  it from the devices); `kind`, FUNCTION or ARCHITECTURE where a source of
+  weights fixes it; `marks`, how the params reveal it (Marks)."""
   metadata = {"description": description, "at_least": at_least,
-              "below": below, "at_most": at_most, "changeable": changeable,
-              "before": before, "config": config}
+              "below": below, "at_most": at_most, "choices": choices,
+              "changeable": changeable, "before": before, "config": config,
+              "kind": kind, "marks": marks}
   if isinstance(default, dict):
     return dataclasses.field(default_factory=lambda: copy.deepcopy(default),
                              metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
 
 
-def out_of_bounds(name, value, metadata, unset_allowed=True):
+def problem(name, value, metadata, unset_allowed=True):
   """What is wrong with `value` for the field `name` declared with
-  `metadata`, or None: within its bounds, unbounded, or unset (None) where
-  `unset_allowed`."""
+  `metadata`, or None: one of its choices, within its bounds, unbounded, or
+  unset (None) where `unset_allowed`."""
+  if value is None and unset_allowed:
+    return None
+  choices = metadata.get("choices")
+  if choices is not None:
+    if value in choices:
+      return None
+    return f"{name} must be one of {list(choices)}, got {value!r}"
   low, high, top = (metadata.get("at_least"), metadata.get("below"),
                     metadata.get("at_most"))
-  if low is None or (value is None and unset_allowed):
+  if low is None:
     return None
   if isinstance(low, int) and high is None and top is None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (

@@ -47,8 +47,8 @@ class Augmentation(NamedTuple):
 
 
 def check(kind, head_dim):
-  if kind not in KINDS:
-    raise errors.InputError(f"rope must be one of {KINDS}, got {kind!r}")
+  """InputError unless heads `head_dim` wide can turn by RoPE `kind` (one
+  of KINDS, which config.py's declaration checks)."""
   if kind and head_dim % 4:
     raise errors.InputError(
         f"rope {kind!r} turns each head in planes of the row and the column: "

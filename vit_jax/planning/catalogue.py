@@ -211,31 +211,33 @@ def topology(name, slices=1):
   return Slice(slice_name, generation, grid, description.devices, slices)
 
 
-def check_layout(config, tpu_slice):
-  """A ConfigError unless config.mesh can be laid out on the slice's chips.
+def check_layout(mesh, tpu_slice):
+  """A ConfigError unless `mesh` (the Settings' config.mesh) can be laid
+  out on the slice's chips.
 
   (sharding.MeshLayoutError: fsdp=8 has no place on v4-128's 4x4x4
   chips, nor on v6e-256's 16x16.) The message names the fsdp sizes that
   can be, with the other axes as they are.
   """
-  def lays_out(mesh):
+  def lays_out(sizes):
     try:
-      sharding.make_mesh(mesh, tpu_slice.devices)
+      sharding.make_mesh(sizes, tpu_slice.devices)
     except sharding.MeshLayoutError:
       return False
     return True
 
-  if lays_out(config.mesh):
+  sizes = dataclasses.asdict(mesh)
+  if lays_out(sizes):
     return
   fits = []
   for fsdp in (2**k for k in range(len(tpu_slice.devices).bit_length())):
     try:
-      if lays_out({**config.mesh, "fsdp": fsdp}):
+      if lays_out({**sizes, "fsdp": fsdp}):
         fits.append(str(fsdp))
     except errors.InputError:  # The other axes leave no room for it.
       pass
   raise errors.ConfigError(
-      f"config.mesh {sharding.describe_mesh(config.mesh)} cannot be laid out "
+      f"config.mesh {sharding.describe_mesh(sizes)} cannot be laid out "
       f"on {tpu_slice.description}'s {tpu_slice.grid} chips: each mesh axis must "
       "span whole sides of them"
       + (f"; --config.mesh.fsdp of {', '.join(fits)} would be"

@@ -21,10 +21,12 @@ compiled program gives:
     (`overhead`) for evaluation, checkpoints and restarts; on v3 also
     TPUv3-core-days, the paper's unit.
 
-A config that does not fit is told what would make it fit. The process
-must compile for TPUs while it runs on the CPU: its entry point calls
-`runtime.compile_ahead_of_time()` first. `python -m vit_jax.plan` is the
-command line.
+A config that does not fit is told what would make it fit. Planning
+takes the config as the run's typed Settings (`settings.of(config)`,
+runs/settings.py) and tries its variants with `dataclasses.replace`. The
+process must compile for TPUs while it runs on the CPU: its entry point
+calls `runtime.compile_ahead_of_time()` first. `python -m vit_jax.plan` is
+the command line.
 """
 
 import dataclasses
@@ -61,21 +63,22 @@ DEFAULT_OVERHEAD = 0.05
 UNLISTED_NUM_CLASSES = {"jft300m": 18_291, "imagenet21k": 21_843}
 
 
-def num_classes(config, override=0):
-  """The head's class count: `override`, else the dataset's (prepared here,
-  a VTAB task, a TFDS catalog entry, or UNLISTED_NUM_CLASSES)."""
+def num_classes(keys, override=0):
+  """The head's class count of the Settings `keys`: `override`, else the
+  dataset's (prepared here, a VTAB task, a TFDS catalog entry, or
+  UNLISTED_NUM_CLASSES)."""
   if override:
     return override
-  data_dir = config.data_dir
+  data_dir = keys.data_dir
   paths.check_reachable(data_dir, "config.data_dir")
   try:
-    return sources.lookup(config.dataset, data_dir).num_classes
+    return sources.lookup(keys.dataset, data_dir).num_classes
   except errors.InputError:
     pass  # Not prepared on this machine; its size is known elsewhere.
-  name = config.dataset.split(":")[0]
-  if config.dataset.startswith(sources.VTAB_PREFIX):
-    return vtab_tasks.get(config.dataset[len(sources.VTAB_PREFIX):]
-                    ).num_classes
+  name = keys.dataset.split(":")[0]
+  if keys.dataset.startswith(sources.VTAB_PREFIX):
+    return vtab_tasks.get(keys.dataset[len(sources.VTAB_PREFIX):]
+                          ).num_classes
   if name in UNLISTED_NUM_CLASSES:
     return UNLISTED_NUM_CLASSES[name]
   try:
@@ -85,7 +88,7 @@ def num_classes(config, override=0):
         sources.LABEL_FEATURES.get(name, "label")].num_classes
   except Exception as e:  # TFDS raises many kinds for an unknown name.
     raise errors.ConfigError(
-        f"cannot tell how many classes config.dataset={config.dataset!r} "
+        f"cannot tell how many classes config.dataset={keys.dataset!r} "
         f"has ({type(e).__name__}: {e}); pass --num_classes") from e
 
 
@@ -220,12 +223,12 @@ class Plan:
     return out
 
 
-def build_step(config, devices, classes, unroll=False, teacher=None):
-  """(program, batch shapes) of `config`'s step over `devices`: checked
-  (vit_jax/training/resolve.py) and built as a run builds it, nothing
-  compiled yet where its remat policy is concrete. `teacher`: its
-  distill.Teacher, where one was read for it already."""
-  fitted = resolve.program(config, devices, classes, teacher)
+def build_step(keys, devices, classes, unroll=False, teacher=None):
+  """(program, batch shapes) of the step of the Settings `keys` over
+  `devices`: checked (vit_jax/training/resolve.py) and built as a run
+  builds it, nothing compiled yet where its remat policy is concrete.
+  `teacher`: its distill.Teacher, where one was read for it already."""
+  fitted = resolve.program(keys, devices, classes, teacher)
   program = step_lib.build(fitted.settings, fitted.mesh, fitted.parts, unroll)
   return program, fitting.batch_shapes(fitted.settings, program.model,
                                        program.batch_sharding)
@@ -296,9 +299,9 @@ def dcn_bytes(text):
   return total
 
 
-def unrolled_cost(config, devices, classes, teacher=None):
-  """({flops, optimal_seconds} or None, compile seconds) of `config`'s step
-  as if its loops were unrolled.
+def unrolled_cost(keys, devices, classes, teacher=None):
+  """({flops, optimal_seconds} or None, compile seconds) of the step of the
+  Settings `keys` as if its loops were unrolled.
 
   XLA's cost analysis counts the body of a loop once, whatever its trip
   count, so a scanned encoder or a micro-batch loop would look cheap; and
@@ -309,19 +312,18 @@ def unrolled_cost(config, devices, classes, teacher=None):
   a twin does not fit. The twins share `teacher`, a distilling config's,
   read once.
   """
-  layers = flops_lib.model_sizes(config.model).config.num_layers
-  accum = config.accum_steps
-  micro_batch = config.batch_size // accum
-  layer_points = (1, 2) if config.model.scan_layers else (layers,)
+  layers = flops_lib.model_sizes(keys.model).config.num_layers
+  accum = keys.accum_steps
+  micro_batch = keys.batch_size // accum
+  layer_points = (1, 2) if keys.model.scan_layers else (layers,)
   accum_points = (1, 2) if accum > 1 else (1,)
   costs, seconds = {}, 0.0
   for num_layers in layer_points:
     for micro_batches in accum_points:
-      twin = config.copy_and_resolve_references()
-      with twin.unlocked():  # num_layers may come from the model's name.
-        twin.model.update(scan_layers=False, num_layers=num_layers)
-      twin.update(accum_steps=micro_batches,
-                  batch_size=micro_batch * micro_batches)
+      twin = dataclasses.replace(
+          keys, model=dataclasses.replace(keys.model, scan_layers=False,
+                                          num_layers=num_layers),
+          accum_steps=micro_batches, batch_size=micro_batch * micro_batches)
       compiled, _, took = fitting.compile_step(
           *build_step(twin, devices, classes, unroll=True, teacher=teacher))
       seconds += took
@@ -337,47 +339,48 @@ def unrolled_cost(config, devices, classes, teacher=None):
       num_layers: (extrapolate(costs[num_layers, 1], costs[num_layers, 2],
                                accum) if accum > 1 else costs[num_layers, 1])
       for num_layers in layer_points}
-  if config.model.scan_layers:
+  if keys.model.scan_layers:
     return extrapolate(per_layers[1], per_layers[2], layers), seconds
   return per_layers[layers], seconds
 
 
-def plan(config, topology_name, classes=0, overhead=DEFAULT_OVERHEAD,
+def plan(keys, topology_name, classes=0, overhead=DEFAULT_OVERHEAD,
          slices=1, dcn_bits_per_chip=None):
-  """Compiles `config`'s train step for `slices` slices of a type and reads
-  its cost."""
-  return compare(config, [topology_name], classes, overhead, slices,
+  """Compiles the train step of the Settings `keys` for `slices` slices of
+  a type and reads its cost."""
+  return compare(keys, [topology_name], classes, overhead, slices,
                  dcn_bits_per_chip)[0]
 
 
-def compare(config, topology_names, classes=0, overhead=DEFAULT_OVERHEAD,
+def compare(keys, topology_names, classes=0, overhead=DEFAULT_OVERHEAD,
             slices=1, dcn_bits_per_chip=None):
   """`plan` on each slice, every slice checked before the first compile."""
   tpu_slices = [catalogue.topology(name, slices) for name in topology_names]
   problems, bandwidths = [], []
   for tpu_slice in tpu_slices:
     try:
-      catalogue.check_layout(config, tpu_slice)
+      catalogue.check_layout(keys.mesh, tpu_slice)
       bandwidths.append(dcn_bandwidth(tpu_slice, dcn_bits_per_chip))
     except errors.InputError as e:
       problems.append(str(e))
   if problems:
     raise errors.ConfigError("\n".join(problems))
-  return [plan_slice(config, s, classes, overhead, bandwidth)
+  return [plan_slice(keys, s, classes, overhead, bandwidth)
           for s, bandwidth in zip(tpu_slices, bandwidths)]
 
 
-def cheapest(config, generation_name, classes=0, overhead=DEFAULT_OVERHEAD,
+def cheapest(keys, generation_name, classes=0, overhead=DEFAULT_OVERHEAD,
              say=lambda line: None):
-  """(`config` planned on each slice of the generation whose chips lay out
-  its mesh and share its batch, smallest first; the index of the one of
-  fewest expected chip-hours, or None if none fits; "NAME: why" of each
-  slice left out). The global batch stays: on a slice where the step does
-  not fit, its micro-batches are doubled (accum_steps) until it fits or
-  they no longer divide over the devices; a slice whose mesh its chips
-  cannot lay out, or whose data-parallel devices the batch does not divide
-  over (more micro-batches would not help), is left out before anything
-  is compiled. `say` is told of each slice before it is compiled."""
+  """(the Settings `keys` planned on each slice of the generation whose
+  chips lay out its mesh and share its batch, smallest first; the index of
+  the one of fewest expected chip-hours, or None if none fits; "NAME: why"
+  of each slice left out). The global batch stays: on a slice where the
+  step does not fit, its micro-batches are doubled (accum_steps) until it
+  fits or they no longer divide over the devices; a slice whose mesh its
+  chips cannot lay out, or whose data-parallel devices the batch does not
+  divide over (more micro-batches would not help), is left out before
+  anything is compiled. `say` is told of each slice before it is
+  compiled."""
   if generation_name not in catalogue.GENERATIONS:
     raise errors.InputError(
         f"unknown TPU generation {generation_name!r}: one of "
@@ -386,17 +389,16 @@ def cheapest(config, generation_name, classes=0, overhead=DEFAULT_OVERHEAD,
   for name in catalogue.GENERATIONS[generation_name].slices:
     tpu_slice = catalogue.topology(name)
     try:
-      catalogue.check_layout(config, tpu_slice)
-      resolve.check_batch(config.batch_size, config.accum_steps,
-                          sharding.make_mesh(config.mesh, tpu_slice.devices))
+      catalogue.check_layout(keys.mesh, tpu_slice)
+      resolve.check_batch(keys.batch_size, keys.accum_steps,
+                          sharding.make_mesh(dataclasses.asdict(keys.mesh),
+                                             tpu_slice.devices))
     except errors.InputError as e:  # Its mesh or batch cannot be here.
       left_out.append(f"{name}: {e}")
       continue
-    accum_steps, too_big = config.accum_steps, None
+    accum_steps, too_big = keys.accum_steps, None
     while True:
-      tried = config.copy_and_resolve_references()
-      with tried.unlocked():
-        tried.accum_steps = accum_steps
+      tried = dataclasses.replace(keys, accum_steps=accum_steps)
       try:
         say(f"trying {name}" + (f" with {accum_steps} micro-batches"
                                   if accum_steps > 1 else ""))
@@ -407,7 +409,7 @@ def cheapest(config, generation_name, classes=0, overhead=DEFAULT_OVERHEAD,
         else:
           left_out.append(f"{name}: {e}")
         break
-      if result.fits or accum_steps * 2 > config.batch_size:
+      if result.fits or accum_steps * 2 > keys.batch_size:
         plans.append(result)
         break
       too_big, accum_steps = result, accum_steps * 2
@@ -437,11 +439,12 @@ def dcn_bandwidth(tpu_slice, given=None):
   return catalogue.DCN_BITS_PER_CHIP[name]
 
 
-def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
-  """One slice's plan, its layout checked by `compare` first."""
+def plan_slice(keys, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
+  """One slice's plan of the Settings `keys`, its layout checked by
+  `compare` first."""
   devices, generation = tpu_slice.devices, tpu_slice.generation
-  classes = num_classes(config, classes)
-  fitted = resolve.program(config, devices, classes)
+  classes = num_classes(keys, classes)
+  fitted = resolve.program(keys, devices, classes)
   program = fitted.program or step_lib.build(fitted.settings, fitted.mesh,
                                              fitted.parts)
   batch = fitting.batch_shapes(fitted.settings, program.model,
@@ -451,11 +454,9 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
   else:
     compiled, seconds = fitted.compiled, fitted.seconds
     needed = None if compiled else fitted.tried[-1][1]
-  # The twins and the suggestions see the policy chosen.
-  config = config.copy_and_resolve_references()
-  remat_policy = fitted.settings.model.remat_policy
-  with config.unlocked():
-    config.model.remat_policy = remat_policy
+  # The twins and the suggestions see the remat policy (and attention)
+  # chosen.
+  keys = fitted.settings
   cost, cost_seconds = None, 0.0  # No estimate for a step that cannot run.
   if compiled is None:  # The compiler stops at the temporaries it cannot place.
     arguments = bytes_per_device((program.state_shapes, batch))
@@ -466,16 +467,16 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
                               memory.temp_size_in_bytes)
     hbm = (arguments + memory.output_size_in_bytes - memory.alias_size_in_bytes
            + temporaries + memory.generated_code_size_in_bytes)
-    if config.model.scan_layers or config.accum_steps > 1:
-      cost, cost_seconds = unrolled_cost(config, devices, classes,
+    if keys.model.scan_layers or keys.accum_steps > 1:
+      cost, cost_seconds = unrolled_cost(keys, devices, classes,
                                          fitted.parts.teacher)
     else:
       cost = step_cost(compiled)
-  num_patches = config.naflex.max_num_patches or None
-  images_per_device = config.batch_size / len(devices)  # Or sequences.
-  packs = packing.Packing.of(fitted.settings.naflex)
+  num_patches = keys.naflex.max_num_patches or None
+  images_per_device = keys.batch_size / len(devices)  # Or sequences.
+  packs = packing.Packing.of(keys.naflex)
   model_flops = (flops_lib.flops_per_image(
-      program.model, config.image_size, train=True, num_patches=num_patches,
+      program.model, keys.image_size, train=True, num_patches=num_patches,
       slots=packs.slots if packs else 1)
                  + distill.flops_per_image(fitted.parts.teacher)
                  ) * images_per_device
@@ -483,7 +484,7 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
   kernel_flops = None
   if kernels:  # The splash attention's: the only kernels a model runs.
     kernel_flops = flops_lib.splash_train_flops_per_image(
-        program.model, config.image_size, num_patches) * images_per_device
+        program.model, keys.image_size, num_patches) * images_per_device
   step_seconds, dcn_seconds = cost and cost["optimal_seconds"], None
   if cost and dcn_bits_per_chip:
     # A host's devices send at once through its chips' share of DCN.
@@ -496,8 +497,8 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
       slices=tpu_slice.slices,
       chips=tpu_slice.chips, devices=len(devices), hosts=tpu_slice.hosts,
       mesh=dict(program.batch_sharding.mesh.shape),
-      batch_size=config.batch_size, accum_steps=config.accum_steps,
-      remat_policy=remat_policy,
+      batch_size=keys.batch_size, accum_steps=keys.accum_steps,
+      remat_policy=keys.model.remat_policy,
       remat_tried=[list(pair) for pair in fitted.tried],
       fits=compiled is not None, hbm_argument_bytes=int(arguments),
       hbm_temp_bytes=int(temporaries), hbm_bytes_per_device=int(hbm),
@@ -516,10 +517,10 @@ def plan_slice(config, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
       work_shares=cost and work.shares(
           {k[len(CYCLES):]: v for k, v in cost.items()
            if k.startswith(CYCLES)}),
-      total_steps=int(config.total_steps), overhead=overhead,
+      total_steps=int(keys.total_steps), overhead=overhead,
       compile_seconds=seconds, cost_compile_seconds=cost_seconds,
       suggestions=[], packing=packs and {
           "slots": packs.slots, "images_per_sequence": packs.per_sequence})
   if not result.fits:
-    result.suggestions = report.suggestions(config, result)
+    result.suggestions = report.suggestions(keys, result)
   return result

@@ -6,34 +6,35 @@ from vit_jax.planning.catalogue import EXPECTED_OVER_PLANNED, GENERATIONS, GiB
 from vit_jax.training import fitting
 
 
-def suggestions(config, result):
-  """What would bring a plan that does not fit under the device's HBM, each
-  with the estimate that makes it a candidate; `plan` again to be sure."""
+def suggestions(keys, result):
+  """What would bring the plan of the Settings `keys` that does not fit
+  under the device's HBM, each with the estimate that makes it a
+  candidate; `plan` again to be sure."""
   out = []
   args, temp = result.hbm_argument_bytes, result.hbm_temp_bytes
   mesh = result.mesh
-  per_device_batch = config.batch_size // (mesh["data"] * mesh["fsdp"])
+  per_device_batch = keys.batch_size // (mesh["data"] * mesh["fsdp"])
   if mesh["fsdp"] == 1:
     fsdp = min(16, mesh["data"])
     out.append(
         f"--config.mesh.fsdp={fsdp}: params and optimizer state split "
         f"{fsdp} ways instead of copied on every device ({args / GiB:.1f} "
         f"GiB of arguments now, about {args / fsdp / GiB:.1f} GiB then)")
-  if not config.model.remat_policy:
+  if not keys.model.remat_policy:
     out.append(
         "--config.model.remat_policy=nothing_saveable: the backward pass "
         "recomputes each block, so only the blocks' inputs are kept "
         f"({temp / GiB:.1f} GiB of temporaries now; costs about a third "
         "more FLOPs); dots_with_no_batch_dims_saveable keeps the matmuls' "
         "outputs and recomputes less")
-  if per_device_batch % (2 * config.accum_steps) == 0:
-    accum = 2 * config.accum_steps
+  if per_device_batch % (2 * keys.accum_steps) == 0:
+    accum = 2 * keys.accum_steps
     out.append(
         f"--config.accum_steps={accum}: {per_device_batch // accum} images "
         f"per device at a time instead of "
-        f"{per_device_batch // config.accum_steps}, about halving the "
+        f"{per_device_batch // keys.accum_steps}, about halving the "
         "activations, at the same batch")
-  if not config.model.scan_layers:
+  if not keys.model.scan_layers:
     out.append("--config.model.scan_layers=True with a remat_policy: one "
                "compiled block for all layers, keeping what the policy saves "
                "(without remat, a scan keeps more than unrolled layers do)")

@@ -60,8 +60,9 @@ class WorkdirLock:
     try:
       return self._enter()
     except BaseException:
-      # A signal (cli.Stopped) or an error after our lock was written but
-      # before `with` could call __exit__: the lock goes all the same.
+      # A signal (cli.signals.Stopped) or an error after our lock was
+      # written but before `with` could call __exit__: the lock goes all
+      # the same.
       self._stop.set()
       if jax.process_index() == 0 and self._held_by_me():
         self._remove()

@@ -31,7 +31,7 @@ import ml_collections
 
 from vit_jax import errors
 from vit_jax.models import options
-from vit_jax.models.vit import ViTConfig
+from vit_jax.models.config import ViTConfig
 
 key = options.key
 ORIGINAL, RESOLVED, AS_DEFAULT = (options.ORIGINAL, options.RESOLVED,
@@ -56,6 +56,8 @@ def _model_section():
     default = metadata.pop("config")
     if default is options.SAME:
       default = field.default
+    if default == "auto":  # A value the run resolves, beside the model's.
+      metadata["choices"] = (*metadata["choices"], "auto")
     kind = Optional[field.type] if default is None else field.type
     fields.append((field.name, kind, key(default, **metadata)))
   fields.append(("mpp", bool, key(False, "pre-train by masked patch "
@@ -308,7 +310,7 @@ def _section(defaults, config, prefix):
 
 
 def _check(name, value, metadata):
-  problem = options.out_of_bounds(f"config.{name}", value, metadata)
+  problem = options.problem(f"config.{name}", value, metadata)
   if problem:
     raise errors.ConfigError(problem)
 

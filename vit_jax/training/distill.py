@@ -41,15 +41,16 @@ import optax
 from absl import logging
 
 from vit_jax import errors, sharding
-from vit_jax.models import flops, vit
-from vit_jax.weights import exports, hub, pretrained, torch_files
+from vit_jax.models import encoder, flops
+from vit_jax.weights import exports, hub, pretrained
+from vit_jax.weights.pytorch import files
 
 KINDS = ("soft", "hard")
 # What sets a teacher's input normalisation: named where its source says
 # none, with what is assumed (exports.in_own_input).
-SETTERS = torch_files.Setters("--config.distill.teacher_mean",
-                              "--config.distill.teacher_std",
-                              "set those config keys")
+SETTERS = files.Setters("--config.distill.teacher_mean",
+                        "--config.distill.teacher_std",
+                        "set those config keys")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Teacher:
     """The teacher's float32 logits [n, classes] on the student's images
     (uint8, or float in [-1, 1]), resized to its resolution; no gradient
     flows back through them."""
-    images = vit.unit_range(images)
+    images = encoder.unit_range(images)
     n, height, width, channels = images.shape
     if (height, width) != (self.image_size, self.image_size):
       images = jax.image.resize(
@@ -168,13 +169,13 @@ def _check_normalization(distill):
 
 
 def normalization(keys):
-  """The teacher's input (a torch_files.Normalization) that
+  """The teacher's input (a files.Normalization) that
   config.distill.teacher_mean and teacher_std give, or None where they are
   unset: its source's own then, else assumed (exports.in_own_input)."""
   distill = keys.distill
   if not distill.teacher_mean:
     return None
-  return torch_files.Normalization(
+  return files.Normalization(
       tuple(float(v) for v in distill.teacher_mean),
       tuple(float(v) for v in distill.teacher_std),
       "config.distill.teacher_mean and teacher_std")
@@ -194,8 +195,7 @@ def pinned(keys, recorded=None):
     try:
       name = pretrained.local(teacher).name
     except (errors.InputError, OSError) as e:
-      raise errors.ConfigError(
-          f"config.distill.teacher={teacher!r}: {e}") from e
+      raise errors.ConfigError.of(e, "config.distill.teacher", teacher) from e
   return dataclasses.replace(
       keys, distill=dataclasses.replace(keys.distill, teacher=name))
 
@@ -213,7 +213,7 @@ def load(keys):
                                   setters=SETTERS)
     inference = pretrained.inference_of(loaded)
   except (errors.InputError, OSError) as e:
-    raise errors.ConfigError(f"config.distill.teacher={source!r}: {e}") from e
+    raise errors.ConfigError.of(e, "config.distill.teacher", source) from e
   logging.info("distill: teacher %s at %d px", inference.what,
                inference.image_size)
   # It computes as the student does (bfloat16 on TPUs, in the Table 2 and

@@ -41,7 +41,7 @@ from jax.sharding import Mesh
 from vit_jax import errors, paths, sharding
 from vit_jax.data import packing, preprocess, shares, sources
 from vit_jax.models import naflex as naflex_lib
-from vit_jax.models.vit import ViTConfig
+from vit_jax.models.config import ViTConfig
 from vit_jax.runs import settings, store, workdir as workdir_lib
 from vit_jax.training import (
   distill,
@@ -100,7 +100,7 @@ class Run:
 def run(config, workdir, devices=None):
   """The Run of `config` (a ConfigDict) in `workdir` (a path or URL) over
   `devices` (default: all)."""
-  checked = check_values(config)
+  checked = check_values(settings.of(config))
   paths.check_reachable(workdir, "--workdir", writes=True)
   for value, flag in ((checked.settings.data_dir, "config.data_dir"),
                       (checked.settings.init_from, "config.init_from"),
@@ -176,44 +176,37 @@ def fit(checked, mesh, num_classes, teacher=None):
   return Fitted(keys, mesh, built, program, compiled, tuple(tried), seconds)
 
 
-def program(config, devices=None, num_classes=1, teacher=None):
-  """The Fitted program of `config` over `devices` for `num_classes`, with
-  every check that compiling the train step needs; no data or checkpoint is
-  read but a distilling run's teacher, unless given as `teacher` (read
-  already for the same config) (vit_jax.plan stops here: what a run
-  computes, its function options, costs the same)."""
-  checked = check_values(config)
+def program(keys, devices=None, num_classes=1, teacher=None):
+  """The Fitted program of the Settings `keys` over `devices` for
+  `num_classes`, with every check that compiling the train step needs; no
+  data or checkpoint is read but a distilling run's teacher, unless given
+  as `teacher` (read already for the same settings) (vit_jax.plan stops
+  here: what a run computes, its function options, costs the same)."""
+  checked = check_values(keys)
   mesh = sharding.make_mesh(dataclasses.asdict(checked.settings.mesh),
                             devices)
   return fit(checked, mesh, num_classes,
              teacher or distill.load(checked.settings))
 
 
-def check_values(config):
-  """Every value that can be checked on its own, each naming its key; what
+def check_values(keys):
+  """Every value of the Settings `keys` (settings.of's, which checked
+  each bound) that can be checked on its own, each naming its key; what
   they give (Checked)."""
-  keys = settings.of(config)
   if not keys.dataset:
     raise errors.ConfigError("config.dataset is empty: name a TFDS dataset, "
                              "'digits' or folder:PATH")
   try:
     preprocess.check_crop_fraction(keys.eval_crop_fraction)
-  except errors.InputError as e:
-    raise errors.ConfigError(f"config.{e}") from e  # It names the key.
-  try:
     augmentation = preprocess.augmentation(keys.augment, keys.randaugment)
-  except errors.InputError as e:
-    raise errors.ConfigError(f"config.{e}") from e  # It names the key.
+  except errors.InputError as e:  # Its key is one of config's.
+    raise errors.ConfigError.of(e, "config") from e
   targets.check(keys)
   distill.check(keys)
   check_packing(keys.naflex)
   check_rope(keys)
   profiling.steps(keys.profile_steps)  # A ConfigError names the key.
-  try:
-    evaluations = evaluators.enabled(keys)
-  except errors.InputError as e:
-    raise errors.ConfigError(str(e)) from e  # It names the key.
-  return Checked(keys, augmentation, evaluations)
+  return Checked(keys, augmentation, evaluators.enabled(keys))
 
 
 # The config.model keys that only a model with RoPE (model.rope) reads.
@@ -255,10 +248,7 @@ def check_packing(naflex):
             f"config.naflex.{name} applies to packed sequences: set "
             "config.naflex.packing=True, or leave it unset")
     return
-  try:
-    packing.Packing.of(naflex).check()
-  except errors.InputError as e:
-    raise errors.ConfigError(str(e)) from e
+  packing.Packing.of(naflex).check()
 
 
 def check_program(checked, mesh, num_classes, teacher=None):
@@ -311,7 +301,7 @@ def check_naflex(keys, model, images_per_device, mesh):
           "config.accum_steps) or model.attention 'fused' or 'splash'",
           device)
     except errors.InputError as e:
-      raise errors.ConfigError(str(e)) from e
+      raise errors.ConfigError.of(e) from e
   if model.config.resnet_stages is not None:
     raise errors.ConfigError(f"{name}: a hybrid's ResNet stem reads whole "
                              "square images, not patches")
@@ -347,10 +337,10 @@ def check_data(checked, data):
           "dataset needs a folder of images per class, two at least")
     sources.check_broken_images(data(), keys.broken_images)
     evaluators.check(checked.evaluations, data)
+  except errors.ConfigError:
+    raise
   except errors.InputError as e:
-    if isinstance(e, errors.ConfigError):
-      raise
-    raise errors.ConfigError(str(e)) from e
+    raise errors.ConfigError.of(e) from e
 
 
 def folder_contents(keys, recorded, data, workdir):

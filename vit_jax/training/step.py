@@ -8,7 +8,6 @@ explicit in and out shardings (sharding.py's rules table). The loop
 (loop.py) and the planner (vit_jax/planning) use the same program.
 """
 
-import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -171,10 +170,9 @@ def parts(settings, num_classes, teacher=None):
   InputError naming the key where its model (a ConfigError) or its
   optimizer cannot be built."""
   try:
-    model = models.create_from_config(dataclasses.asdict(settings.model),
-                                      num_classes)
+    model = models.create_from_settings(settings.model, num_classes)
   except errors.InputError as e:
-    raise errors.ConfigError(f"config.model: {e}") from e
+    raise errors.ConfigError.of(e, "config.model") from e
   numbers = optimizer.schedule_numbers(settings.optimizer,
                                        settings.total_steps)
   optimizer_of = functools.partial(optimizer.create, settings.optimizer,

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.models import vit
+from vit_jax.models import encoder
 from vit_jax.training import losses
 
 # Folded into the run's seed for the mixing draws, so that they are a
@@ -85,7 +85,7 @@ class Recipe:
       return images, labels
     targets = smooth(labels, self.num_classes, self.label_smoothing)
     if self.mixes:
-      images, targets = self.mix(vit.unit_range(images), targets, key)
+      images, targets = self.mix(encoder.unit_range(images), targets, key)
     return images, targets
 
   def mix(self, images, targets, key):
@@ -155,7 +155,7 @@ def check(settings):
   try:
     losses.check(settings.loss)
   except errors.InputError as e:
-    raise errors.ConfigError(f"config.loss: {e}") from e
+    raise errors.ConfigError.of(e, "config.loss") from e
   for name in ("mixup", "cutmix"):
     mix = getattr(settings, name)
     if mix.prob > 0 and not mix.alpha > 0:

@@ -2,8 +2,8 @@
 
 npz.py reads the release's and big_vision's .npz layouts and writes the
 release's; adaptation.py fits a checkpoint to a model of another resolution
-or head; torch_layouts.py and torch_files.py read and name PyTorch's HF and
-timm layouts; pretrained.py takes any source (a file or a workdir of ours);
+or head; pytorch/ reads and writes PyTorch's HF transformers and timm
+files; pretrained.py takes any source (a file or a workdir of ours);
 exports.py writes every layout.
 """
 

@@ -2,7 +2,7 @@
 layouts other code reads, or its whole function.
 
 npz is the release's layout (npz_lib.save_npz); hf and timm are PyTorch's
-(torch_files.py). Only npz holds every vit_jax model; the PyTorch layouts
+(pytorch/). Only npz holds every vit_jax model; the PyTorch layouts
 refuse what their models cannot compute, naming it. stablehlo and onnx
 hold the function itself, which runs without vit_jax
 (function_exports.py).
@@ -19,8 +19,8 @@ from vit_jax.weights import (
   function_exports,
   npz as npz_lib,
   pretrained,
-  torch_files,
 )
+from vit_jax.weights.pytorch import files, hf, timm
 
 FORMATS = ("npz", "hf", "timm", "stablehlo", "onnx")
 # The ending of each format's file name, by which it is read back ("hf"
@@ -109,22 +109,22 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     kind, left_out = "ViTForImageClassification", ""
     if loaded.function["rope"]:
       kind = "DINOv3ViTModel"
-      classes = torch_files.write_dinov3(out, flat, loaded.function,
-                                         image_size, loaded.what)
+      classes = hf.write_dinov3(out, flat, loaded.function, image_size,
+                                loaded.what)
       if classes:
         left_out = (f" (its head of {classes} classes is left out: a "
                     "DINOv3ViTModel has none; --format=npz keeps it)")
-    elif torch_files.is_siglip_tower(flat):
+    elif hf.is_siglip_tower(flat):
       kind = "Siglip2VisionModel"
-      torch_files.write_siglip2(out, flat, loaded.function, loaded.what)
+      hf.write_siglip2(out, flat, loaded.function, loaded.what)
     else:
-      torch_files.write_hf(out, flat, loaded.function,
-                           class_names(loaded, labels_file), loaded.what)
+      hf.write_hf(out, flat, loaded.function,
+                  class_names(loaded, labels_file), loaded.what)
     # transformers reads local folders.
     copy, where = _copied_here(out, "gsutil -m cp -r")
     return (f"{copy}load it with transformers.{kind}"
             f".from_pretrained({where!r}){left_out}")
-  return "load it in PyTorch with:\n" + torch_files.write_timm(
+  return "load it in PyTorch with:\n" + timm.write_timm(
       out, flat, loaded.function, loaded.what, image_size)
 
 
@@ -173,14 +173,14 @@ def fold_input_normalization(loaded, mean, std):
 
 
 def in_own_input(loaded, given=None, say=lambda line: None,
-                 setters=torch_files.FLAGS):
+                 setters=files.FLAGS):
   """`loaded` changed to compute on vit_jax's images ([-1, 1]) what it
-  computes on its own input: `given` (a torch_files.Normalization), else
+  computes on its own input: `given` (a files.Normalization), else
   its source's (an HF directory's image processor, a timm hub config's,
   or the family's), folded into its patch embedding
   (`fold_input_normalization`). Where the source says none (a timm file
   off the hub) `say` is told in one line what is assumed and how to
-  change it: by `setters` (torch_files.Setters: the tools' flags, or a
+  change it: by `setters` (files.Setters: the tools' flags, or a
   run's config keys). A run's and an .npz's input is vit_jax's
   own: they are left as they are."""
   normalization = given or loaded.normalization
@@ -190,7 +190,7 @@ def in_own_input(loaded, given=None, say=lambda line: None,
     say(f"note: {loaded.what} says nothing of its input; assuming "
         f"{normalization.named(setters)} ({setters.how} to change it)")
   if (normalization.mean, normalization.std) == (
-      torch_files.HALF.mean, torch_files.HALF.std):
+      files.HALF.mean, files.HALF.std):
     return loaded
   return fold_input_normalization(loaded, normalization.mean,
                                   normalization.std)

@@ -5,8 +5,8 @@ default main) that holds a transformers model (config.json with a
 "model_type": an HF ViT, a SigLIP or SigLIP 2 model or tower, a DINOv2) or
 a timm one (config.json with an "architecture", as timm's hub repositories
 have). `find` resolves it through huggingface_hub's cache to what
-torch_files.py reads: the snapshot directory of a transformers model, the
-`model.safetensors` of a timm one, and the commit it is.
+vit_jax/weights/pytorch/ reads: the snapshot directory of a transformers
+model, the `model.safetensors` of a timm one, and the commit it is.
 
 The cache is read first, so that a name once fetched resolves offline and
 to the same commit. A name not in it is fetched (config.json and the
@@ -29,7 +29,7 @@ import huggingface_hub
 from huggingface_hub import constants as hub_constants, errors as hub_errors
 
 from vit_jax import errors
-from vit_jax.weights import torch_files
+from vit_jax.weights.pytorch import files as files_lib, hf
 
 PREFIX = "hf://"
 # The hub's rules for a repository id (each part starts and ends with a
@@ -40,9 +40,9 @@ COMMIT = re.compile(r"[0-9a-f]{40}")
 # What is fetched: a transformers model's weights (one file or shards and
 # their index) and config.json; a timm repository's model.safetensors.
 PATTERNS = ("config.json", "model*.safetensors*",
-            torch_files.HF_PREPROCESSOR)
+            hf.HF_PREPROCESSOR)
 # Head counts of timm's ViT sizes whose width is none of the paper's
-# (torch_files.heads_for_width knows those): timm's `vit_<size>_...`.
+# (files_lib.heads_for_width knows those): timm's `vit_<size>_...`.
 TIMM_HEADS = {"medium": 8, "mediumd": 8, "so400m": 16, "giant": 16,
               "gigantic": 16}
 
@@ -50,13 +50,13 @@ TIMM_HEADS = {"medium": 8, "mediumd": 8, "so400m": 16, "giant": 16,
 @dataclasses.dataclass(frozen=True)
 class Found:
   """A source where it lies, with what to call it."""
-  path: str  # the file or directory torch_files.py (or npz.py, ...) reads
+  path: str  # the file or directory pytorch/ (or npz.py, ...) reads
   name: str  # the source as a run records it: a hub name with its commit
   what: str | None = None  # for messages; None: the path says it
   num_heads: int | None = None  # a timm config's, where it says
   # A timm config's input (its pretrained_cfg's mean and std), where it
   # says one.
-  normalization: torch_files.Normalization | None = None
+  normalization: files_lib.Normalization | None = None
 
 
 def is_name(source):
@@ -95,8 +95,8 @@ def find(name):
       files = _files(repo, folder)
       _refuse_pickles(name, repo, files)
       raise errors.InputError(
-          f"{name} holds no {torch_files.HF_CONFIG} and "
-          f"{torch_files.HF_WEIGHTS} (its files: "
+          f"{name} holds no {hf.HF_CONFIG} and "
+          f"{hf.HF_WEIGHTS} (its files: "
           f"{', '.join(sorted(files)[:8])}); vit_jax reads the hub's "
           "transformers and timm ViTs")
   commit = os.path.basename(folder)
@@ -106,7 +106,7 @@ def find(name):
   if "model_type" in config:
     return Found(folder, pinned, what)
   if "architecture" in config or repo.startswith("timm/"):
-    return Found(os.path.join(folder, torch_files.HF_WEIGHTS), pinned, what,
+    return Found(os.path.join(folder, hf.HF_WEIGHTS), pinned, what,
                  _timm_heads(config), _timm_normalization(config, what))
   raise errors.InputError(
       f"{what}: its config.json names no transformers model_type and no "
@@ -134,7 +134,7 @@ def _cached(repo, revision):
   """The snapshot folder of `repo` at `revision` in the cache (one that
   holds its config.json), or None."""
   found = huggingface_hub.try_to_load_from_cache(
-      repo, torch_files.HF_CONFIG, revision=revision)
+      repo, hf.HF_CONFIG, revision=revision)
   return os.path.dirname(found) if isinstance(found, str) else None
 
 
@@ -143,12 +143,12 @@ def _whole(folder):
   each shard its index names."""
   def has(name):
     return os.path.exists(os.path.join(folder, name))
-  if not has(torch_files.HF_CONFIG):
+  if not has(hf.HF_CONFIG):
     return False
-  if has(torch_files.HF_WEIGHTS):
+  if has(hf.HF_WEIGHTS):
     return True
   try:
-    with open(os.path.join(folder, torch_files.HF_INDEX)) as f:
+    with open(os.path.join(folder, hf.HF_INDEX)) as f:
       shards = set(json.load(f)["weight_map"].values())
   except (OSError, ValueError, KeyError, AttributeError):
     return False
@@ -207,11 +207,11 @@ def _files(repo, folder):
 def _refuse_pickles(name, repo, files):
   """An InputError where `files` (of `repo`) hold weights as PyTorch
   pickles only."""
-  if files & {torch_files.HF_WEIGHTS, torch_files.HF_INDEX}:
+  if files & {hf.HF_WEIGHTS, hf.HF_INDEX}:
     return
-  pickles = sorted(f for f in files if f.endswith(torch_files.PICKLE_SUFFIXES))
+  pickles = sorted(f for f in files if f.endswith(files_lib.PICKLE_SUFFIXES))
   if pickles:
-    # The file itself given to vit_jax gets torch_files.refuse_pickle's
+    # The file itself given to vit_jax gets files_lib.refuse_pickle's
     # lines that convert it.
     raise errors.InputError(
         f"{name} holds its weights as PyTorch pickles only "
@@ -223,7 +223,7 @@ def _refuse_pickles(name, repo, files):
 
 def _config(folder, what):
   try:
-    with open(os.path.join(folder, torch_files.HF_CONFIG)) as f:
+    with open(os.path.join(folder, hf.HF_CONFIG)) as f:
       return json.load(f)
   except json.JSONDecodeError as e:
     raise errors.InputError(f"{what}: its config.json is not JSON: {e}") from e
@@ -253,4 +253,4 @@ def _timm_normalization(config, what):
   if len(mean) != 3 or len(std) != 3:
     raise errors.InputError(f"{what}: its config.json's pretrained_cfg mean "
                             "and std take 3 numbers each (RGB)")
-  return torch_files.Normalization(mean, std, "its hub config.json")
+  return files_lib.Normalization(mean, std, "its hub config.json")

@@ -4,7 +4,7 @@ A source is any of
   - an `.npz` in any layout `npz.load_npz` reads;
   - a Hugging Face transformers ViT directory (config.json and
     model.safetensors) or a timm `.safetensors` state dict
-    (vit_jax/weights/torch_files.py); PyTorch pickles are refused;
+    (vit_jax/weights/pytorch/); PyTorch pickles are refused;
   - a workdir of ours, `DIR` (its newest checkpoint) or `DIR:STEP`: its
     Polyak average when it kept one, else its params;
   - a model on the Hugging Face hub by its name, `hf://ORG/NAME[@REVISION]`
@@ -34,7 +34,8 @@ from vit_jax import errors, models, paths, serving
 from vit_jax.models import naflex as naflex_lib
 from vit_jax.runs import checkpoints, settings
 from vit_jax.runs.workdir import Workdir
-from vit_jax.weights import adaptation, hub, npz, torch_files
+from vit_jax.weights import adaptation, hub, npz
+from vit_jax.weights.pytorch import files, hf, timm
 
 
 def parse_source(source):
@@ -52,14 +53,14 @@ FUNCTION_SUFFIXES = (".stablehlo", ".onnx")
 
 def refuse_unreadable(path):
   """An InputError for files that hold no params vit_jax reads: PyTorch
-  pickles (torch_files.refuse_pickle) and exported functions."""
-  if path.endswith(torch_files.PICKLE_SUFFIXES):
+  pickles (files.refuse_pickle) and exported functions."""
+  if path.endswith(files.PICKLE_SUFFIXES):
     kind = export_kind(path)
     if kind:
       raise errors.InputError(
           f"{path} is, by its content, a vit_jax export ({kind}) named like "
           f"a PyTorch pickle: rename it to end in {kind}")
-    torch_files.refuse_pickle(path)
+    files.refuse_pickle(path)
   if path.endswith(FUNCTION_SUFFIXES):
     raise errors.InputError(
         f"{path} is a model exported as a function (StableHLO or ONNX), "
@@ -116,7 +117,7 @@ class Checkpoint:
   image_size: int | None = None  # a file's that no position table says
   # The input it was trained on; None: vit_jax's own, [-1, 1] (a run's, an
   # .npz's).
-  normalization: torch_files.Normalization | None = None
+  normalization: files.Normalization | None = None
 
 
 def local(source):
@@ -138,15 +139,15 @@ def load(source, num_heads=None):
   refuse_unreadable(path)
   refuse_missing(path)
   if step is not None and (path.endswith(FILE_SUFFIXES) or
-                           torch_files.is_hf_dir(path)):
+                           hf.is_hf_dir(path)):
     raise errors.InputError(f"{source!r}: only a workdir has steps")
   if path.endswith(".npz"):
     params = npz.load_npz(path)
     return Checkpoint(params, found.what or path,
                       _function(flat_keys(params)))
-  if path.endswith(".safetensors") or torch_files.is_hf_dir(path):
-    read = (torch_files.read_timm(path, num_heads)
-            if path.endswith(".safetensors") else torch_files.read_hf(path))
+  if path.endswith(".safetensors") or hf.is_hf_dir(path):
+    read = (timm.read_timm(path, num_heads)
+            if path.endswith(".safetensors") else hf.read_hf(path))
     return Checkpoint(flax.traverse_util.unflatten_dict(read.flat, sep="/"),
                       found.what or path, read.function, read.class_names,
                       image_size=read.image_size,
@@ -200,9 +201,9 @@ def source_options(source):
     return _with_posemb({**_function(shapes),
                          **models.architecture_of(shapes)}, shapes)
   if path.endswith(".safetensors"):
-    return torch_files.timm_options(path)
-  if torch_files.is_hf_dir(path):
-    return torch_files.hf_options(path)
+    return timm.timm_options(path)
+  if hf.is_hf_dir(path):
+    return hf.hf_options(path)
   return _options_of_run(Workdir(path).read_config(),
                          models.SOURCE_OPTIONS)
 
@@ -239,7 +240,7 @@ def with_source(keys, recorded=None):
       found = local(init_from)
       source = source_options(found.path)
     except (errors.InputError, OSError) as e:
-      raise errors.ConfigError(f"config.init_from={init_from!r}: {e}") from e
+      raise errors.ConfigError.of(e, "config.init_from", init_from) from e
     init_from = found.name
   else:
     source = {}
@@ -316,7 +317,7 @@ def initial_params(source, param_shapes, num_heads, dataset=None):
                 if key not in models.HEADS}
     return adaptation.adapt(params, param_shapes)
   except (errors.InputError, OSError) as e:  # What the user gave, named.
-    raise errors.ConfigError(f"config.init_from={source!r}: {e}") from e
+    raise errors.ConfigError.of(e, "config.init_from", source) from e
 
 
 def place(adapted, fresh_params, shardings):

@@ -40,17 +40,17 @@ def settings(name, entry):
   entry = dict(entry)
   kind = entry.pop("kind", None)
   if kind not in KINDS:
-    raise errors.InputError(f"config.evaluators.{name}.kind must be one of "
-                            f"{', '.join(KINDS)}, got {kind!r}")
+    raise errors.ConfigError(f"config.evaluators.{name}.kind must be one of "
+                             f"{', '.join(KINDS)}, got {kind!r}")
   every = entry.pop("every", None)
   if not isinstance(every, int) or every < 0:
-    raise errors.InputError(
+    raise errors.ConfigError(
         f"config.evaluators.{name}.every must be an integer "
         f">= 0 (0: never), got {every!r}")
   defaults = KINDS[kind][1]
   unknown = set(entry) - set(defaults)
   if unknown:
-    raise errors.InputError(
+    raise errors.ConfigError(
         f"config.evaluators.{name} has no setting "
         f"{', '.join(sorted(unknown))}; a {kind} evaluator takes "
         f"{', '.join(['kind', 'every', *defaults])}")
@@ -59,22 +59,23 @@ def settings(name, entry):
 
 def enabled(keys):
   """The Evaluation of each evaluator that a run's `keys` (runs/settings.py)
-  run, every evaluator's settings checked (an InputError names the key)."""
+  run, every evaluator's settings checked (a ConfigError names the key)."""
   parsed = [Evaluation(name, *settings(name, entry))
             for name, entry in keys.evaluators.items()]
   return tuple(entry for entry in parsed if entry.every)
 
 
 def check(evaluations, data):
-  """An InputError for the settings of `evaluations` (`enabled`'s) that
+  """A ConfigError for the settings of `evaluations` (`enabled`'s) that
   the data (`data`: the run's Sources) cannot give."""
   for evaluation in evaluations:
     name = evaluation.name
     try:
       KINDS[evaluation.kind][0].check(evaluation.settings, data)
     except errors.InputError as e:
-      raise errors.InputError(f"config.evaluators.{name}: {e} (or turn it off: "
-                              f"--config.evaluators.{name}.every=0)") from None
+      raise errors.ConfigError.of(
+          e, f"config.evaluators.{name}",
+          hint=f"or turn it off: --config.evaluators.{name}.every=0") from None
 
 
 class Evaluators:
