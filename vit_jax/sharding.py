@@ -17,6 +17,7 @@ Over several TPU slices (multislice), joined by the data-center network,
 the data axis is the one that crosses between them (`make_mesh`).
 """
 
+import dataclasses
 import functools
 import math
 
@@ -64,7 +65,9 @@ def make_mesh(axis_sizes, devices=None):
   one process each.
   """
   devices = jax.devices() if devices is None else devices
-  sizes = dict(axis_sizes)
+  # A dict, or the Settings' mesh section (runs/settings.py).
+  sizes = (dataclasses.asdict(axis_sizes)
+           if dataclasses.is_dataclass(axis_sizes) else dict(axis_sizes))
   slices = int(sizes.pop("slices", -1))
   sizes.pop("fsdp_min_bytes", None)  # tree_shardings', not the mesh's.
   if slices == 0 or slices < -1:

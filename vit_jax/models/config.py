@@ -48,6 +48,13 @@ ATTENTION_KINDS = ("einsum", "fused", "splash")
 CLASSIFIERS = ("token", "gap", "map")
 
 
+def _name_sets(description):
+  """A required size that the model's name ("B/16") sets: unset in a
+  config, where the name says it."""
+  return options.key(description=f"{description}; unset: the name's",
+                     config=None, before=None, at_least=1)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ViTConfig:
   """Every setting of a ViT but its number of classes: what `models.create`
@@ -78,21 +85,11 @@ class ViTConfig:
   encoder blocks' dense layers (models/fp8.py); the patch embedding, the
   pooling head and the classifier keep the compute dtype.
   """
-  patch_size: int = options.key(
-      description="pixels per patch side; unset: the name's", config=None,
-      before=None, at_least=1)
-  hidden_size: int = options.key(
-      description="the token width; unset: the name's", config=None,
-      before=None, at_least=1)
-  num_layers: int = options.key(
-      description="Transformer blocks; unset: the name's", config=None,
-      before=None, at_least=1)
-  num_heads: int = options.key(
-      description="attention heads; unset: the name's", config=None,
-      before=None, at_least=1)
-  mlp_dim: int = options.key(
-      description="the MLPs' hidden width; unset: the name's", config=None,
-      before=None, at_least=1)
+  patch_size: int = _name_sets("pixels per patch side")
+  hidden_size: int = _name_sets("the token width")
+  num_layers: int = _name_sets("Transformer blocks")
+  num_heads: int = _name_sets("attention heads")
+  mlp_dim: int = _name_sets("the MLPs' hidden width")
   classifier: str = options.key(
       "token", '"token", "gap" or "map"; unset: init_from\'s, else "token"',
       config=None, choices=CLASSIFIERS, kind=ARCHITECTURE,

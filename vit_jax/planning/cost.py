@@ -391,8 +391,7 @@ def cheapest(keys, generation_name, classes=0, overhead=DEFAULT_OVERHEAD,
     try:
       catalogue.check_layout(keys.mesh, tpu_slice)
       resolve.check_batch(keys.batch_size, keys.accum_steps,
-                          sharding.make_mesh(dataclasses.asdict(keys.mesh),
-                                             tpu_slice.devices))
+                          sharding.make_mesh(keys.mesh, tpu_slice.devices))
     except errors.InputError as e:  # Its mesh or batch cannot be here.
       left_out.append(f"{name}: {e}")
       continue

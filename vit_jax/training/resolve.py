@@ -113,7 +113,7 @@ def run(config, workdir, devices=None):
       pretrained.with_source(checked.settings, recorded), recorded))
   keys = checked.settings
   check_rope(keys)  # Its rope is final now: the config's or the source's.
-  mesh = sharding.make_mesh(dataclasses.asdict(keys.mesh), devices)
+  mesh = sharding.make_mesh(keys.mesh, devices)
   data = sources.Sources(keys.dataset, keys.data_dir)
   keys = dataclasses.replace(
       keys, folder_contents=folder_contents(keys, recorded, data, workdir))
@@ -183,8 +183,7 @@ def program(keys, devices=None, num_classes=1, teacher=None):
   as `teacher` (read already for the same settings) (vit_jax.plan stops
   here: what a run computes, its function options, costs the same)."""
   checked = check_values(keys)
-  mesh = sharding.make_mesh(dataclasses.asdict(checked.settings.mesh),
-                            devices)
+  mesh = sharding.make_mesh(checked.settings.mesh, devices)
   return fit(checked, mesh, num_classes,
              teacher or distill.load(checked.settings))
 
