@@ -9,7 +9,7 @@ PYTHON := $(VENV)/bin/python
 TEST_ENV = GLIBC_TUNABLES=$(shell JAX_PLATFORMS=cpu $(PYTHON) -c \
 	'from vit_jax import runtime; print(runtime.glibc_tunables(""))')
 
-.PHONY: train test transfer docs_figures clean
+.PHONY: train test transfer mae docs_figures clean
 
 # pip's -qq: its errors only, not the warnings of this machine's pip
 # settings or of the editable build.
@@ -37,6 +37,16 @@ transfer: $(VENV)/installed
 	set -o pipefail; for run in pretrain finetune scratch; do \
 	  $(PYTHON) -m vit_jax.main --config=configs/digits_transfer.py:$$run \
 	    --workdir=workdir/transfer/$$run | sed "s/^/$$run: /" || exit 1; \
+	done
+
+# A masked autoencoder pre-trained on the digits without labels, fine-tuned
+# from 10 labels a digit, and the same fine-tuning from scratch
+# (configs/mae/digits.py, docs/mae.md).
+mae: SHELL := /bin/bash
+mae: $(VENV)/installed
+	set -o pipefail; for run in pretrain finetune scratch; do \
+	  $(PYTHON) -m vit_jax.main --config=configs/mae/digits.py:$$run \
+	    --workdir=workdir/mae/$$run | sed "s/^/$$run: /" || exit 1; \
 	done
 
 # The digits figures that docs/figures.md shows (docs/digits_*.png): a fresh run

@@ -22,6 +22,10 @@ on a few pictures of different aspect ratios (PNG files): the
 `pixel_values`, `pixel_attention_mask` and `spatial_shapes` of
 transformers' Siglip2ImageProcessor (torchvision) and
 Siglip2ImageProcessorPil, and the model's outputs on the former's.
+ViTMAEForPreTraining (an MAE encoder and decoder) gets a seeded masking
+noise beside its images, and records its loss, pixel predictions, mask,
+ids_restore, the encoder's output and the loss's pixel target; its two
+fixed sin-cos tables are the library's own, never perturbed.
 
 The release's .npz form is recorded through google-research/
 vision_transformer's own model code (vit_jax/models_vit.py there) where a
@@ -85,7 +89,17 @@ TIMM_FAMILIES = {
 }
 HF_FAMILIES = ("hf_vit_classifier", "hf_vit_model_pooler",
                "hf_deit_with_teacher", "hf_dinov2", "hf_dinov2_registers",
-               "hf_dinov3", "hf_siglip", "hf_siglip2_naflex")
+               "hf_dinov3", "hf_siglip", "hf_siglip2_naflex", "hf_vit_mae",
+               "hf_vit_mae_norm_pix")
+# ViTMAEForPreTraining's decoder (sizes of its own) and masking; the
+# families differ in norm_pix_loss only.
+MAE_DECODER = dict(decoder_hidden_size=32, decoder_num_hidden_layers=2,
+                   decoder_num_attention_heads=4, decoder_intermediate_size=64)
+MAE_MASK_RATIO = 0.75
+MAE_NORM_PIX_LOSS = {"hf_vit_mae": False, "hf_vit_mae_norm_pix": True}
+# ViTMAE's fixed sin-cos tables (requires_grad False): never perturbed, so
+# that they stay the library's own.
+MAE_FIXED = ("vit.embeddings.position_embeddings", "decoder.decoder_pos_embed")
 RELEASE_FAMILIES = {  # upstream's VisionTransformer arguments
     "release_token_pre_logits": dict(classifier="token",
                                      representation_size=WIDTH),
@@ -120,13 +134,16 @@ def perturbation_scale(name, shape):
   return 0.2
 
 
-def perturb(model, seed):
+def perturb(model, seed, keep=()):
   """Adds a seeded draw to every parameter (perturbation_scale), in the
-  order of their names."""
+  order of their names; those named in `keep` are left as they are (and
+  take no draw)."""
   import torch  # pylint: disable=g-import-not-at-top
   generator = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for name, param in sorted(model.named_parameters()):
+      if name in keep:
+        continue
       draw = torch.randn(param.shape, generator=generator,
                          dtype=torch.float64)
       param.add_((perturbation_scale(name, param.shape) * draw).to(
@@ -249,7 +266,53 @@ def _hf_model(family):
         "features": "model(**processed).pooler_output",
         "patch_tokens": "model(**processed).last_hidden_state (padding "
                         "rows included)"}
+  if family in MAE_NORM_PIX_LOSS:  # The hub's function: gelu, 1e-12.
+    model = t.ViTMAEForPreTraining(t.ViTMAEConfig(
+        **sizes, **MAE_DECODER, mask_ratio=MAE_MASK_RATIO,
+        norm_pix_loss=MAE_NORM_PIX_LOSS[family]))
+    _mae_sincos_tables(model)
+    target = "model.patchify(x): [B, 16, 192], each patch's values in " \
+             "(row, column, channel) order, channel fastest"
+    if MAE_NORM_PIX_LOSS[family]:
+      target += "; then (target - mean) / (var + 1e-6) ** 0.5, the mean " \
+                "and the unbiased variance (torch's var, N - 1) over a " \
+                "patch's 192 values"
+    return model, {
+        "loss": "model(x, noise=noise).loss, a scalar (0-d in torch, "
+                "stored as shape [1]): ((logits - target) ** 2).mean(-1), "
+                "times mask, summed, over mask.sum()",
+        "logits": "model(x, noise=noise).logits: the decoder's per-patch "
+                  "pixel predictions, class token dropped, in the image's "
+                  "patch order (unshuffled), [B, 16, 192]",
+        "mask": "model(x, noise=noise).mask: 1 where a patch is masked "
+                "(removed), 0 where kept, in the image's patch order "
+                "(float32 as the library makes it)",
+        "ids_restore": "model(x, noise=noise).ids_restore: "
+                       "argsort(argsort(noise, 1), 1) (int64)",
+        "last_hidden_state": "model.vit(x, noise=noise).last_hidden_state: "
+                             "the encoder's output (final layernorm "
+                             "applied) on the class token then the 4 kept "
+                             "patches, in ascending noise order",
+        "target": target}
   raise ValueError(family)
+
+
+def _mae_sincos_tables(model):
+  """Fills ViTMAE's two fixed sin-cos tables (and the class and mask
+  tokens, the patch projection) by the library's own initialize_weights:
+  transformers 5's post_init leaves both tables zero in a model it builds
+  (ViTMAEEmbeddings.initialize_weights returns early, its projection
+  already initialised; _init_weights zeroes the decoder's table); where
+  they are loaded from a checkpoint the file's values stand."""
+  embeddings = model.vit.embeddings
+  projection = embeddings.patch_embeddings.projection
+  projection._is_hf_initialized = False  # pylint: disable=protected-access
+  embeddings.initialize_weights()
+  projection._is_hf_initialized = True  # pylint: disable=protected-access
+  model.decoder.initialize_weights(embeddings.patch_embeddings.num_patches)
+  for name in MAE_FIXED:
+    if not model.get_parameter(name).detach().any():
+      raise RuntimeError(f"{name} is still zero")
 
 
 HF_SHAPES = {"hf_dinov3": ("square", "wide")}
@@ -276,12 +339,21 @@ def record_hf(family, out):
   import torch  # pylint: disable=g-import-not-at-top
   torch.manual_seed(seed_of(family))
   model, described = _hf_model(family)
-  model = perturb(model.eval(), seed_of(family))
+  model = perturb(model.eval(), seed_of(family),
+                  keep=MAE_FIXED if family in MAE_NORM_PIX_LOSS else ())
   os.makedirs(out, exist_ok=True)
   model.save_pretrained(os.path.join(out, "hf"))
   model = model.double()
+  extra = {}
   if family == "hf_siglip2_naflex":
     inputs, outputs = _siglip2_naflex(model, out)
+  elif family in MAE_NORM_PIX_LOSS:
+    inputs, outputs = _mae(family, model)
+    extra = {"decoder": {key.replace("decoder_", "", 1): value
+                         for key, value in MAE_DECODER.items()},
+             "mask_ratio": MAE_MASK_RATIO,
+             "norm_pix_loss": MAE_NORM_PIX_LOSS[family],
+             "not_perturbed": list(MAE_FIXED)}
   else:
     inputs = images_for(family, HF_SHAPES.get(family, ("square",)))
     outputs = {}
@@ -295,7 +367,39 @@ def record_hf(family, out):
   attention = model.config._attn_implementation
   write_json({"library": "transformers", "class": type(model).__name__,
               "num_heads": HEADS, "attn_implementation": attention,
-              "outputs": described}, os.path.join(out, "model.json"))
+              "outputs": described, **extra},
+             os.path.join(out, "model.json"))
+
+
+def _mae(family, model):
+  """ViTMAEForPreTraining's inputs (the images, the masking noise) and
+  outputs (float64), as _hf_model's description says."""
+  import torch  # pylint: disable=g-import-not-at-top
+  images = images_for(family, ("square",))["square"]
+  patches = (SIDE // PATCH) ** 2
+  noise = np.random.default_rng(seed_of(family) + 1).random(
+      (BATCH, patches)).astype(np.float32)
+  inputs = {"square/images": images, "square/noise": noise}
+  x, widened = to_torch(images), torch.from_numpy(noise.astype(np.float64))
+  with torch.no_grad():
+    result = model(x, noise=widened)
+    hidden = model.vit(x, noise=widened).last_hidden_state
+    # The loss's target, as ViTMAEForPreTraining.forward makes it.
+    target = model.patchify(x)
+    if model.config.norm_pix_loss:
+      mean = target.mean(dim=-1, keepdim=True)
+      var = target.var(dim=-1, keepdim=True)
+      target = (target - mean) / (var + 1.0e-6) ** 0.5
+    loss = (((result.logits - target) ** 2).mean(-1) * result.mask).sum() / (
+        result.mask.sum())
+    if not torch.equal(loss, result.loss):
+      raise RuntimeError(f"the target does not give the loss: {loss} "
+                         f"!= {result.loss}")
+  outputs = {"loss": result.loss, "logits": result.logits,
+             "mask": result.mask, "ids_restore": result.ids_restore,
+             "last_hidden_state": hidden, "target": target}
+  return inputs, {f"square/{key}": as_numpy(value)
+                  for key, value in outputs.items()}
 
 
 def picture(name):

@@ -198,11 +198,11 @@ def test_the_teacher_is_sharded_as_the_student_and_kept_out_of_the_state(
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "model": 2})
   loaded = distill.load(keys)
   program = step_lib.build(keys, mesh, step_lib.parts(keys, 10, loaded))
-  shapes = program.teacher.shapes
+  shapes = program.frozen.shapes
   mlp = shapes["Transformer"]["encoderblock_0"]["MlpBlock_3"]["Dense_0"]
   assert set(mlp["kernel"].sharding.spec) == {"fsdp", "model"}
   assert mlp["kernel"].dtype == np.float32
-  assert program.teacher.teacher.model.config.dtype == "bfloat16"
+  assert program.frozen.teacher.model.config.dtype == "bfloat16"
   state_leaves = jax.tree.leaves(program.state_shapes)
   teacher_leaves = jax.tree.leaves(shapes)
   assert sum(x.size for x in state_leaves) < 4 * sum(

@@ -4,6 +4,8 @@ The data ships inside scikit-learn, so the dataset is prepared offline in
 seconds; it is the project's default job and what the tests train on.
 """
 
+import collections
+
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
@@ -35,12 +37,27 @@ MIXED_MAX_ASPECT = 3.0  # from 1:3 to 3:1
 
 class DigitsConfig(tfds.core.BuilderConfig):
   """Which digits a variant holds; they are relabelled 0, 1, ... in order.
-  `mixed_sizes`: each image resized to a size of its own (`mixed_size`)."""
+  `mixed_sizes`: each image resized to a size of its own (`mixed_size`).
+  `train_per_class`: the training split holds only the first this many
+  of each class (in the fixed split's order); 0: all."""
 
-  def __init__(self, *, digits, mixed_sizes=False, **kwargs):
+  def __init__(self, *, digits, mixed_sizes=False, train_per_class=0,
+               **kwargs):
     super().__init__(version="1.0.0", **kwargs)
     self.digits = tuple(digits)
     self.mixed_sizes = mixed_sizes
+    self.train_per_class = train_per_class
+
+
+def first_of_each(indices, labels, count):
+  """The `indices` whose label is among the first `count` of its class, in
+  order."""
+  seen, kept = collections.Counter(), []
+  for index in indices:
+    seen[labels[index]] += 1
+    if seen[labels[index]] <= count:
+      kept.append(index)
+  return kept
 
 
 def mixed_size(index, long_sides=MIXED_LONG_SIDES):
@@ -68,7 +85,9 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   `digits` (= `digits/all`) holds them all; `digits/0to4` and `digits/5to9`
   hold halves, with the same train/test assignment, for transfer
   experiments (configs/digits_transfer.py); `digits/mixed_sizes` all of
-  them at sizes of their own (configs/packed_digits.py).
+  them at sizes of their own (configs/packed_digits.py);
+  `digits/10_per_class` 10 training images of each digit and the whole
+  test split, for learning from few labels (configs/mae/digits.py).
   """
 
   VERSION = tfds.core.Version("1.0.0")
@@ -86,6 +105,9 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                    description="All digits, each resized to a size of its "
                    "own: the longer side 8-16 pixels, aspect ratios 1:3 to "
                    "3:1 (NaFlex and packing, docs/naflex.md)."),
+      DigitsConfig(name="10_per_class", digits=range(10), train_per_class=10,
+                   description="All digits; the training split holds the "
+                   "first 10 of each (100), the test split all 360."),
   ]
 
   @tfds.core.utils.classproperty
@@ -118,6 +140,9 @@ class Digits(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     from sklearn import datasets  # pylint: disable=g-import-not-at-top
     digits = datasets.load_digits()
     train, test = split_indices(digits.target)
+    if self.builder_config.train_per_class:
+      train = first_of_each(train, digits.target,
+                            self.builder_config.train_per_class)
     return {
         "train": self._generate_examples(digits, train),
         "test": self._generate_examples(digits, test),

@@ -18,6 +18,7 @@ from vit_jax.models.config import (
 from vit_jax.models.heads import (
   logits_and_pre_logits as logits_and_pre_logits,  # For the model's users.
 )
+from vit_jax.models.mae import MaskedAutoencoder as MaskedAutoencoder
 from vit_jax.models.positions import (
   grid_side as grid_side,  # Also read by weights/.
 )

@@ -37,6 +37,9 @@ class ImageEncoder(nn.Module):
   class token first for classifier "token", and the distillation token
   after it; then the Encoder.
 
+  `keep` [N, K] int: only these patches of each image go on (masked
+  autoencoders' encoder, models/mae.py), each at its place in the grid.
+
   A NaFlex batch (naflex.Patches) in place of images: each patch is
   embedded by the same convolution, and each image keeps its own grid. A
   packed one (naflex.Packed): the same, with each slot's prefix tokens,
@@ -47,7 +50,7 @@ class ImageEncoder(nn.Module):
   mask_token: bool
 
   @nn.compact
-  def __call__(self, images, *, train, corruption=None):
+  def __call__(self, images, *, train, corruption=None, keep=None):
     config = self.config
     extra = (config.embedded_prefix_tokens, config.num_registers)
     if isinstance(images, naflex.Packed):
@@ -58,6 +61,8 @@ class ImageEncoder(nn.Module):
                                      images, *extra)
     else:
       tokens = self._embed_images(images)
+    if keep is not None:
+      tokens = tokens_lib.visible(tokens, keep)
     x = tokens.values
     n, _, d = x.shape
     if self.mask_token:

@@ -14,7 +14,7 @@ backward of twice its cost.
 """
 
 from vit_jax import models
-from vit_jax.models import masked_patches, resnet, splash
+from vit_jax.models import mae, masked_patches, resnet, splash
 
 TRAIN_FORWARDS = 3  # Forward + backward (two forwards' worth).
 
@@ -24,7 +24,7 @@ def model_sizes(model, num_classes=1000):
   Model) or a VisionTransformer -> the VisionTransformer it describes."""
   if isinstance(model, str):
     return models.create(model, num_classes)
-  if isinstance(model, models.VisionTransformer):
+  if isinstance(model, (models.VisionTransformer, mae.MaskedAutoencoder)):
     return model
   return models.create_from_settings(model, num_classes)
 
@@ -37,19 +37,15 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
   num_patches patches (data/packing.py): each slot's prefix tokens and
   head."""
   vit = model_sizes(model, num_classes)
+  if isinstance(vit, mae.MaskedAutoencoder):
+    return masked_autoencoder_flops(vit, image_size) * (
+        TRAIN_FORWARDS if train else 1)
   config = vit.config
   d, mlp, p = config.hidden_size, config.mlp_dim, config.patch_size
   stem, channels, patches = _stem_and_patches(config, image_size, num_patches)
   tokens = patches + slots * config.num_prefix_tokens
   embedding = stem + 2 * patches * (p * p * channels) * d
-  mlp_matmuls = 3 if config.mlp == "swiglu" else 2  # SwiGLU's gate too
-  per_layer = (2 * tokens * 4 * d * d         # q, k, v and out projections
-               + 2 * tokens * mlp_matmuls * d * mlp  # the MLP's matmuls
-               + 2 * 2 * tokens * tokens * d)  # q.k and weights.v
-  if config.rope:
-    per_layer += 2 * 3 * patches * d  # q's and k's patches turned.
-  if config.rope == "mixed":  # Each block's angles: col * f_x + row * f_y.
-    per_layer += 3 * patches * d // 2
+  per_layer = block_flops(config, tokens, patches)
   head_in = d
   pre_logits = 0
   if config.representation_size is not None:
@@ -68,6 +64,40 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
   forward = (embedding + config.num_layers * per_layer
              + slots * (pre_logits + head))
   return forward * (TRAIN_FORWARDS if train else 1)
+
+
+def block_flops(config, tokens, patches):
+  """One encoder block's FLOPs over `tokens` tokens, `patches` of them
+  patches (what RoPE turns)."""
+  d, mlp = config.hidden_size, config.mlp_dim
+  mlp_matmuls = 3 if config.mlp == "swiglu" else 2  # SwiGLU's gate too
+  flops = (2 * tokens * 4 * d * d         # q, k, v and out projections
+           + 2 * tokens * mlp_matmuls * d * mlp  # the MLP's matmuls
+           + 2 * 2 * tokens * tokens * d)  # q.k and weights.v
+  if config.rope:
+    flops += 2 * 3 * patches * d  # q's and k's patches turned.
+  if config.rope == "mixed":  # Each block's angles: col * f_x + row * f_y.
+    flops += 3 * patches * d // 2
+  return flops
+
+
+def masked_autoencoder_flops(model, image_size):
+  """The forward FLOPs of one image through a masked autoencoder
+  (models/mae.py): the patch embedding of every patch, the encoder's
+  blocks on the class token and the kept patches only, the decoder's
+  embedding of those, its blocks on every patch and the class token, and
+  its pixel predictions."""
+  config, decoder = model.config, model.decoder
+  p, d, dd = config.patch_size, config.hidden_size, decoder.hidden_size
+  patches = (image_size // p) ** 2
+  kept = mae.keep_count(patches, model.mask_ratio)
+  prefix = config.num_prefix_tokens
+  return (2 * patches * p * p * 3 * d
+          + config.num_layers * block_flops(config, kept + prefix, kept)
+          + 2 * (kept + prefix) * d * dd
+          + decoder.num_layers * block_flops(decoder, patches + prefix,
+                                             patches)
+          + 2 * patches * dd * p * p * 3)
 
 
 def splash_train_flops_per_image(model, image_size, num_patches=None):

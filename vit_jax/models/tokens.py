@@ -125,3 +125,21 @@ def of_packed(values, packed, prefix_tokens, registers):
                                                      axis=1)),
       pool_mask=segments[:, None, :] == ids[:, None], segments=segments,
       slots=slots)
+
+
+def visible(tokens, keep):
+  """The Tokens of one grid's patches (`of_grid`'s, before any prefix
+  token) that `keep` [N, K] int names, each image its own K: their values
+  gathered, each at its place in the grid. The grid is no longer the
+  batch's (grid None), so the position tables are computed, or resized,
+  at each kept patch's place, as a NaFlex batch's are (a table resized
+  to its own size is the table itself, to the bit)."""
+  rows = jnp.take_along_axis(jnp.broadcast_to(tokens.rows, keep.shape[:1]
+                                              + tokens.rows.shape[1:]),
+                             keep, axis=1)
+  cols = jnp.take_along_axis(jnp.broadcast_to(tokens.cols, keep.shape[:1]
+                                              + tokens.cols.shape[1:]),
+                             keep, axis=1)
+  values = jnp.take_along_axis(tokens.values, keep[..., None], axis=1)
+  return Tokens(values, rows, cols, tokens.grid_rows, tokens.grid_cols)
+

@@ -40,7 +40,6 @@ from vit_jax.data import packing, sources, vtab_tasks
 from vit_jax.models import flops as flops_lib
 from vit_jax.planning import catalogue, report, work
 from vit_jax.training import (
-  distill,
   fitting,
   resolve,
   step as step_lib,
@@ -223,12 +222,13 @@ class Plan:
     return out
 
 
-def build_step(keys, devices, classes, unroll=False, teacher=None):
+def build_step(keys, devices, classes, unroll=False, frozen=None):
   """(program, batch shapes) of the step of the Settings `keys` over
   `devices`: checked (vit_jax/training/resolve.py) and built as a run
   builds it, nothing compiled yet where its remat policy is concrete.
-  `teacher`: its distill.Teacher, where one was read for it already."""
-  fitted = resolve.program(keys, devices, classes, teacher)
+  `frozen`: its objective's frozen inputs (a distill.Teacher), where read
+  for it already."""
+  fitted = resolve.program(keys, devices, classes, frozen)
   program = step_lib.build(fitted.settings, fitted.mesh, fitted.parts, unroll)
   return program, fitting.batch_shapes(fitted.settings, program.model,
                                        program.batch_sharding)
@@ -299,7 +299,7 @@ def dcn_bytes(text):
   return total
 
 
-def unrolled_cost(keys, devices, classes, teacher=None):
+def unrolled_cost(keys, devices, classes, frozen=None):
   """({flops, optimal_seconds} or None, compile seconds) of the step of the
   Settings `keys` as if its loops were unrolled.
 
@@ -309,8 +309,8 @@ def unrolled_cost(keys, devices, classes, teacher=None):
   linear in the layers L and in the micro-batches A: twins of the step with
   L in {1, 2} (or all its layers, when not scanned) and A in {1, 2} (or 1),
   each at the same micro-batch and with nothing looped, give it. None when
-  a twin does not fit. The twins share `teacher`, a distilling config's,
-  read once.
+  a twin does not fit. The twins share `frozen`, the objective's frozen
+  inputs (a distilling config's teacher), read once.
   """
   layers = flops_lib.model_sizes(keys.model).config.num_layers
   accum = keys.accum_steps
@@ -325,7 +325,7 @@ def unrolled_cost(keys, devices, classes, teacher=None):
                                           num_layers=num_layers),
           accum_steps=micro_batches, batch_size=micro_batch * micro_batches)
       compiled, _, took = fitting.compile_step(
-          *build_step(twin, devices, classes, unroll=True, teacher=teacher))
+          *build_step(twin, devices, classes, unroll=True, frozen=frozen))
       seconds += took
       if compiled is None:
         return None, seconds
@@ -468,17 +468,15 @@ def plan_slice(keys, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
            + temporaries + memory.generated_code_size_in_bytes)
     if keys.model.scan_layers or keys.accum_steps > 1:
       cost, cost_seconds = unrolled_cost(keys, devices, classes,
-                                         fitted.parts.teacher)
+                                         fitted.parts.objective.frozen)
     else:
       cost = step_cost(compiled)
   num_patches = keys.naflex.max_num_patches or None
   images_per_device = keys.batch_size / len(devices)  # Or sequences.
   packs = packing.Packing.of(keys.naflex)
-  model_flops = (flops_lib.flops_per_image(
-      program.model, keys.image_size, train=True, num_patches=num_patches,
-      slots=packs.slots if packs else 1)
-                 + distill.flops_per_image(fitted.parts.teacher)
-                 ) * images_per_device
+  model_flops = fitted.parts.objective.flops_per_image(
+      keys.image_size, num_patches, packs.slots if packs else 1
+  ) * images_per_device
   kernels = cost and round(cost["kernels"])
   kernel_flops = None
   if kernels:  # The splash attention's: the only kernels a model runs.

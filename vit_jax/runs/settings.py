@@ -167,6 +167,24 @@ class Distill:
 
 
 @dataclasses.dataclass(frozen=True)
+class MAE:
+  """config.mae: masked autoencoders' pre-training (config.objective
+  "mae"; training/objectives/mae.py), He et al.'s defaults."""
+  mask_ratio: float = key(0.75, "the share of each image's patches removed",
+                          at_least=0.0, below=1.0, before=AS_DEFAULT)
+  norm_pix_loss: bool = key(True, "predict each patch's pixels normalised "
+                            "by its own mean and variance", before=AS_DEFAULT)
+  decoder_hidden_size: int = key(512, "the decoder's width", at_least=1,
+                                 before=AS_DEFAULT)
+  decoder_num_layers: int = key(8, "the decoder's blocks", at_least=1,
+                                before=AS_DEFAULT)
+  decoder_num_heads: int = key(16, "the decoder's attention heads",
+                               at_least=1, before=AS_DEFAULT)
+  decoder_mlp_dim: int = key(2048, "the decoder's MLP width", at_least=1,
+                             before=AS_DEFAULT)
+
+
+@dataclasses.dataclass(frozen=True)
 class Mesh:
   """config.mesh: the device mesh's axes (sharding.py); one may be -1,
   the devices the others leave."""
@@ -211,6 +229,10 @@ class Settings:
       "skip", "images that do not decode: skip (left out, counted, named) "
       "or refuse (the run stops at the first)", changeable=True,
       before=AS_DEFAULT)
+  objective: str = key(
+      "classification", "what the run learns: classification (labels, with "
+      "mpp and distill) or mae (masked autoencoders)",
+      choices=("classification", "mae"), before=AS_DEFAULT)
   model: Model = section(Model, "the model: name and overrides")
   loss: str = key("softmax", "softmax or sigmoid cross-entropy",
                   before=AS_DEFAULT)
@@ -230,6 +252,7 @@ class Settings:
   polyak_decay: float = key(0.0, "the decay of a Polyak average of the "
                             "params (0: none)", at_least=0.0, below=1.0)
   distill: Distill = section(Distill, "distillation from a teacher")
+  mae: MAE = section(MAE, "masked autoencoders' pre-training")
   mesh: Mesh = section(Mesh, "the device mesh", changeable=True)
   seed: int = key(0, "seeds the init, the data's order, the augmentations "
                   "and dropout")

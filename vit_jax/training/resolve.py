@@ -19,8 +19,8 @@ only config:
      a folder's files compared with the run's record before it is
      prepared;
   6. the model and the optimizer, built once for the dataset's classes
-     (step.parts), with the teacher of a distilling run read once
-     (distill.py), and checked against the mesh and the image size; an
+     (step.parts) with its objective (training/objectives/), and what the
+     objective reads once (a distilling run's teacher), checked against the mesh and the image size; an
      attention and a remat policy of "auto" made concrete (fitting.py: on
      TPUs the step is compiled to choose the remat policy that fits);
   7. the input shares the training split is read in: as recorded, else as
@@ -47,9 +47,9 @@ from vit_jax.training import (
   distill,
   evaluators,
   fitting,
+  objectives,
   profiling,
   step,
-  targets,
 )
 from vit_jax.weights import pretrained
 
@@ -102,14 +102,14 @@ def run(config, workdir, devices=None):
   `devices` (default: all)."""
   checked = check_values(settings.of(config))
   paths.check_reachable(workdir, "--workdir", writes=True)
+  objective = objectives.of(checked.settings)
   for value, flag in ((checked.settings.data_dir, "config.data_dir"),
                       (checked.settings.init_from, "config.init_from"),
-                      (checked.settings.distill.teacher,
-                       "config.distill.teacher")):
+                      *objective.paths(checked.settings)):
     paths.check_reachable(value, flag)
   workdir = workdir_lib.Workdir(workdir)
   recorded = workdir.read_config() if workdir.has_run() else None
-  checked = checked._replace(settings=distill.pinned(
+  checked = checked._replace(settings=objective.pinned(
       pretrained.with_source(checked.settings, recorded), recorded))
   keys = checked.settings
   check_rope(keys)  # Its rope is final now: the config's or the source's.
@@ -118,15 +118,19 @@ def run(config, workdir, devices=None):
   keys = dataclasses.replace(
       keys, folder_contents=folder_contents(keys, recorded, data, workdir))
   check_data(checked, data)
-  fitted = fit(checked, mesh, data().num_classes, distill.load(keys))
+  # Before the objective is built: its recipe pairs Mixup's partners within
+  # input shares (targets.py), which the batch must divide over the mesh.
+  check_batch(keys.batch_size, keys.accum_steps, mesh)
+  keys = dataclasses.replace(
+      keys, input_shares=input_shares(keys, recorded, mesh, data))
+  checked = checked._replace(settings=keys)
+  fitted = fit(checked, mesh, data().num_classes, objective.load(keys))
   if fitted.program is not None and fitted.compiled is None:
     raise errors.ConfigError(
         "config.model.remat_policy='auto': the step does not fit the "
         f"devices' memory with any remat policy ({fitted.tried_text()}); "
         "`python -m vit_jax.plan` says what else would make it fit")
-  keys = dataclasses.replace(
-      keys, model=fitted.settings.model,
-      input_shares=input_shares(keys, recorded, mesh, data))
+  keys = dataclasses.replace(keys, model=fitted.settings.model)
   changes = store.differences_allowed(keys, recorded, workdir)
   return Run(keys, checked.augmentation, checked.evaluations, workdir, mesh,
              data, changes, fitted.parts)
@@ -146,13 +150,14 @@ class Fitted(NamedTuple):
     return fitting.describe_tried(self.tried)
 
 
-def fit(checked, mesh, num_classes, teacher=None):
+def fit(checked, mesh, num_classes, frozen=None):
   """The Fitted program of `checked` over `mesh`: its model and optimizer
-  built for `num_classes`, with its distill.Teacher, its "auto" settings
+  built for `num_classes`, with its objective's `frozen` inputs (a
+  distill.Teacher), its "auto" settings
   made concrete for the devices (fitting.py): the attention, and the remat
   policy, the first of fitting.REMAT_BY_MEMORY whose step fits, compiled
   in turn on TPUs."""
-  distill.check_classes(teacher, num_classes)
+  distill.check_classes(frozen, num_classes)
   device = mesh.devices.flat[0]
   policy = checked.settings.model.remat_policy
   attention = fitting.attention(checked.settings.model, device)
@@ -163,7 +168,7 @@ def fit(checked, mesh, num_classes, teacher=None):
     keys = dataclasses.replace(keys, model=dataclasses.replace(
         keys.model, remat_policy=choice, attention=attention))
     built = check_program(checked._replace(settings=keys), mesh, num_classes,
-                          teacher)
+                          frozen)
     if len(choices) == 1:  # Nothing to choose: nothing compiled here.
       return Fitted(keys, mesh, built, None, None, (), 0.0)
     program = step.build(keys, mesh, built)
@@ -176,16 +181,17 @@ def fit(checked, mesh, num_classes, teacher=None):
   return Fitted(keys, mesh, built, program, compiled, tuple(tried), seconds)
 
 
-def program(keys, devices=None, num_classes=1, teacher=None):
+def program(keys, devices=None, num_classes=1, frozen=None):
   """The Fitted program of the Settings `keys` over `devices` for
   `num_classes`, with every check that compiling the train step needs; no
-  data or checkpoint is read but a distilling run's teacher, unless given
-  as `teacher` (read already for the same settings) (vit_jax.plan stops
+  data or checkpoint is read but its objective's frozen inputs (a
+  distilling run's teacher), unless given as `frozen` (read already for the
+  same settings) (vit_jax.plan stops
   here: what a run computes, its function options, costs the same)."""
   checked = check_values(keys)
   mesh = sharding.make_mesh(checked.settings.mesh, devices)
   return fit(checked, mesh, num_classes,
-             teacher or distill.load(checked.settings))
+             frozen or objectives.of(keys).load(checked.settings))
 
 
 def check_values(keys):
@@ -200,8 +206,7 @@ def check_values(keys):
     augmentation = preprocess.augmentation(keys.augment, keys.randaugment)
   except errors.InputError as e:  # Its key is one of config's.
     raise errors.ConfigError.of(e, "config") from e
-  targets.check(keys)
-  distill.check(keys)
+  objectives.of(keys).check(keys)
   check_packing(keys.naflex)
   check_rope(keys)
   profiling.steps(keys.profile_steps)  # A ConfigError names the key.
@@ -250,20 +255,15 @@ def check_packing(naflex):
   packing.Packing.of(naflex).check()
 
 
-def check_program(checked, mesh, num_classes, teacher=None):
-  """The model and the optimizer (step.Parts, with `teacher`), built here
-  once, and the checks that need them and the mesh."""
+def check_program(checked, mesh, num_classes, frozen=None):
+  """The objective, its model and the optimizer (step.Parts, with
+  `frozen`), built here once, and the checks that need them and the
+  mesh."""
   keys = checked.settings
-  built = step.parts(keys, num_classes, teacher)
+  built = step.parts(keys, num_classes, frozen)
   model = built.model
-  distill.check_student(keys, model)
+  built.objective.check_run(keys, checked.evaluations)
   per_step = check_batch(keys.batch_size, keys.accum_steps, mesh)
-  classifying = [evaluation.name for evaluation in checked.evaluations]
-  if keys.model.mpp and classifying:
-    raise errors.ConfigError(
-        f"config.model.mpp pre-trains without labels, but evaluators "
-        f"{classifying} would classify: set their `every` to 0 "
-        "(configs/mpp.py does)")
   if keys.image_size % model.token_stride:
     raise errors.ConfigError(f"config.model {model.describe_patch()} does not "
                              f"divide config.image_size={keys.image_size}")
@@ -324,12 +324,13 @@ def check_data(checked, data):
   ConfigError."""
   keys = checked.settings
   try:
-    if data().multi_label and keys.loss != "sigmoid":
+    labels = objectives.of(keys).reads_labels(keys)
+    if labels and data().multi_label and keys.loss != "sigmoid":
       raise errors.ConfigError(
           f"{keys.dataset} is multi-label (each image a set of classes): "
           f"train it with config.loss='sigmoid', one binary problem a class")
     data().num_examples(keys.train_split)
-    if data().num_classes < 2 and not keys.model.mpp:
+    if data().num_classes < 2 and labels:
       raise errors.ConfigError(
           f"{keys.dataset} has {data().num_classes} class: a classifier "
           "learns nothing from one (its loss is 0 from the start); a folder "

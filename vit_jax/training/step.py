@@ -1,6 +1,7 @@
 """The training step, and the program of jitted functions a run is built of.
 
-`parts(settings, num_classes)` builds the model and the optimizer, once
+`parts(settings, num_classes)` builds the objective (its model) and the
+optimizer, once
 per run (training/resolve.py keeps them in the Run); `build(settings,
 mesh, parts)` makes the train state's shapes and shardings from abstract values
 (nothing allocated or compiled), and jits `init` and `train_step` with
@@ -19,14 +20,9 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
-from vit_jax import errors, models, sharding
-from vit_jax.models import naflex
-from vit_jax.training import losses, optimizer, polyak, targets
+from vit_jax import errors, sharding
+from vit_jax.training import objectives, optimizer, polyak
 from vit_jax.weights import pretrained
-
-# What a NaFlex or a packed batch carries beside its pixels
-# (naflex.inputs_of).
-NAFLEX_FIELDS = ("grid", "segments", "positions", "grids")
 
 
 @flax.struct.dataclass
@@ -37,16 +33,15 @@ class TrainState:
   polyak: Any  # The params' moving average, or None (polyak.py).
 
 
-def init_state(model, tx, image_size, polyak_decay, rng):
+def init_state(objective, tx, image_size, polyak_decay, rng):
   """A fresh state whose params and moments are still in their logical boxes."""
-  images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
-  params = model.init(rng, images, train=False)["params"]
+  params = objective.init_params(rng, image_size)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=tx.init(params),
                     polyak=polyak.init(params, polyak_decay))
 
 
-def abstract_state(model, tx, image_size, polyak_decay, mesh,
+def abstract_state(objective, tx, image_size, polyak_decay, mesh,
                    fsdp_min_bytes=0):
   """(shapes, shardings) of the train state, without allocating it.
 
@@ -54,54 +49,40 @@ def abstract_state(model, tx, image_size, polyak_decay, mesh,
   a TPU topology.
   """
   return sharding.sharded_shapes(
-      jax.eval_shape(lambda: init_state(model, tx, image_size, polyak_decay,
-                                        jax.random.key(0))),
+      jax.eval_shape(lambda: init_state(objective, tx, image_size,
+                                        polyak_decay, jax.random.key(0))),
       mesh, fsdp_min_bytes)
 
 
-def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
-                    recipe, unroll=False, teacher=None):
-  """state, batch, numbers, teacher params -> state, metrics; the gradient
-  of the batch's mean loss, summed over micro-batches. `recipe`
-  (targets.py) makes the batch's targets, smoothed and mixed, before it is
-  split. The optimizer is `optimizer_of(numbers)`: the schedule's numbers
-  come in as data (optimizer.schedule_numbers), not as constants of the
-  compiled step. `teacher` (distill.py), where the run distils, runs on
-  each micro-batch's images as the student sees them; its params come in
-  as data too (None without one).
+def make_train_step(objective, optimizer_of, accum_steps, seed, polyak_decay,
+                    unroll=False):
+  """state, batch, numbers, frozen params -> state, metrics; the gradient
+  of the batch's mean loss, summed over micro-batches. The `objective`
+  (training/objectives/) prepares the whole batch before it is split
+  (targets smoothed and mixed, masks drawn), teaches each micro-batch with
+  its frozen params (a teacher's, None without) and gives the loss. The
+  optimizer is `optimizer_of(numbers)`: the schedule's numbers come in as
+  data (optimizer.schedule_numbers), not as constants of the compiled
+  step; so do the frozen params.
 
   unroll: trace the micro-batch loop unrolled, for vit_jax.plan (XLA's cost
   analysis counts a loop's body once); runs keep the loop, which compiles
   one micro-step and frees each one's activations before the next.
   """
 
-  def loss_and_grads(params, batch, weights, key, teacher_params):
+  def loss_and_grads(params, micro, weights, key, frozen):
     """((loss, {part: value}), grads) of a batch or micro-batch."""
-    images = naflex.inputs_of(batch)
-    teacher_logits = (None if teacher is None
-                      else teacher.logits(teacher_params, images))
+    micro = objective.teach(frozen, micro)
+    return jax.value_and_grad(
+        lambda params: objective.loss(params, micro, weights, key),
+        has_aux=True)(params)
 
-    def loss(params):
-      return losses.of_batch(model, params, images, batch["target"], weights,
-                             key, recipe.loss, teacher, teacher_logits)
-    return jax.value_and_grad(loss, has_aux=True)(params)
-
-  def train_step(state, batch, numbers, teacher_params):
+  def train_step(state, batch, numbers, frozen):
     counts = {key: batch[key] for key in ("broken", "dropped") if key in batch}
+    packed = "segments" in batch
     tx, schedule = optimizer_of(numbers)
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
-    mix_key = jax.random.fold_in(
-        jax.random.fold_in(jax.random.key(seed), targets.MIX_STREAM),
-        state.step)
-    labels, packed = batch["label"], "segments" in batch
-    if packed:  # A label per slot: the recipe takes one image's a row.
-      labels = labels.reshape(-1, *labels.shape[2:])
-    images, target = recipe(batch["image"], labels, mix_key)
-    if packed:
-      target = target.reshape(*batch["mask"].shape, *target.shape[1:])
-    # A NaFlex or packed batch's grids go with its images (naflex.inputs_of).
-    batch = {"image": images, "target": target, "mask": batch["mask"],
-             **{key: batch[key] for key in NAFLEX_FIELDS if key in batch}}
+    batch = objective.prepare(batch, state.step)
     # The mean over the batch's examples, without the rows whose image did
     # not decode (mask 0, broken_records.py), nor a packed batch's empty
     # slots: each example weighs 1 / count.
@@ -109,7 +90,7 @@ def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
     weights = mask / jnp.maximum(mask.sum(), 1)
     if accum_steps == 1:
       (loss, parts), grads = loss_and_grads(state.params, batch, weights,
-                                            dropout_key, teacher_params)
+                                            dropout_key, frozen)
     else:
       # Micro-batch i takes examples i, i + A, i + 2A, ...: each device's
       # rows stay on that device, so splitting needs no communication.
@@ -117,15 +98,21 @@ def make_train_step(model, optimizer_of, accum_steps, seed, polyak_decay,
           lambda x: x.reshape(x.shape[0] // accum_steps, accum_steps,
                               *x.shape[1:]), {**batch, "weight": weights})
 
+      def micro_batch(i):
+        return jax.tree.map(lambda x: x[:, i], strided)
+
       def accumulate(carry, i):
-        micro = jax.tree.map(lambda x: x[:, i], strided)
+        micro = micro_batch(i)
         (loss, parts), grads = loss_and_grads(
             state.params, micro, micro["weight"],
-            jax.random.fold_in(dropout_key, i), teacher_params)
+            jax.random.fold_in(dropout_key, i), frozen)
         return jax.tree.map(jnp.add, carry, (loss, parts, grads)), None
 
+      (_, parts), _ = jax.eval_shape(
+          loss_and_grads, state.params, micro_batch(0),
+          micro_batch(0)["weight"], dropout_key, frozen)
       zeros = (jnp.zeros((), jnp.float32),
-               {} if teacher is None else {"distill_loss": jnp.zeros(())},
+               jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), parts),
                jax.tree.map(jnp.zeros_like, state.params))
       # Weighted sums over the micro-batches add up to the batch's mean.
       (loss, parts, grads), _ = jax.lax.scan(
@@ -157,29 +144,33 @@ def packing_metrics(batch, counts):
 
 class Parts(NamedTuple):
   """What a run's program is built of, each built once (`parts`)."""
-  model: nn.Module
+  objective: Any  # what it learns (training/objectives/), its model
   tx: optax.GradientTransformation  # for the state's structure
   numbers: np.ndarray    # the schedule's (optimizer.schedule_numbers)
   optimizer_of: Callable  # numbers -> (tx, schedule), for the train step
-  teacher: Any = None  # distill.Teacher, read once, where the run distils
+
+  @property
+  def model(self):
+    return self.objective.model
 
 
-def parts(settings, num_classes, teacher=None):
-  """The model and the optimizer of a run's `settings` (runs/settings.py),
-  for `num_classes` classes, with its `teacher` (distill.load's); an
+def parts(settings, num_classes, frozen=None):
+  """The objective (with its model) and the optimizer of a run's
+  `settings` (runs/settings.py), for `num_classes` classes, with its
+  `frozen` inputs (the objective's `load`, read once: a teacher); an
   InputError naming the key where its model (a ConfigError) or its
   optimizer cannot be built."""
   try:
-    model = models.create_from_settings(settings.model, num_classes)
+    objective = objectives.of(settings)(settings, num_classes, frozen)
   except errors.InputError as e:
     raise errors.ConfigError.of(e, "config.model") from e
   numbers = optimizer.schedule_numbers(settings.optimizer,
                                        settings.total_steps)
   optimizer_of = functools.partial(optimizer.create, settings.optimizer,
                                    settings.total_steps,
-                                   model.config.num_layers)
+                                   objective.model.config.num_layers)
   tx, _ = optimizer_of(numbers)
-  return Parts(model, tx, numbers, optimizer_of, teacher)
+  return Parts(objective, tx, numbers, optimizer_of)
 
 
 class Program(NamedTuple):
@@ -190,21 +181,22 @@ class Program(NamedTuple):
   batch_sharding: NamedSharding
   init: Callable         # rng -> sharded TrainState
   train_step: "BoundStep"  # state, batch -> state, metrics (state donated)
-  teacher: Any = None    # distill.OnMesh, where the run distils
+  frozen: Any = None     # the objective's frozen inputs over the mesh (a
+  #                        distill.OnMesh), where it has any
 
 
 class BoundStep:
-  """The jitted train step with its schedule's numbers and its teacher's
+  """The jitted train step with its schedule's numbers and its frozen
   params bound: called, and lowered, with (state, batch). The numbers go in
-  as a replicated array, placed once; the teacher's (a distill.OnMesh, or
-  None) as it places them."""
+  as a replicated array, placed once; the frozen inputs' (an OnMesh, or
+  None) as they place them."""
 
-  def __init__(self, jitted, numbers, mesh, teacher=None):
+  def __init__(self, jitted, numbers, mesh, frozen=None):
     self._jitted = jitted
     self._numbers = numbers
     self._sharding = sharding.replicated(mesh)
     self._placed = None
-    self._teacher = teacher
+    self._frozen = frozen
 
   def numbers_on_devices(self):
     """The numbers, replicated over the mesh (placed on the first call)."""
@@ -216,42 +208,41 @@ class BoundStep:
 
   def __call__(self, state, batch):
     return self._jitted(state, batch, self.numbers_on_devices(),
-                        self._teacher and self._teacher.params())
+                        self._frozen and self._frozen.params())
 
   def lower(self, state, batch):
     return self._jitted.lower(state, batch, jax.ShapeDtypeStruct(
         self._numbers.shape, self._numbers.dtype, sharding=self._sharding),
-                              self._teacher and self._teacher.shapes)
+                              self._frozen and self._frozen.shapes)
 
 
 def build(settings, mesh, built, unroll=False):
   """Builds the program of a run's `settings` and its Parts `built` from
   abstract shapes only: nothing is allocated or compiled until it is first
   called (or lowered, for a TPU topology). `unroll`: see make_train_step."""
-  model, tx = built.model, built.tx
+  objective, tx = built.objective, built.tx
   state_shapes, state_shardings = abstract_state(
-      model, tx, settings.image_size, settings.polyak_decay, mesh,
+      objective, tx, settings.image_size, settings.polyak_decay, mesh,
       settings.mesh.fsdp_min_bytes)
   batch_shard = sharding.batch_sharding(mesh)
-  teacher = built.teacher and built.teacher.on_mesh(
+  frozen = objective.frozen and objective.frozen.on_mesh(
       mesh, settings.mesh.fsdp_min_bytes)
   init = jax.jit(
-      lambda rng: nn.meta.unbox(init_state(model, tx, settings.image_size,
+      lambda rng: nn.meta.unbox(init_state(objective, tx, settings.image_size,
                                            settings.polyak_decay, rng)),
       out_shardings=state_shardings)
   train_step = jax.jit(
       sharding.constrained(
-          make_train_step(model, built.optimizer_of, settings.accum_steps,
-                          settings.seed, settings.polyak_decay,
-                          targets.Recipe.of(settings, model.num_classes),
-                          unroll, built.teacher), mesh),
+          make_train_step(objective, built.optimizer_of,
+                          settings.accum_steps, settings.seed,
+                          settings.polyak_decay, unroll), mesh),
       in_shardings=(state_shardings, batch_shard, sharding.replicated(mesh),
-                    teacher and teacher.shardings),
+                    frozen and frozen.shardings),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)
-  return Program(model, state_shapes, state_shardings, batch_shard, init,
-                 BoundStep(train_step, built.numbers, mesh, teacher),
-                 teacher)
+  return Program(objective.model, state_shapes, state_shardings, batch_shard,
+                 init, BoundStep(train_step, built.numbers, mesh, frozen),
+                 frozen)
 
 
 def initial_params(program, settings):

@@ -9,8 +9,6 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from vit_jax.models import flops as flops_lib
-
 SECONDS_PER_DAY = 86_400  # Of a core-day: a device busy for 24 hours.
 
 # Dense bfloat16 peak per JAX device (a TPU v2/v3 core; a v4/v5p chip, whose
@@ -104,16 +102,11 @@ def measured_matmul_flops(size=1024, repeats=3):
 class Throughput:
   """Turns img/s per device into TFLOP/s per device and MFU for the log."""
 
-  def __init__(self, model, image_size, batch_size, num_patches=None,
-               teacher_flops_per_image=0, slots=1):
-    """`model`: the run's VisionTransformer, as its program built it;
-    `num_patches`: a NaFlex run's budget; `teacher_flops_per_image`: a
-    distilling run's teacher's forward pass (distill.flops_per_image);
-    `slots`: a packed run's images a sequence, whose "images" here are its
-    sequences."""
-    self.flops_per_image = flops_lib.flops_per_image(
-        model, image_size, train=True, num_patches=num_patches,
-        slots=slots) + teacher_flops_per_image
+  def __init__(self, flops_per_image, batch_size):
+    """`flops_per_image`: a training step's per image, as the run's
+    objective counts them (a packed run's "images" here are its
+    sequences)."""
+    self.flops_per_image = flops_per_image
     self.flops_per_step = self.flops_per_image * batch_size
     self.peak = None
 

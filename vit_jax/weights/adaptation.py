@@ -12,8 +12,10 @@ from vit_jax import errors, models
 from vit_jax.weights import npz
 
 # What pre-training adds to a model and fine-tuning drops: the pre-logits
-# layer, and masked patch prediction's mask embedding and per-patch head.
-_PRETRAINING_ONLY = ("pre_logits/", "mask_embedding", "mpp_head/")
+# layer, masked patch prediction's mask embedding and per-patch head, and a
+# masked autoencoder's decoder (models/mae.py).
+_PRETRAINING_ONLY = ("pre_logits/", "mask_embedding", "mpp_head/",
+                     "decoder/")
 
 
 def adapt(restored, init_params):

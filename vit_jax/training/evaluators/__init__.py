@@ -2,7 +2,8 @@
 
 config.evaluators maps a name to one evaluator's settings:
 
-  kind   "accuracy" (accuracy.py), "real" (real.py) or "fewshot" (fewshot.py)
+  kind   "accuracy" (accuracy.py), "real" (real.py), "fewshot" (fewshot.py)
+         or "loss" (loss.py: the objective's loss on held-out data)
   every  evaluate every N steps and at the last step; 0: never
   ...    the kind's own settings (its DEFAULTS), which the name prefixes
          in what it logs: "test" -> test_accuracy, "fewshot" ->
@@ -19,11 +20,12 @@ import ml_collections
 
 from vit_jax import errors
 from vit_jax.training import reporting
-from vit_jax.training.evaluators import accuracy, fewshot, real
+from vit_jax.training.evaluators import accuracy, fewshot, loss, real
 
 KINDS = {"accuracy": (accuracy.Accuracy, accuracy.DEFAULTS),
          "real": (real.Real, real.DEFAULTS),
-         "fewshot": (fewshot.FewShot, fewshot.DEFAULTS)}
+         "fewshot": (fewshot.FewShot, fewshot.DEFAULTS),
+         "loss": (loss.HeldOutLoss, loss.DEFAULTS)}
 
 
 class Evaluation(NamedTuple):

@@ -37,9 +37,9 @@ class Accuracy:
   def __init__(self, name, settings, run, program):
     self.name, self.settings, self.run = name, settings, run
     self.program = program
-    self.teacher = program.teacher and program.teacher.teacher
+    self.teacher = program.frozen and program.frozen.teacher
     self.step = batches.jit(program, self.scores,
-                            with_teacher=self.teacher is not None)
+                            with_frozen=self.teacher is not None)
     self.total = run.sources(settings.dataset).num_examples(settings.split)
     self.batches = batches.Batches(program, run, settings.dataset,
                                    settings.split, extras=self.extras)
@@ -68,7 +68,7 @@ class Accuracy:
   def __call__(self, params):
     step = self.step
     if self.teacher is not None:
-      teacher_params = self.program.teacher.params()
+      teacher_params = self.program.frozen.params()
 
       def step(params, batch):
         return self.step(params, batch, teacher_params)

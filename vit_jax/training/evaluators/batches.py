@@ -46,16 +46,17 @@ def scored(name, total, examples):
              if examples < total else {})}
 
 
-def jit(program, fn, with_teacher=False):
-  """fn(params, batch) compiled for the run's shardings, or, `with_teacher`,
-  fn(params, batch, the teacher's params) (a distilling run's); every
+def jit(program, fn, with_frozen=False):
+  """fn(params, batch) compiled for the run's shardings, or, `with_frozen`,
+  fn(params, batch, the objective's frozen params) (a distilling run's
+  teacher's); every
   process gets the whole (replicated) result, so keep it small: sums, or a
   batch of features."""
   mesh = program.batch_sharding.mesh
   return jax.jit(sharding.constrained(fn, mesh),
                  in_shardings=(program.state_shardings.params,
                                program.batch_sharding)
-                 + ((program.teacher.shardings,) if with_teacher else ()),
+                 + ((program.frozen.shardings,) if with_frozen else ()),
                  out_shardings=sharding.replicated(mesh))
 
 

@@ -14,7 +14,7 @@ l2_regs; heldout_per_class. Logs NAME/<dataset>_<k>shot.
 import numpy as np
 from absl import logging
 
-from vit_jax import errors, models
+from vit_jax import errors
 from vit_jax.models import naflex
 from vit_jax.training.evaluators import batches
 
@@ -59,9 +59,8 @@ class FewShot:
     self.program = program
 
     def features(params, batch):
-      _, pre_logits = models.logits_and_pre_logits(
-          program.model, params, naflex.inputs_of(batch))
-      return {"features": pre_logits,
+      return {"features": run.parts.objective.features(
+                  params, naflex.inputs_of(batch)),
               "label": batch["label"], "mask": batch["mask"]}
 
     self.features = batches.jit(program, features)

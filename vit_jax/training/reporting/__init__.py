@@ -16,7 +16,7 @@ from clu import parameter_overview
 
 from vit_jax.data import broken_records
 from vit_jax.runs import writers
-from vit_jax.training import distill, throughput
+from vit_jax.training import throughput
 from vit_jax.training.reporting import goodput, progress, timing
 
 
@@ -45,13 +45,11 @@ class Report:
     self._skipped = broken_records.Count(saved["skipped_examples"])
     self._window = timing.Window(keys.batch_size, jax.device_count(),
                                  throughput.Throughput(
-                                     program.model, keys.image_size,
-                                     keys.batch_size,
-                                     keys.naflex.max_num_patches or None,
-                                     distill.flops_per_image(
-                                         run.parts.teacher),
-                                     run.packing.slots if run.packing
-                                     else 1))
+                                     run.parts.objective.flops_per_image(
+                                         keys.image_size,
+                                         keys.naflex.max_num_patches or None,
+                                         run.packing.slots if run.packing
+                                         else 1), keys.batch_size))
     self._row = {}
     self.last = {}
     parameter_overview.log_parameter_overview(

@@ -4,5 +4,6 @@ as numpy; PyTorch pickles are refused.
 
 files.py holds what the families share (safetensors and config I/O, the
 write checks), layouts.py the key names and array conversions; hf.py,
-timm.py and eva.py read and write a family each.
+timm.py, eva.py and mae.py (masked autoencoders) read and write a family
+each.
 """

@@ -6,8 +6,10 @@ Read: a `ViTModel` (its pooler is the pre-logits layer) or a
 (`SiglipVisionModel`, `Siglip2VisionModel`, or the image tower of a
 two-tower `SiglipModel`), a DINOv2 (`Dinov2Model`,
 `Dinov2WithRegistersModel`; no classification head) or a DINOv3
-(`DINOv3ViTModel`). The architecture, the function (LayerNorm epsilon,
-GELU) and the class names come from `config.json`.
+(`DINOv3ViTModel`), or the encoder of a masked autoencoder
+(`ViTMAEForPreTraining`, its decoder left out; `ViTMAEModel`; mae.py reads
+both halves). The architecture, the function (LayerNorm epsilon, GELU)
+and the class names come from `config.json`.
 
 Written: a ViTForImageClassification, a Siglip2VisionModel (a SigLIP-style
 tower) or a DINOv3ViTModel (a model with 2-D RoPE).
@@ -47,6 +49,7 @@ def is_hf_dir(path):
 # silent). A two-tower SigLIP's image tower has its own `vision_config`.
 HF_FAMILIES = {
     "vit": ("vit", 1e-12, "gelu"),
+    "vit_mae": ("vit", 1e-12, "gelu"),  # Its encoder (mae.py: the whole).
     "deit": ("deit", 1e-12, "gelu"),
     "siglip_vision_model": ("siglip", 1e-6, "gelu_pytorch_tanh"),
     "siglip": ("siglip", 1e-6, "gelu_pytorch_tanh"),
@@ -126,11 +129,11 @@ def read_hf(directory):
   token read as a register), a SigLIP or SigLIP 2 vision tower (alone or
   a two-tower model's), a DINOv2, with or without registers, or a
   DINOv3."""
-  model = _hf_model(directory)
+  model, tensors = read_tensors(directory)
   config = model.config
-  tensors = {}
-  for path in _hf_weight_files(directory):
-    tensors.update(files.read_safetensors(path))
+  if config.get("model_type") == "vit_mae":  # The encoder alone.
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(
+        "decoder.")}
   if model.family in ("vit", "deit"):
     prefix = f"{model.family}."
     if not any(k.startswith(prefix) for k in tensors):
@@ -182,6 +185,16 @@ def read_hf(directory):
                   else max(image_size))
   return files.Read(flat, model.function, names, image_size,
                     hf_normalization(directory, model.family))
+
+
+def read_tensors(directory):
+  """(what config.json says of the model, {name: numpy array} of every
+  tensor of its weight files) of an HF directory."""
+  model = _hf_model(directory)
+  tensors = {}
+  for path in _hf_weight_files(directory):
+    tensors.update(files.read_safetensors(path))
+  return model, tensors
 
 
 def _deit_heads(tensors):

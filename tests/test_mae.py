@@ -1,0 +1,201 @@
+"""Masked autoencoders (config.objective "mae") on the shared step: what they
+learn, where their masks come from, what they cost, how they resume, and
+the objective seam they stand on. Interchange with transformers:
+tests/test_mae_interchange.py."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.util import (
+  latest_checkpoint,
+  logged,
+  program_of,
+  run_training,
+  sigterm_at_step,
+  small_config,
+  train_steps,
+)
+from vit_jax import errors, sharding
+from vit_jax.models import config as config_lib, flops, mae
+from vit_jax.runs import settings
+from vit_jax.training import objectives, resolve
+from vit_jax.training.objectives import mae as mae_objective
+
+# The digits model with a small decoder; the held-out reconstruction loss
+# and 10-shot features evaluated at steps 12 and 24.
+MAE = {"objective": "mae", "model.posemb": "sincos2d",
+       "mae.decoder_hidden_size": 32, "mae.decoder_num_layers": 1,
+       "mae.decoder_num_heads": 4, "mae.decoder_mlp_dim": 64,
+       "total_steps": 24, "log_every": 1, "checkpoint_every": 12,
+       "optimizer.learning_rate": 1e-3,
+       "evaluators": {
+           "test": {"kind": "loss", "every": 12, "split": "test"},
+           "fewshot": {"kind": "fewshot", "every": 12, "shots": (10,),
+                       "datasets": {"digits": ("train", "test")}}}}
+
+
+def test_config_objective_offers_every_objective_and_only_those():
+  field = {f.name: f for f in dataclasses.fields(settings.Settings)}[
+      "objective"]
+  assert set(field.metadata["choices"]) == set(objectives.REGISTRY)
+  for name, objective in objectives.REGISTRY.items():
+    assert objective.name == name
+
+
+@pytest.fixture(scope="module")
+def mae_run(digits_data_dir, tmp_path_factory):
+  config = small_config(digits_data_dir, **MAE)
+  workdir = str(tmp_path_factory.mktemp("mae"))
+  last = run_training(config, workdir)
+  return config, workdir, last
+
+
+def test_an_mae_run_learns_to_reconstruct_without_labels(mae_run):
+  config, workdir, last = mae_run
+  losses = logged(workdir)
+  assert sorted(losses) == list(range(1, 25))
+  assert losses[24] < losses[1] / 2, losses
+  held_out = logged(workdir, "test_loss")
+  assert sorted(held_out) == [12, 24] and held_out[24] < held_out[12]
+  assert last["test_examples"] == 360
+  # The encoder's class token, read by a ridge regression from 10 labels
+  # a class, beats chance (0.1) by far after 24 steps.
+  assert last["fewshot/digits_10shot"] > 0.3
+
+
+def test_reconstruct_reads_an_mae_runs_workdir(mae_run):
+  """What a user compares with another library: the run's masked
+  autoencoder on given images and noise, its held-out loss's function."""
+  config, workdir, _ = mae_run
+  images = np.random.default_rng(0).uniform(-1, 1, (2, 8, 8, 3)).astype(
+      np.float32)
+  noise = np.random.default_rng(1).random((2, 16)).astype(np.float32)
+  loss, reconstructions, removed = mae_objective.reconstruct(
+      workdir, images, noise)
+  assert reconstructions.shape == (2, 16, 2 * 2 * 3)
+  np.testing.assert_array_equal(removed.sum(axis=1), [12, 12])
+  # The 4 patches of the smallest noise are the ones kept.
+  np.testing.assert_array_equal(
+      np.sort(np.argsort(noise, axis=1)[:, :4], axis=1),
+      np.sort(np.nonzero(np.asarray(removed) == 0)[1].reshape(2, 4), axis=1))
+  keys = settings.of(config)
+  _, params, _ = latest_checkpoint(workdir, config)
+  expected, _, _ = mae_objective.reconstruct_with(
+      mae_objective.model_of(keys), params, images, noise, True)
+  assert float(loss) == float(expected) and 0 < float(loss) < 2
+  with pytest.raises(errors.InputError, match="neither a workdir"):
+    mae_objective.reconstruct(str(config.data_dir), images, noise)
+
+
+def test_an_mae_run_stopped_by_sigterm_resumes_bitwise(
+    mae_run, tmp_path, monkeypatch):
+  config, straight, _ = mae_run
+  resumed = str(tmp_path)
+  with monkeypatch.context() as patch:
+    sigterm_at_step(patch, 7)
+    stopped = run_training(config, resumed)
+  assert stopped["stopped_at_step"] == 7
+  run_training(config, resumed)
+  step_a, expected, _ = latest_checkpoint(straight, config)
+  step_b, params, _ = latest_checkpoint(resumed, config)
+  assert step_a == step_b == 24
+  jax.tree.map(np.testing.assert_array_equal, params, expected)
+  assert logged(resumed) == logged(straight)
+  assert logged(resumed, "test_loss") == logged(straight, "test_loss")
+
+
+def first_losses(config, devices, num_steps=3):
+  mesh = sharding.make_mesh(config.mesh, devices=devices)
+  program = program_of(config, mesh=mesh)
+  state = program.init(jax.random.key(config.seed))
+  return train_steps(program, state, config, num_steps)
+
+
+def test_masks_follow_the_example_not_the_mesh_or_the_micro_batches(
+    digits_data_dir):
+  """Each image's mask is drawn from (seed, step, its row of the global
+  batch): on one device, on data 2 x fsdp 2 x model 2, and in 4
+  micro-batches, the losses are the same up to float rounding (without
+  dropout, whose draws are the micro-batch's)."""
+  no_dropout = {**MAE, "model.dropout_rate": 0.0}
+  one, state_one = first_losses(
+      small_config(digits_data_dir, **no_dropout,
+                   mesh=dict(data=1, fsdp=1, model=1)), jax.devices()[:1])
+  split, state_split = first_losses(
+      small_config(digits_data_dir, **no_dropout,
+                   mesh=dict(data=2, fsdp=2, model=2)), jax.devices())
+  micro, _ = first_losses(
+      small_config(digits_data_dir, **no_dropout, accum_steps=4),
+      jax.devices())
+  assert one[-1] < one[0]
+  np.testing.assert_allclose(split, one, rtol=1e-5)
+  np.testing.assert_allclose(micro, one, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
+               state_split.params, state_one.params)
+  # The decoder's kernels are split over the model axis as the encoder's.
+  kernel = state_split.params["decoder"]["embed"]["kernel"]
+  assert kernel.sharding.spec == jax.P("fsdp", "model")
+
+
+def test_the_noise_of_a_row_does_not_depend_on_the_batch_it_is_in():
+  keys = settings.of(small_config("", **MAE))
+  objective = objectives.of(keys)(keys, 10)
+  images = jnp.zeros((8, 8, 8, 3), jnp.uint8)
+  whole = objective.noise(images, 5)
+  assert whole.shape == (8, 16)
+  np.testing.assert_array_equal(objective.noise(images[:3], 5), whole[:3])
+  assert not np.array_equal(objective.noise(images, 6), whole)
+  # A quarter of each image's patches are kept: 4 of 16.
+  removed = mae.removed_mask(mae.kept(whole, 4), 16)
+  np.testing.assert_array_equal(removed.sum(axis=1), 12)
+
+
+def xla_flops(model, images, noise):
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), images,
+                                             train=False))["params"]
+  forward = jax.jit(lambda p, x, n: model.apply({"params": p}, x,
+                                                train=False, noise=n))
+  cost = forward.lower(params, images, noise).compile().cost_analysis()
+  return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+
+def test_the_encoder_costs_the_kept_patches_only():
+  """The analytic count (MFU, the plan) agrees with XLA's: the encoder's
+  blocks at a quarter of the tokens, the decoder at all of them."""
+  encoder = config_lib.ViTConfig(patch_size=16, hidden_size=192,
+                                 num_layers=12, num_heads=3, mlp_dim=768,
+                                 posemb="sincos2d")
+  model = mae.MaskedAutoencoder(
+      encoder, mae.decoder_config(encoder, mae.DecoderSizes(128, 2, 4, 512)))
+  images = jnp.zeros((1, 224, 224, 3), jnp.float32)
+  noise = jnp.zeros((1, 196), jnp.float32)
+  analytic = flops.flops_per_image(model, 224)
+  assert analytic == pytest.approx(xla_flops(model, images, noise), rel=0.05)
+  # Less than half of the whole encoder's on every patch.
+  whole = flops.flops_per_image(dataclasses.replace(
+      model, mask_ratio=1e-9), 224)
+  assert analytic < 0.5 * whole
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model.mpp": True}, "config.model.mpp=True does not apply to "
+     "config.objective='mae'"),
+    ({"mixup.prob": 0.5}, "config.mixup.prob=0.5 does not apply"),
+    ({"mae.mask_ratio": 0.0}, "config.mae.mask_ratio must be in (0, 1)"),
+    ({"mae.decoder_num_heads": 5}, "decoder_num_heads=5 does not divide"),
+    ({"evaluators.test.kind": "accuracy"},
+     "config.evaluators.test: a 'accuracy' evaluator does not apply to "
+     "config.objective='mae', which takes ['loss', 'fewshot']"),
+    ({"objective": "dino"}, "config.objective must be one of "
+     "['classification', 'mae'], got 'dino'"),
+])
+def test_what_mae_cannot_do_is_refused_naming_the_key(overrides, message):
+  config = small_config("", **MAE)
+  config.update_from_flattened_dict(overrides)
+  with pytest.raises(errors.ConfigError) as raised:
+    resolve.program(settings.of(config), num_classes=10)
+  assert message in str(raised.value)

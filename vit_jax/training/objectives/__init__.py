@@ -1,0 +1,13 @@
+"""Training objectives (base.py says what one is): config.objective names
+one of REGISTRY; runs/settings.py's choices list the same names
+(tests/test_objectives.py)."""
+
+from vit_jax.training.objectives import classification, mae
+
+REGISTRY = {"classification": classification.Classification,
+            "mae": mae.MaskedAutoencoding}
+
+
+def of(keys):
+  """The objective class that a run's Settings `keys` name."""
+  return REGISTRY[keys.objective]

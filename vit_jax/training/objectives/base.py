@@ -1,0 +1,131 @@
+"""What a training objective is: the seam between the shared step and
+what a run learns.
+
+The step (training/step.py) owns what every run does alike: the train
+state, the micro-batches, the optimizer, the Polyak average, the
+shardings, and the loop, the checkpoints, preemption, goodput and the
+planner around it. An objective owns what differs, each in a module of its
+own under training/objectives/, and says it through these methods:
+
+  model                 the flax Module whose params the state trains
+  init_params(rng, s)   fresh params, from images of side s
+  prepare(batch, step)  inside the step, on the whole global batch, before
+                        it is split into micro-batches: the model's inputs
+                        and the loss's targets (labels smoothed and mixed;
+                        masks drawn), each a row per example, and "mask"
+                        (1 for an example that counts)
+  teach(frozen, micro)  the micro-batch with what the objective's frozen
+                        inputs (a teacher's params, placed over the mesh)
+                        make of it, outside the gradient
+  loss(params, micro, weights, key)
+                        (the loss, {name: a part of it}), each a sum over
+                        the micro-batch's examples weighed by `weights`
+                        (1 / the batch's count each), so that the step adds
+                        micro-batches up to the batch's mean; `key` draws
+                        the dropout
+  flops_per_image(...)  a training step's FLOPs per image (MFU, the plan)
+  held_out(params, batch)
+                        each example's loss [N] on held-out data (the
+                        "loss" evaluator), where it has one
+  features(params, images)
+                        [N, D]: what the few-shot evaluator fits a ridge
+                        regression on
+  evaluator_kinds       the evaluator kinds (training/evaluators) whose
+                        numbers mean something for it
+
+and, before a run is built, as class methods on its Settings:
+
+  check(keys)           ConfigErrors of its own keys, naming each
+  paths(keys)           ((path, its key), ...) that it reads
+  pinned(keys, recorded) keys with a hub name it reads made a commit
+  load(keys)            its frozen inputs (a teacher), read once, or None:
+                        something with on_mesh(mesh, fsdp_min_bytes) giving
+                        (shapes, shardings, params()) over the run's mesh
+
+config.objective names one (objectives.REGISTRY). A new one is a module
+here, a line in REGISTRY and in runs/settings.py's choices, and its
+section of config keys; docs/design.md tells the steps.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax import errors, models
+from vit_jax.models import flops
+
+
+class Objective:
+  """The defaults every objective shares; see the module docstring."""
+
+  name = ""  # config.objective's value
+
+  evaluator_kinds = ("accuracy", "real", "fewshot")  # what check_run allows
+  frozen = None  # what `load` read, where it reads anything
+
+  def __init__(self, model, seed):
+    self.model = model
+    self.seed = seed
+
+  @classmethod
+  def check(cls, keys):
+    del keys
+
+  @classmethod
+  def paths(cls, keys):
+    del keys
+    return ()
+
+  @classmethod
+  def pinned(cls, keys, recorded=None):
+    del recorded
+    return keys
+
+  @classmethod
+  def load(cls, keys):
+    del keys
+    return None
+
+  @classmethod
+  def reads_labels(cls, keys):
+    """Whether it learns from the dataset's labels."""
+    del keys
+    return True
+
+  def check_run(self, keys, evaluations):
+    """ConfigErrors of what the built model and the evaluators allow: an
+    evaluator of a kind whose numbers mean nothing for it."""
+    del keys
+    for evaluation in evaluations:
+      if evaluation.kind not in self.evaluator_kinds:
+        raise errors.ConfigError(
+            f"config.evaluators.{evaluation.name}: a {evaluation.kind!r} "
+            f"evaluator does not apply to config.objective="
+            f"{self.name!r}, which takes {list(self.evaluator_kinds)}; "
+            f"or set its `every` to 0")
+
+  def held_out(self, params, batch):
+    """Each example's loss [N] on a held-out batch (evaluators/loss.py),
+    where the objective has one apart from its labels."""
+    raise NotImplementedError
+
+  def init_params(self, rng, image_size):
+    images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+    return self.model.init(rng, images, train=False)["params"]
+
+  def stream(self, tag, step):
+    """A key of its own for draws `tag` at `step`: a stream apart from the
+    dropout's and every other objective's draws."""
+    return jax.random.fold_in(
+        jax.random.fold_in(jax.random.key(self.seed), tag), step)
+
+  def features(self, params, images):
+    """What the head reads (the pre-logits), for a classifier."""
+    return models.logits_and_pre_logits(self.model, params, images)[1]
+
+  def teach(self, frozen, micro):
+    del frozen
+    return micro
+
+  def flops_per_image(self, image_size, num_patches=None, slots=1):
+    return flops.flops_per_image(self.model, image_size, train=True,
+                                 num_patches=num_patches, slots=slots)
