@@ -13,7 +13,11 @@ Claims (--claims, comma-separated; default all):
              train the same model from scratch (configs/digits_transfer.py);
   distill    a student of half the width from that run (configs/distill/
              digits.py), soft and DeiT's, against the same student from the
-             labels alone.
+             labels alone;
+  mae        `make mae`: a masked autoencoder pre-trained without labels,
+             fine-tuned from 10 labels a digit, against the same fine-tuning
+             from scratch (configs/mae/digits.py), and the pre-training's
+             first and last training loss.
 The regularisation claim has its own benchmark, benchmarks/regularisation.py.
 
 Each command runs in a process of its own (`python -m vit_jax.main ...`),
@@ -32,7 +36,7 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLAIMS = ("digits", "finetune", "transfer", "distill")
+CLAIMS = ("digits", "finetune", "transfer", "distill", "mae")
 
 
 def main_run(workdir, config, *overrides):
@@ -93,6 +97,21 @@ def measure(claims, seed, scratch):
     got["distill_deit"] = accuracy(main_run(
         os.path.join(here, "deit"), "configs/distill/digits.py:deit", seeded,
         teacher))
+  if "mae" in claims:
+    for stage in ("pretrain", "finetune", "scratch"):
+      rows = main_run(
+          os.path.join(here, "mae", stage), f"configs/mae/digits.py:{stage}",
+          seeded,
+          *([f"--config.init_from={os.path.join(here, 'mae', 'pretrain')}"]
+            if stage == "finetune" else []))
+      if stage == "pretrain":
+        losses = [row["train_loss"] for row in rows if "train_loss" in row]
+        got.update(mae_first_loss=losses[0], mae_last_loss=losses[-1],
+                   mae_fewshot=[row for row in rows if
+                                "fewshot/digits_10shot" in row][-1][
+                                    "fewshot/digits_10shot"])
+      else:
+        got[f"mae_{stage}"] = accuracy(rows)
   return got
 
 
@@ -121,6 +140,10 @@ def main():
       gaps = [r[f"distill_{kind}"] - r["distill_labels"] for r in results]
       print(f"distill {kind} minus labels alone: "
             + " ".join(f"{g:+.4f}" for g in gaps))
+  if "mae" in claims:
+    gaps = [r["mae_finetune"] - r["mae_scratch"] for r in results]
+    print(f"mae: fine-tune minus scratch, smallest {min(gaps):+.4f}, mean "
+          f"{statistics.mean(gaps):+.4f}")
   print(f"runs in {scratch}")
 
 

@@ -308,6 +308,16 @@ def test_inception_crop_samples_large_enough_regions():
     assert 3 / 4 - 0.05 <= width / height <= 4 / 3 + 0.05
 
 
+def test_mae_crop_takes_a_fifth_of_the_image_at_least():
+  image = tf.zeros((224, 224, 3))
+  areas = []
+  for seed in range(40):
+    height, width, _ = preprocess.mae_crop(image, tf.constant([seed, 0])).shape
+    areas.append(height * width / 224**2)
+  # The area drawn from [0.2, 1], then rounded to whole pixels.
+  assert 0.19 <= min(areas) < 0.4 and max(areas) <= 1
+
+
 def test_inception_crop_batches_have_the_image_size(digits_data_dir):
   batch, = train_batches(digits_data_dir, 1, image_size=16,
                          augment=("inception_crop", "flip"))
@@ -584,7 +594,7 @@ def test_a_png_is_decoded_whole_then_cropped(channels):
 @pytest.mark.parametrize("names", [
     ("inception_crop", "flip"), ("inception_crop",),
     ("inception_crop", "shift", "flip"), ("flip", "inception_crop"),
-    ("random_crop", "flip"), ()])
+    ("random_crop", "flip"), ("mae_crop", "flip"), ()])
 def test_decode_and_augment_is_decode_then_augment_image(names):
   """In tf.data's graph mode too, where the crop is decoded first."""
   jpeg = encoded_jpeg(*JPEG_CASES[1])

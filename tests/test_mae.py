@@ -4,6 +4,7 @@ the objective seam they stand on. Interchange with transformers:
 tests/test_mae_interchange.py."""
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.util import (
+  call_tool,
   latest_checkpoint,
   logged,
   program_of,
@@ -20,6 +22,7 @@ from tests.util import (
   train_steps,
 )
 from vit_jax import errors, sharding
+from vit_jax.analysis import reconstructions
 from vit_jax.models import config as config_lib, flops, mae
 from vit_jax.runs import settings
 from vit_jax.training import objectives, resolve
@@ -89,6 +92,47 @@ def test_reconstruct_reads_an_mae_runs_workdir(mae_run):
   assert float(loss) == float(expected) and 0 < float(loss) < 2
   with pytest.raises(errors.InputError, match="neither a workdir"):
     mae_objective.reconstruct(str(config.data_dir), images, noise)
+
+
+def test_the_figures_of_an_mae_run_show_its_reconstructions(mae_run,
+                                                           tmp_path):
+  config, workdir, _ = mae_run
+  out = str(tmp_path / "figures")
+  status, _, stderr = call_tool("figures", f"--workdir={workdir}",
+                                f"--data_dir={config.data_dir}",
+                                f"--out={out}", "--num_images=8")
+  assert status == 0, stderr[-3000:]
+  assert os.path.getsize(os.path.join(out, "reconstructions.png")) > 0
+  images = np.random.default_rng(0).integers(0, 256, (3, 8, 8, 3),
+                                             dtype=np.uint8)
+  pictures, losses = reconstructions.of_run(workdir, images)
+  assert pictures.shape == (4, 3, 8, 8, 3) and losses.shape == (3,)
+  np.testing.assert_array_equal(pictures[0], images)
+  # Where a patch is visible, the pasted picture is the image's own.
+  visible = pictures[1] != 128
+  np.testing.assert_array_equal(pictures[3][visible], images[visible])
+  assert 0.2 < visible.mean() < 0.3  # A quarter of the patches, about.
+
+
+def test_an_mae_run_exports_as_transformers_vitmae(mae_run, tmp_path):
+  """`export --format=hf` of an MAE run: a ViTMAEForPreTraining directory
+  (weights/pytorch/mae.py; its layout proven against transformers' own
+  files in tests/test_mae_interchange.py) that computes as the run does."""
+  _, workdir, _ = mae_run
+  out = str(tmp_path / "vit-mae")
+  status, stdout, stderr = call_tool("export", f"--workdir={workdir}",
+                                     f"--out={out}", "--format=hf")
+  assert status == 0, stderr[-3000:]
+  assert "transformers.ViTMAEForPreTraining" in stdout
+  images = np.random.default_rng(2).uniform(-1, 1, (2, 8, 8, 3)).astype(
+      np.float32)
+  noise = np.random.default_rng(3).random((2, 16)).astype(np.float32)
+  theirs = mae_objective.reconstruct(out, images, noise)
+  ours = mae_objective.reconstruct(workdir, images, noise)
+  # Our fixed tables are computed in float32 at each kept patch; the file's
+  # were computed in float64: a few 1e-7 apart.
+  np.testing.assert_allclose(theirs[1], ours[1], rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(theirs[2], ours[2])
 
 
 def test_an_mae_run_stopped_by_sigterm_resumes_bitwise(

@@ -19,6 +19,9 @@ and a run's training curves. Writes PNGs into --out (default DIR/figures):
                                of the distances
   training_curves.png          loss, learning rate, accuracy, throughput and
                                core-days from a run's metrics.jsonl
+  reconstructions.png          a masked autoencoder's run (objective mae):
+                               images, their visible patches and the
+                               decoder's reconstruction of the rest
 
 The attention figures look at --images, or else the first images of a
 dataset split (--dataset, default the run's dataset; --split): square at

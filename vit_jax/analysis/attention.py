@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from vit_jax import errors, models, paths
-from vit_jax.analysis import classify, plots
+from vit_jax.analysis import classify, plots, reconstructions
 from vit_jax.data import image_files as images_lib
 from vit_jax.models import naflex, positions, tokens as tokens_lib
 from vit_jax.runs import writers
@@ -294,6 +294,11 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
   if workdir:
     plots.training_curves(writers.read_rows(workdir), workdir,
                             path("training_curves.png"))
+  if workdir and reconstructions.is_mae_run(workdir) and not isinstance(
+      images, naflex.Patches):
+    shown, losses = reconstructions.of_run(
+        workdir, np.stack(pictures(model, images)[:rollout_images]))
+    plots.reconstructions(shown, losses, title, path("reconstructions.png"))
   return written
 
 

@@ -135,6 +135,28 @@ def attention_rollout(images, maps, captions, title, path, labelled=False):
   _save(figure, path)
 
 
+def reconstructions(pictures, losses, title, path):
+  """A masked autoencoder's work (analysis/reconstructions.py): pictures
+  [4, N, H, W, 3] uint8, a row each (the images, their visible patches,
+  the reconstruction, it with the visible patches), and each image's
+  reconstruction loss over its removed patches above it."""
+  count = pictures.shape[1]
+  figure, axes = _subplots(4, count, figsize=(1.5 * count + 0.2, 6.4),
+                           squeeze=False, layout="constrained")
+  for row, name in enumerate(("Input", "Visible", "Reconstruction",
+                              "Reconstruction\n+ visible")):
+    for i in range(count):
+      axes[row, i].imshow(pictures[row, i], interpolation="nearest")
+      axes[row, i].set_xticks([])
+      axes[row, i].set_yticks([])
+    axes[row, 0].set_ylabel(name, fontsize=8)
+  for i in range(count):
+    axes[0, i].set_title(f"loss {losses[i]:.3f}", fontsize=7)
+  figure.suptitle(f"Masked autoencoder: held-out images; above each, the "
+                  f"loss on its removed patches\n{title}", fontsize=9)
+  _save(figure, path)
+
+
 def _upsample(grid_map, shape):
   """Bilinear upsampling of a [rows, cols] map to `shape` (height, width),
   sampling the pixel centres."""

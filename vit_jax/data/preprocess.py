@@ -20,6 +20,8 @@ applied in the order given, to the decoded image, before the final resize:
   inception_crop  random crop of 5%-100% of the area with aspect ratio in
                   [3/4, 4/3], as in ImageNet training; the resize that follows
                   brings it to the model's image size.
+  mae_crop        the same of 20%-100% of the area: masked autoencoders'
+                  pre-training crops (He et al. 2022).
   random_crop     the released fine-tuning recipe: resize to a square of
                   round(image_size * 7 / 6) (448 for 384), then a random
                   image_size x image_size crop, so the final resize is a no-op.
@@ -51,6 +53,7 @@ from vit_jax.models import naflex
 
 SHIFT_DIVISOR = 8  # "shift" moves by at most ceil(side / SHIFT_DIVISOR).
 INCEPTION_AREA_RANGE = (0.05, 1.0)
+MAE_AREA_RANGE = (0.2, 1.0)
 INCEPTION_ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
 # "random_crop" resizes to RANDOM_CROP_RESIZE_FACTOR * image_size, then crops.
 RANDOM_CROP_RESIZE_FACTOR = 7 / 6  # 448 -> 384, as in the released recipe.
@@ -201,12 +204,22 @@ def shift(image, seed):
   return tf.image.stateless_random_crop(padded, shape, seed)
 
 
-def inception_crop(image, seed):
-  begin, size = _inception_window(tf.shape(image), seed)
+def inception_crop(image, seed, area_range=INCEPTION_AREA_RANGE):
+  begin, size = _inception_window(tf.shape(image), seed, area_range)
   return tf.slice(image, begin, size)
 
 
-def _inception_window(shape, seed):
+def mae_crop(image, seed):
+  return inception_crop(image, seed, MAE_AREA_RANGE)
+
+
+# The crops whose window a JPEG's header gives (decode_and_augment), by the
+# share of the area they take.
+AREA_CROPS = {"inception_crop": INCEPTION_AREA_RANGE,
+              "mae_crop": MAE_AREA_RANGE}
+
+
+def _inception_window(shape, seed, area_range=INCEPTION_AREA_RANGE):
   """(begin, size) of inception_crop: [top, left, 0], [height, width, -1].
 
   Depends on the image's height and width (shape[:2]) only.
@@ -217,7 +230,7 @@ def _inception_window(shape, seed):
       seed=seed,
       min_object_covered=0.0,
       aspect_ratio_range=INCEPTION_ASPECT_RATIO_RANGE,
-      area_range=INCEPTION_AREA_RANGE,
+      area_range=area_range,
       use_image_if_no_bounding_boxes=True)
   return begin, size
 
@@ -230,7 +243,7 @@ def _inception_window(shape, seed):
 JPEG_CROP_MARGIN = 2
 
 
-def decode_and_inception_crop(encoded, seed):
+def decode_and_inception_crop(encoded, seed, area_range=INCEPTION_AREA_RANGE):
   """inception_crop(decode(encoded), seed), decoding only the crop of a JPEG.
 
   The crop window needs only the image's height and width, which a JPEG's
@@ -240,13 +253,13 @@ def decode_and_inception_crop(encoded, seed):
   formats (PNG) are decoded whole, then cropped.
   """
   return tf.cond(tf.io.is_jpeg(encoded),
-                 lambda: _decode_jpeg_window(encoded, seed),
-                 lambda: inception_crop(decode(encoded), seed))
+                 lambda: _decode_jpeg_window(encoded, seed, area_range),
+                 lambda: inception_crop(decode(encoded), seed, area_range))
 
 
-def _decode_jpeg_window(encoded, seed):
+def _decode_jpeg_window(encoded, seed, area_range):
   shape = tf.io.extract_jpeg_shape(encoded)  # [height, width, channels]
-  begin, size = _inception_window(shape, seed)
+  begin, size = _inception_window(shape, seed, area_range)
   start = tf.maximum(begin[:2] - JPEG_CROP_MARGIN, 0)
   end = tf.minimum(begin[:2] + size[:2] + JPEG_CROP_MARGIN, shape[:2])
   window = tf.io.decode_and_crop_jpeg(
@@ -271,6 +284,7 @@ AUGMENTATIONS = {
     "flip": _ignoring_image_size(flip),
     "shift": _ignoring_image_size(shift),
     "inception_crop": _ignoring_image_size(inception_crop),
+    "mae_crop": _ignoring_image_size(mae_crop),
     "random_crop": random_crop,
 }
 
@@ -319,13 +333,14 @@ def augment_image(image, names, seed, image_size, done=0):
 def decode_and_augment(encoded, names, seed, image_size):
   """augment_image(decode(encoded), names, seed, image_size), the same pixels.
 
-  When "inception_crop" comes first, only its crop of a JPEG is decoded
-  (decode_and_inception_crop), with the seed augment_image would give it.
+  When "inception_crop" or "mae_crop" comes first, only its crop of a JPEG
+  is decoded (decode_and_inception_crop), with the seed augment_image would
+  give it.
   """
-  if names[:1] != ("inception_crop",):
+  if not names or names[0] not in AREA_CROPS:
     return augment_image(decode(encoded), names, seed, image_size)
   crop_seed = tf.random.experimental.stateless_split(seed, num=len(names))[0]
-  image = decode_and_inception_crop(encoded, crop_seed)
+  image = decode_and_inception_crop(encoded, crop_seed, AREA_CROPS[names[0]])
   return augment_image(image, names, seed, image_size, done=1)
 
 

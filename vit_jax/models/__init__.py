@@ -8,7 +8,7 @@ import flax
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.models import config as config_lib, options
+from vit_jax.models import config as config_lib, mae as mae_lib, options
 from vit_jax.models.config import (
   CONFIG_FIELDS,
   POSEMB_2D_KEYS as POSEMB_2D_KEYS,  # Also read by weights/.
@@ -136,6 +136,20 @@ def create_from_settings(model, num_classes):
   if fields["attention"] == "auto":
     fields["attention"] = "einsum"
   return create(fields.pop("name"), num_classes, **fields)
+
+
+def masked_autoencoder_from_settings(model, mae):
+  """The MaskedAutoencoder (models/mae.py) of typed model settings (the
+  encoder's; its classifier head unused) and config.mae's (the mask ratio,
+  the decoder's sizes)."""
+  encoder = create_from_settings(model, 1).config
+  sizes = mae_lib.DecoderSizes(mae.decoder_hidden_size,
+                               mae.decoder_num_layers, mae.decoder_num_heads,
+                               mae.decoder_mlp_dim)
+  autoencoder = MaskedAutoencoder(
+      encoder, mae_lib.decoder_config(encoder, sizes), mae.mask_ratio)
+  autoencoder.check_options()
+  return autoencoder
 
 
 def architecture_of(flat):

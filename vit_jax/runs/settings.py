@@ -216,7 +216,7 @@ class Settings:
       changeable=True, before=RESOLVED)
   image_size: int = key(0, "the input resolution in pixels", at_least=1)
   augment: str = key("", "comma-separated: flip, shift, inception_crop, "
-                     "random_crop (resize to 7/6, crop back)")
+                     "mae_crop, random_crop (resize to 7/6, crop back)")
   randaugment: str = key("", "'N,M': N RandAugment ops an image at "
                          "magnitude M of 10, after the resize; '': none",
                          before=AS_DEFAULT)

@@ -20,7 +20,7 @@ from vit_jax.weights import (
   npz as npz_lib,
   pretrained,
 )
-from vit_jax.weights.pytorch import files, hf, timm
+from vit_jax.weights.pytorch import files, hf, mae as pytorch_mae, timm
 
 FORMATS = ("npz", "hf", "timm", "stablehlo", "onnx")
 # The ending of each format's file name, by which it is read back ("hf"
@@ -107,7 +107,12 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
       loaded.config.image_size if loaded.config else None)
   if format_ == "hf":
     kind, left_out = "ViTForImageClassification", ""
-    if loaded.function["rope"]:
+    if loaded.config is not None and loaded.config.objective == "mae":
+      kind = "ViTMAEForPreTraining"
+      pytorch_mae.write_mae(out, models.masked_autoencoder_from_settings(
+          loaded.config.model, loaded.config.mae), loaded.params,
+                            loaded.config.mae.norm_pix_loss, image_size)
+    elif loaded.function["rope"]:
       kind = "DINOv3ViTModel"
       classes = hf.write_dinov3(out, flat, loaded.function, image_size,
                                 loaded.what)

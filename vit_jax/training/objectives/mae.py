@@ -33,16 +33,8 @@ HELD_OUT_STEP = 2 ** 31 - 1
 
 def model_of(keys):
   """The MaskedAutoencoder of a run's Settings `keys`: config.model's
-  encoder (its classifier head unused) and config.mae's decoder."""
-  encoder = models.create_from_settings(keys.model, 1).config
-  mae = keys.mae
-  sizes = mae_lib.DecoderSizes(mae.decoder_hidden_size,
-                               mae.decoder_num_layers, mae.decoder_num_heads,
-                               mae.decoder_mlp_dim)
-  model = mae_lib.MaskedAutoencoder(
-      encoder, mae_lib.decoder_config(encoder, sizes), mae.mask_ratio)
-  model.check_options()
-  return model
+  encoder and config.mae's decoder."""
+  return models.masked_autoencoder_from_settings(keys.model, keys.mae)
 
 
 class MaskedAutoencoding(base.Objective):
