@@ -141,3 +141,64 @@ def test_plain_runs_two_steps_with_its_augmentations(tmp_path):
   result = run_training(config, str(tmp_path))
   assert {"minival_accuracy", "val_accuracy", "real_accuracy",
           "v2_accuracy"} <= set(result)
+
+
+# ceil(epochs * TRAIN_IMAGES / batch) of MAE's pre-training (4096) and
+# fine-tuning (1024) batches.
+MAE_STEPS = {("pretrain", 800): 247_726, ("pretrain", 1600): 495_452,
+             ("warmup", 40): 12_387, ("finetune", 100): 123_863,
+             ("finetune", 50): 61_932, ("finewarm", 5): 6_194}
+
+
+@pytest.mark.usefixtures("mock_tfds")
+@pytest.mark.parametrize("model", ["B/16", "L/16", "H/14"])
+def test_mae_configs_are_the_papers(model):
+  """configs/mae/imagenet.py: He et al.'s pre-training (appendix A.1) and
+  facebookresearch/mae's fine-tuning, at full size, passing every check."""
+  from configs import digits  # pylint: disable=g-import-not-at-top
+  from configs.mae import imagenet  # pylint: disable=g-import-not-at-top
+  config = imagenet.get_config(f"pretrain,{model},800")
+  assert flat_keys(config) == flat_keys(digits.get_config())
+  assert config.objective == "mae" and config.batch_size == 4096
+  assert config.total_steps == MAE_STEPS["pretrain", 800]
+  assert imagenet.get_config(f"pretrain,{model},1600").total_steps == (
+      MAE_STEPS["pretrain", 1600])
+  assert config.optimizer.to_dict() | {"momentum": None} == dict(
+      name="adam", learning_rate=pytest.approx(1.5e-4 * 4096 / 256),
+      warmup_steps=MAE_STEPS["warmup", 40], decay="cosine",
+      weight_decay=0.05, grad_clip_norm=0.0, b1=0.9, b2=0.95,
+      mu_dtype="float32", momentum=None, layer_decay=1.0, lr_mults=(),
+      frozen="")
+  assert config.mae.to_dict() == dict(
+      mask_ratio=0.75, norm_pix_loss=True, decoder_hidden_size=512,
+      decoder_num_layers=8, decoder_num_heads=16, decoder_mlp_dim=2048)
+  assert config.augment == "mae_crop,flip" and not config.randaugment
+  assert (config.model.posemb, config.model.gelu) == ("sincos2d", "exact")
+  check_config(config)
+  finetune = imagenet.get_config(f"finetune,{model}")
+  base_lr, layer_decay, epochs = {"B": (5e-4, 0.65, 100),
+                                  "L": (1e-3, 0.75, 50),
+                                  "H": (1e-3, 0.75, 50)}[model[0]]
+  assert finetune.objective == "classification"
+  assert finetune.total_steps == MAE_STEPS["finetune", epochs]
+  assert finetune.optimizer.learning_rate == pytest.approx(base_lr * 4)
+  assert finetune.optimizer.layer_decay == layer_decay
+  assert finetune.optimizer.warmup_steps == MAE_STEPS["finewarm", 5]
+  assert (finetune.label_smoothing, finetune.randaugment) == (0.1, "2,9")
+  assert finetune.mixup.to_dict() == dict(prob=0.5, alpha=0.8)
+  assert finetune.cutmix.to_dict() == dict(prob=0.5, alpha=1.0)
+  check_config(finetune)
+  with pytest.raises(ValueError, match="pretrain,MODEL,EPOCHS"):
+    imagenet.get_config(f"pretrain,{model},400")
+
+
+@pytest.mark.usefixtures("mock_tfds")
+def test_mae_pretraining_runs_two_steps_on_its_crops(tmp_path):
+  """mae_crop on JPEGs, the decoder at full size, the held-out loss on
+  minival, a tiny encoder."""
+  from configs.mae import imagenet  # pylint: disable=g-import-not-at-top
+  config = shrunk(imagenet.get_config("pretrain,B/16,800"), image_size=32)
+  for evaluator in config.evaluators.values():
+    evaluator.split = small_split(evaluator.split)
+  result = run_training(config, str(tmp_path))
+  assert result["minival_loss"] > 0
