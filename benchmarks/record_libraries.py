@@ -86,6 +86,11 @@ TIMM_FAMILIES = {
                              ("square", "wide")),
     "timm_eva_dinov3_swiglu": ("vit_huge_plus_patch16_dinov3", {},
                                ("square", "wide")),
+    # MAE's pre-trained encoder as timm gives it: the ".mae" tag's config
+    # (num_classes=0, over TIMM_SIZES' classes: no head; class token
+    # pooled, no fc_norm).
+    "timm_vit_mae_encoder": ("vit_base_patch16_224.mae", dict(num_classes=0),
+                             ("square",)),
 }
 HF_FAMILIES = ("hf_vit_classifier", "hf_vit_model_pooler",
                "hf_deit_with_teacher", "hf_dinov2", "hf_dinov2_registers",
@@ -189,28 +194,43 @@ def record_timm(family, out):
       os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
   model = model.double()
   inputs = images_for(family, shapes)
+  headless = model.num_classes == 0  # Its head an Identity: no logits.
   outputs = {}
   with torch.no_grad():
     for shape, images in inputs.items():
       x = to_torch(images)
       tokens = model.forward_features(x)
-      outputs[f"{shape}/logits"] = as_numpy(model.forward_head(tokens))
-      outputs[f"{shape}/features"] = as_numpy(
-          model.forward_head(tokens, pre_logits=True))
+      features = model.forward_head(tokens, pre_logits=True)
+      if headless:
+        pooled = model(x)
+        if not (torch.equal(pooled, model.forward_head(tokens)) and
+                torch.equal(pooled, features)):
+          raise RuntimeError(f"{family}: model(x) is not the pooled "
+                             "features")
+      else:
+        outputs[f"{shape}/logits"] = as_numpy(model.forward_head(tokens))
+      outputs[f"{shape}/features"] = as_numpy(features)
       outputs[f"{shape}/patch_tokens"] = as_numpy(
           tokens[:, model.num_prefix_tokens:])
   save_arrays(inputs, os.path.join(out, "inputs.safetensors"))
   save_arrays(outputs, os.path.join(out, "outputs.safetensors"))
+  described = {
+      "logits": "model.forward_head(model.forward_features(x))",
+      "features": "model.forward_head(model.forward_features(x), "
+                  "pre_logits=True)",
+      "patch_tokens": "model.forward_features(x)[:, "
+                      "model.num_prefix_tokens:]"}
+  if headless:
+    del described["logits"]
+    described["features"] = (
+        "model(x) = model.forward_head(model.forward_features(x)) (no "
+        "head: num_classes=0, an Identity; the same as with "
+        "pre_logits=True)")
   write_json({
       "library": "timm", "class": type(model).__name__,
       "create_model": name, "kwargs": kwargs, "num_heads": HEADS,
       "num_prefix_tokens": model.num_prefix_tokens,
-      "outputs": {
-          "logits": "model.forward_head(model.forward_features(x))",
-          "features": "model.forward_head(model.forward_features(x), "
-                      "pre_logits=True)",
-          "patch_tokens": "model.forward_features(x)[:, "
-                          "model.num_prefix_tokens:]"},
+      "outputs": described,
   }, os.path.join(out, "model.json"))
 
 

@@ -101,6 +101,13 @@ FAMILIES = {
                                    same_file=True),
     "timm_eva_dinov3_swiglu": Family("model.safetensors", "timm",
                                      same_file=True),
+    # MAE's pre-trained encoder ("vit_base_patch16_224.mae", num_classes=0):
+    # no head, so no logits; its features (model(x), the class token after
+    # the final norm) and patch tokens are compared. Like the DINOv2s,
+    # neither PyTorch layout that vit_jax writes holds a model without a
+    # head: timm's refuses it, naming why.
+    "timm_vit_mae_encoder": Family("model.safetensors", "timm",
+                                   refused="no classification head"),
     # transformers: save_pretrained writes the hub's names, which vit_jax
     # writes back.
     "hf_vit_classifier": Family("hf", "hf", same_file=True),

@@ -1,12 +1,13 @@
 """The training step, and the program of jitted functions a run is built of.
 
-`parts(settings, num_classes)` builds the objective (its model) and the
-optimizer, once
-per run (training/resolve.py keeps them in the Run); `build(settings,
-mesh, parts)` makes the train state's shapes and shardings from abstract values
-(nothing allocated or compiled), and jits `init` and `train_step` with
-explicit in and out shardings (sharding.py's rules table). The loop
-(loop.py) and the planner (vit_jax/planning) use the same program.
+`parts(settings, num_classes)` builds the objective (training/objectives/:
+what the run learns, with its model) and the optimizer, once per run
+(training/resolve.py keeps them in the Run); `build(settings, mesh, parts)`
+makes the train state's shapes and shardings from abstract values (nothing
+allocated or compiled), and jits `init` and `train_step` with explicit in
+and out shardings (sharding.py's rules table). The loop (loop.py) and the
+planner (vit_jax/planning) use the same program. Nothing here names an
+objective.
 """
 
 import functools
