@@ -5,11 +5,13 @@ of it lands on the local disk under a folder named `gs:`."""
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
 import unittest.mock
 
+import jax
 import numpy as np
 import pytest
 from etils import epath
@@ -143,11 +145,21 @@ def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
                      pretrained.load(local).params)
 
 
+# A masked autoencoder (config.objective "mae"): each image's mask is drawn
+# from its row of the global batch, whichever process reads it.
+MAE = {"objective": "mae", "model.posemb": "sincos2d",
+       "mae.decoder_hidden_size": 32, "mae.decoder_num_layers": 1,
+       "mae.decoder_num_heads": 4, "mae.decoder_mlp_dim": 64}
+
+
 @pytest.mark.processes(2)  # A pod of two.
 def test_a_pod_on_gcs_sets_a_damaged_checkpoint_aside(
-    gcs_bucket, digits_data_dir):
+    gcs_bucket, digits_data_dir, tmp_path):
+  """Both processes set it aside alike and resume from the step before;
+  the pod, a masked autoencoder's, then trains as one process does from
+  the same checkpoint."""
   workdir = f"{gcs_bucket}/runs/pod"
-  pod = {**RUN, "total_steps": 10, "optimizer.name": "sgd",
+  pod = {**RUN, **MAE, "total_steps": 10, "optimizer.name": "sgd",
          "optimizer.weight_decay": 0.0,
          "evaluators.test.every": 0}
   # Its first 10 steps from this process, on the pod's 8 devices and mesh
@@ -174,6 +186,26 @@ def test_a_pod_on_gcs_sets_a_damaged_checkpoint_aside(
              for name in stored(f"{workdir}/checkpoints"))
   assert max(logged(workdir)) == 12
   assert not os.path.exists(os.path.join(REPO, "gs:"))
+  # The same in this process: 10 steps, the 10th's checkpoint gone, resumed
+  # at step 5 to step 12.
+  local = str(tmp_path / "single")
+  run_training(small_config(digits_data_dir, **pod), local)
+  shutil.rmtree(os.path.join(local, "checkpoints", "10"))
+  config = small_config(digits_data_dir, **{**pod, "total_steps": 12})
+  run_training(config, local)
+  single, resumed = logged(local), logged(workdir)
+  steps = range(6, 13)
+  # Gloo sums the two processes' gradients in another order: float32
+  # rounding, as in tests/test_pod.py.
+  np.testing.assert_allclose([resumed[s] for s in steps],
+                             [single[s] for s in steps], rtol=1e-6)
+  assert single[12] < single[1]
+  _, pod_params, _ = latest_checkpoint(workdir, config)
+  _, single_params, _ = latest_checkpoint(local, config)
+  np.testing.assert_allclose(
+      np.concatenate([x.ravel() for x in jax.tree.leaves(pod_params)]),
+      np.concatenate([x.ravel() for x in jax.tree.leaves(single_params)]),
+      rtol=1e-6, atol=5e-7)
 
 
 RACERS = 4

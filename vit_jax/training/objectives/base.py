@@ -32,6 +32,9 @@ own under training/objectives/, and says it through these methods:
                         regression on
   evaluator_kinds       the evaluator kinds (training/evaluators) whose
                         numbers mean something for it
+  check_run(keys, evaluations)
+                        ConfigErrors of what the built model and the
+                        evaluators allow (an evaluator of another kind)
 
 and, before a run is built, as class methods on its Settings:
 
@@ -41,6 +44,11 @@ and, before a run is built, as class methods on its Settings:
   load(keys)            its frozen inputs (a teacher), read once, or None:
                         something with on_mesh(mesh, fsdp_min_bytes) giving
                         (shapes, shardings, params()) over the run's mesh
+  reads_labels(keys)    whether it learns from the dataset's labels (a
+                        dataset of one class is refused where it does)
+
+What it does not say yet: state kept beside the params (an EMA teacher,
+running centres), which self-distillation will add to the train state.
 
 config.objective names one (objectives.REGISTRY). A new one is a module
 here, a line in REGISTRY and in runs/settings.py's choices, and its
