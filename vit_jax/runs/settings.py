@@ -30,7 +30,7 @@ from typing import Optional
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import options
+from vit_jax.models import mae as mae_lib, options
 from vit_jax.models.config import ViTConfig
 
 key = options.key
@@ -166,6 +166,9 @@ class Distill:
       "source says, else assumed", before=AS_DEFAULT)
 
 
+_DECODER = mae_lib.DecoderSizes()
+
+
 @dataclasses.dataclass(frozen=True)
 class MAE:
   """config.mae: masked autoencoders' pre-training (config.objective
@@ -174,14 +177,16 @@ class MAE:
                           at_least=0.0, below=1.0, before=AS_DEFAULT)
   norm_pix_loss: bool = key(True, "predict each patch's pixels normalised "
                             "by its own mean and variance", before=AS_DEFAULT)
-  decoder_hidden_size: int = key(512, "the decoder's width", at_least=1,
-                                 before=AS_DEFAULT)
-  decoder_num_layers: int = key(8, "the decoder's blocks", at_least=1,
-                                before=AS_DEFAULT)
-  decoder_num_heads: int = key(16, "the decoder's attention heads",
-                               at_least=1, before=AS_DEFAULT)
-  decoder_mlp_dim: int = key(2048, "the decoder's MLP width", at_least=1,
-                             before=AS_DEFAULT)
+  # The decoder's sizes at models/mae.py's defaults, declared there once.
+  decoder_hidden_size: int = key(_DECODER.hidden_size, "the decoder's width",
+                                 at_least=1, before=AS_DEFAULT)
+  decoder_num_layers: int = key(_DECODER.num_layers, "the decoder's blocks",
+                                at_least=1, before=AS_DEFAULT)
+  decoder_num_heads: int = key(_DECODER.num_heads,
+                               "the decoder's attention heads", at_least=1,
+                               before=AS_DEFAULT)
+  decoder_mlp_dim: int = key(_DECODER.mlp_dim, "the decoder's MLP width",
+                             at_least=1, before=AS_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True)
