@@ -34,7 +34,7 @@ train: $(VENV)/installed
 # failed would go on to the next (dash, /bin/sh on Debian, has no pipefail).
 transfer: SHELL := /bin/bash
 transfer: $(VENV)/installed
-	set -o pipefail; for run in pretrain finetune scratch; do \
+	set -o pipefail; for run in pretrain finetune scratch probe; do \
 	  $(PYTHON) -m vit_jax.main --config=configs/digits_transfer.py:$$run \
 	    --workdir=workdir/transfer/$$run | sed "s/^/$$run: /" || exit 1; \
 	done
@@ -44,7 +44,7 @@ transfer: $(VENV)/installed
 # (configs/mae/digits.py, docs/mae.md).
 mae: SHELL := /bin/bash
 mae: $(VENV)/installed
-	set -o pipefail; for run in pretrain finetune scratch; do \
+	set -o pipefail; for run in pretrain finetune scratch probe; do \
 	  $(PYTHON) -m vit_jax.main --config=configs/mae/digits.py:$$run \
 	    --workdir=workdir/mae/$$run | sed "s/^/$$run: /" || exit 1; \
 	done

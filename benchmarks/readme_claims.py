@@ -16,8 +16,9 @@ Claims (--claims, comma-separated; default all):
              labels alone;
   mae        `make mae`: a masked autoencoder pre-trained without labels,
              fine-tuned from 10 labels a digit, against the same fine-tuning
-             from scratch (configs/mae/digits.py), and the pre-training's
-             first and last training loss.
+             from scratch (configs/mae/digits.py), its linear probe from
+             every label, and the pre-training's first and last training
+             loss.
 The regularisation claim has its own benchmark, benchmarks/regularisation.py.
 
 Each command runs in a process of its own (`python -m vit_jax.main ...`),
@@ -80,12 +81,12 @@ def measure(claims, seed, scratch):
         "--config.optimizer.warmup_steps=10", "--config.total_steps=100",
         "--config.model.dropout_rate=0"))
   if "transfer" in claims:
-    for stage in ("pretrain", "finetune", "scratch"):
+    for stage in ("pretrain", "finetune", "scratch", "probe"):
       got[f"transfer_{stage}"] = accuracy(main_run(
           os.path.join(here, "transfer", stage),
           f"configs/digits_transfer.py:{stage}", seeded,
           *([f"--config.init_from={os.path.join(here, 'transfer', 'pretrain')}"]
-            if stage == "finetune" else [])))
+            if stage in ("finetune", "probe") else [])))
   if "distill" in claims:
     teacher = f"--config.distill.teacher={digits}"
     got["distill_labels"] = accuracy(main_run(
@@ -98,12 +99,12 @@ def measure(claims, seed, scratch):
         os.path.join(here, "deit"), "configs/distill/digits.py:deit", seeded,
         teacher))
   if "mae" in claims:
-    for stage in ("pretrain", "finetune", "scratch"):
+    for stage in ("pretrain", "finetune", "scratch", "probe"):
       rows = main_run(
           os.path.join(here, "mae", stage), f"configs/mae/digits.py:{stage}",
           seeded,
           *([f"--config.init_from={os.path.join(here, 'mae', 'pretrain')}"]
-            if stage == "finetune" else []))
+            if stage in ("finetune", "probe") else []))
       if stage == "pretrain":
         losses = [row["train_loss"] for row in rows if "train_loss" in row]
         got.update(mae_first_loss=losses[0], mae_last_loss=losses[-1],

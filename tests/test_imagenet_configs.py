@@ -147,14 +147,16 @@ def test_plain_runs_two_steps_with_its_augmentations(tmp_path):
 # fine-tuning (1024) batches.
 MAE_STEPS = {("pretrain", 800): 247_726, ("pretrain", 1600): 495_452,
              ("warmup", 40): 12_387, ("finetune", 100): 123_863,
-             ("finetune", 50): 61_932, ("finewarm", 5): 6_194}
+             ("finetune", 50): 61_932, ("finewarm", 5): 6_194,
+             ("probe", 90): 6_968, ("probewarm", 10): 775}
 
 
 @pytest.mark.usefixtures("mock_tfds")
 @pytest.mark.parametrize("model", ["B/16", "L/16", "H/14"])
 def test_mae_configs_are_the_papers(model):
-  """configs/mae/imagenet.py: He et al.'s pre-training (appendix A.1) and
-  facebookresearch/mae's fine-tuning, at full size, passing every check."""
+  """configs/mae/imagenet.py: He et al.'s pre-training (appendix A.1),
+  facebookresearch/mae's fine-tuning and its linear probe, at full size,
+  passing every check."""
   from configs import digits  # pylint: disable=g-import-not-at-top
   from configs.mae import imagenet  # pylint: disable=g-import-not-at-top
   config = imagenet.get_config(f"pretrain,{model},800")
@@ -176,9 +178,10 @@ def test_mae_configs_are_the_papers(model):
   assert (config.model.posemb, config.model.gelu) == ("sincos2d", "exact")
   check_config(config)
   finetune = imagenet.get_config(f"finetune,{model}")
-  base_lr, layer_decay, epochs = {"B": (5e-4, 0.65, 100),
-                                  "L": (1e-3, 0.75, 50),
-                                  "H": (1e-3, 0.75, 50)}[model[0]]
+  base_lr, layer_decay, drop_path, epochs = {"B": (5e-4, 0.65, 0.1, 100),
+                                             "L": (1e-3, 0.75, 0.2, 50),
+                                             "H": (1e-3, 0.75, 0.3, 50)}[
+                                                 model[0]]
   assert finetune.objective == "classification"
   assert finetune.total_steps == MAE_STEPS["finetune", epochs]
   assert finetune.optimizer.learning_rate == pytest.approx(base_lr * 4)
@@ -187,7 +190,21 @@ def test_mae_configs_are_the_papers(model):
   assert (finetune.label_smoothing, finetune.randaugment) == (0.1, "2,9")
   assert finetune.mixup.to_dict() == dict(prob=0.5, alpha=0.8)
   assert finetune.cutmix.to_dict() == dict(prob=0.5, alpha=1.0)
+  assert finetune.model.drop_path_rate == drop_path
+  assert finetune.random_erasing == 0.25
   check_config(finetune)
+  probe = imagenet.get_config(f"linprobe,{model}")
+  assert probe.objective == "linear_probe" and probe.batch_size == 16384
+  assert probe.total_steps == MAE_STEPS["probe", 90]
+  assert probe.optimizer.to_dict() | {"b1": None, "b2": None} == dict(
+      name="lars", learning_rate=pytest.approx(0.1 * 16384 / 256),
+      warmup_steps=MAE_STEPS["probewarm", 10], decay="cosine",
+      weight_decay=0.0, grad_clip_norm=0.0, b1=None, b2=None,
+      mu_dtype="float32", momentum=0.9, layer_decay=1.0, lr_mults=(),
+      frozen="(?!head/).*")
+  assert (probe.label_smoothing, probe.mixup.prob, probe.randaugment) == (
+      0.0, 0.0, "")
+  check_config(probe)
   with pytest.raises(ValueError, match="pretrain,MODEL,EPOCHS"):
     imagenet.get_config(f"pretrain,{model},400")
 

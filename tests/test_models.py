@@ -62,6 +62,40 @@ def tiny(**overrides):
   return models.create("Ti/4", num_classes=5, **fields)
 
 
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_drop_path_skips_whole_branches_of_a_row_in_training_only(
+    scan_layers):
+  """Stochastic depth at timm's linear rates: of 2 blocks the first never
+  drops, the second at drop_path_rate. At 0.999 nearly every row skips
+  block 1's branches: its output is then block 1 made the identity's."""
+  model = tiny(drop_path_rate=0.999, scan_layers=scan_layers)
+  plain = tiny(scan_layers=scan_layers)
+  images = jax.random.uniform(jax.random.key(1), (64, 16, 16, 3),
+                              minval=-1, maxval=1)
+  params = plain.init(jax.random.key(0), images[:1], train=False)["params"]
+  params = jax.tree.map(lambda p: p + 0.1, nn.meta.unbox(params))
+  np.testing.assert_array_equal(  # Evaluation drops nothing.
+      model.apply({"params": params}, images, train=False),
+      plain.apply({"params": params}, images, train=False))
+
+  def identity_block_1(path, p):
+    name = "/".join(str(k.key) for k in path)
+    branch_out = ("MultiHeadDotProductAttention_1/out" in name
+                  or "MlpBlock_3/Dense_1" in name)
+    if not branch_out:
+      return p
+    if scan_layers:
+      return p.at[1].set(0)
+    return jnp.zeros_like(p) if "encoderblock_1/" in name else p
+
+  skipped = plain.apply({"params": jax.tree_util.tree_map_with_path(
+      identity_block_1, params)}, images, train=False)
+  trained = model.apply({"params": params}, images, train=True,
+                        rngs={"dropout": jax.random.key(2)})
+  same = np.all(np.isclose(trained, skipped, rtol=1e-5, atol=1e-6), axis=1)
+  assert same.sum() >= 60, same.sum()
+
+
 def test_fresh_head_predicts_uniformly_and_any_divisible_resolution_works():
   model = tiny()
   variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)),

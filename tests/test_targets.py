@@ -120,6 +120,34 @@ def test_cutmix_pastes_a_box_and_weighs_targets_by_its_area():
       assert from_partner.sum() == (np.ptp(rows) + 1) * (np.ptp(cols) + 1)
 
 
+def test_random_erasing_puts_noise_in_one_box_per_image_keyed_by_row():
+  """timm's RandomErasing, mode "pixel": a box of 2%-33% of the image and
+  aspect 0.3-3.3 replaced by N(0, 1) noise; each row's draw its own, the
+  labels as they were."""
+  recipe = targets.Recipe(num_classes=2, erasing_prob=1.0)
+  images = constant_images([0] * 64, size=16)  # All -1.
+  labels = jnp.zeros(64, jnp.int32)
+  erased, kept_labels = recipe(images, labels, jax.random.key(0))
+  np.testing.assert_array_equal(kept_labels, labels)
+  changed = np.asarray(erased != -1.0).any(axis=-1)
+  for row in changed:
+    rows, cols = np.nonzero(row)
+    box = (np.ptp(rows) + 1) * (np.ptp(cols) + 1)
+    assert row.sum() == box  # One rectangle.
+    assert 0.02 * 256 - 8 < box < 256 / 3 + 8  # Rounding of the sides.
+    assert 0.3 / 2 < (np.ptp(rows) + 1) / (np.ptp(cols) + 1) < 2 / 0.3
+  noise = np.asarray(erased)[np.broadcast_to(changed[..., None],
+                                             erased.shape)]
+  assert abs(noise.mean()) < 0.1 and abs(noise.std() - 1) < 0.1
+  # A row's draw does not depend on the rows after it.
+  first, _ = recipe(images[:8], labels[:8], jax.random.key(0))
+  np.testing.assert_array_equal(first, erased[:8])
+  # At 0.25, about a quarter of the images.
+  quarter, _ = targets.Recipe(num_classes=2, erasing_prob=0.25)(
+      images, labels, jax.random.key(1))
+  assert 8 <= np.asarray(quarter != -1.0).any(axis=(1, 2, 3)).sum() <= 24
+
+
 def test_one_draw_picks_mixup_cutmix_or_neither():
   recipe = targets.Recipe(num_classes=2, mixup_prob=0.3, mixup_alpha=1.0,
                           cutmix_prob=0.3, cutmix_alpha=1.0)
@@ -260,6 +288,8 @@ def test_a_masked_row_adds_nothing_to_the_loss_or_the_gradients(
     ({"mixup.prob": 0.6, "cutmix.prob": 0.6}, "at most 1"),
     ({"randaugment": "2"}, "randaugment"),
     ({"randaugment": "2,11"}, "randaugment"),
+    ({"random_erasing": 0.25, "naflex.max_num_patches": 16},
+     "config.random_erasing"),
 ])
 def test_bad_settings_are_refused_by_name(digits_data_dir, overrides,
                                           message):

@@ -3,6 +3,7 @@
   python -m vit_jax.main --config=configs/mae/digits.py:pretrain --workdir=workdir/mae/pretrain
   python -m vit_jax.main --config=configs/mae/digits.py:finetune --workdir=workdir/mae/finetune
   python -m vit_jax.main --config=configs/mae/digits.py:scratch --workdir=workdir/mae/scratch
+  python -m vit_jax.main --config=configs/mae/digits.py:probe --workdir=workdir/mae/probe
 
 "pretrain" reconstructs the 1,437 training digits' removed patches (3 of
 4 of each image's 16 patches of 2x2 pixels) without reading a label, its
@@ -10,14 +11,19 @@ held-out reconstruction loss and few-shot accuracy logged as it goes.
 "finetune" starts from its encoder and learns the digits from
 `digits/10_per_class`, the first 10 training images of each digit; "scratch"
 learns the same from random weights, with the same steps, batch and
-recipe. docs/mae.md has the table (3 seeds; `make mae` runs one).
+recipe. "probe" trains a linear head on the frozen encoder's class token
+from every training label (MAE's linear probe: a batch norm without scale
+or bias, then the head, by LARS). docs/mae.md has the table (3 seeds;
+`make mae` runs one).
 """
 
 from configs import digits
+from vit_jax.training.objectives import linear_probe
 
 # What pre-training and fine-tuning share: the digits model (Ti/2 shrunk).
 PRETRAIN_STEPS = 2000
 FINETUNE_STEPS = 300
+PROBE_STEPS = 300
 
 
 def get_config(arg="pretrain"):
@@ -55,7 +61,20 @@ def get_config(arg="pretrain"):
     config.log_every = 50
     if arg == "finetune":
       config.init_from = "workdir/mae/pretrain"
+  elif arg == "probe":
+    config.objective = "linear_probe"
+    config.init_from = "workdir/mae/pretrain"
+    config.total_steps = PROBE_STEPS
+    # MAE's probe: LARS at its learning rate (LARS steps each matrix by a
+    # share of its norm, whatever the batch), momentum 0.9, no decay.
+    config.optimizer.update(name="lars", learning_rate=6.4, momentum=0.9,
+                            weight_decay=0.0, warmup_steps=30,
+                            decay="cosine", grad_clip_norm=0.0,
+                            frozen=linear_probe.PROBE_FROZEN)
+    config.evaluators.test.every = PROBE_STEPS
+    config.checkpoint_every = PROBE_STEPS
+    config.log_every = 50
   else:
-    raise ValueError(f"configs/mae/digits.py takes pretrain, finetune or "
-                     f"scratch, got {arg!r}")
+    raise ValueError(f"configs/mae/digits.py takes pretrain, finetune, "
+                     f"scratch or probe, got {arg!r}")
   return config

@@ -2,6 +2,8 @@
 branch) and the MLP that the block and the MAP head share."""
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 
 from vit_jax import sharding
 from vit_jax.models import layers
@@ -43,12 +45,13 @@ class EncoderBlock(nn.Module):
   Returns (z, None), the form nn.scan takes; `train` is positional so that
   nn.remat can hold it static. `mask`: Attention's, the keys each token
   may attend to (NaFlex's, a packed sequence's), or None; `rope`: the
-  patches' RoPE angles, or None.
+  patches' RoPE angles, or None; `drop_path`: the rate at which training
+  drops each row's residual branches (stochastic depth), 0 for none.
   """
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, x, train, mask=None, rope=None):
+  def __call__(self, x, train, mask=None, rope=None, drop_path=0.0):
     # Each block's input split over the batch like the batch itself: left
     # to itself, XLA may replicate the batch inside a layer scan rather than
     # gather a weight, and need tens of GiB per device.
@@ -58,10 +61,20 @@ class EncoderBlock(nn.Module):
     y = Attention(config=self.config, name="MultiHeadDotProductAttention_1")(
         y, train=train, mask=mask, rope=rope)
     y = nn.Dropout(self.config.dropout_rate)(y, deterministic=not train)
-    x = x + self._scaled("ls1", y)
+    x = x + self._dropped(self._scaled("ls1", y), drop_path, train)
     y = layers.layer_norm("LayerNorm_2", self.config)(x)
     y = MlpBlock(config=self.config, name="MlpBlock_3")(y, train=train)
-    return x + self._scaled("ls2", y), None
+    return x + self._dropped(self._scaled("ls2", y), drop_path, train), None
+
+  def _dropped(self, y, rate, train):
+    """The branch `y` [rows, ...] zeroed for a row at `rate` (a number, or
+    a scanned layer's traced one), the rest scaled by 1 / (1 - rate)."""
+    if not train or (isinstance(rate, float) and rate == 0.0):
+      return y
+    keep = 1.0 - rate
+    kept = jax.random.bernoulli(self.make_rng("dropout"), keep,
+                                (y.shape[0],) + (1,) * (y.ndim - 1))
+    return y * (kept / keep).astype(y.dtype)
 
   def _scaled(self, name, y):
     """A residual branch times its layer scale, where the config has one."""

@@ -102,6 +102,10 @@ class ViTConfig:
       "residual branches", at_least=0.0, below=1.0)
   attention_dropout_rate: float = options.key(
       0.0, "dropout on the attention weights", at_least=0.0, below=1.0)
+  drop_path_rate: float = options.key(
+      0.0, "stochastic depth: block i of L drops its branches for an image "
+      "at i / (L - 1) of this",
+      at_least=0.0, below=1.0, before=options.AS_DEFAULT)
   dtype: str = options.key(
       "float32", "what the model computes in: float32 or bfloat16")
   param_dtype: str = options.key(

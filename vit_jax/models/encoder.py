@@ -4,6 +4,7 @@ embedding, registers, the blocks, the final LayerNorm)."""
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax import errors
 from vit_jax.models import (
@@ -165,17 +166,24 @@ class Encoder(nn.Module):
       block = nn.remat(block, policy=REMAT_POLICIES[config.remat_policy],
                        prevent_cse=not config.scan_layers, static_argnums=(2,))
     mask = tokens.attention_mask
+    # Stochastic depth's rates, rising linearly to drop_path_rate at the
+    # last block; a training step's argument only where it drops anything.
+    rates = np.linspace(0.0, config.drop_path_rate, config.num_layers)
+    dropping = bool(train and config.drop_path_rate)
     if config.scan_layers:
       block = nn.scan(
           block, variable_axes={"params": 0, "intermediates": 0},
           split_rngs={"params": True, "dropout": True},
-          in_axes=nn.broadcast, length=config.num_layers,
+          in_axes=(nn.broadcast,) * 3 + ((0,) if dropping else ()),
+          length=config.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = block(config=config, name="encoderblock")(x, train, mask, rope)
+      x, _ = block(config=config, name="encoderblock")(
+          x, train, mask, rope,
+          *((jnp.asarray(rates, jnp.float32),) if dropping else ()))
     else:
       for i in range(config.num_layers):
         x, _ = block(config=config, name=f"encoderblock_{i}")(
-            x, train, mask, rope)
+            x, train, mask, rope, *((float(rates[i]),) if dropping else ()))
     if config.final_norm == "pooled":
       return x
     return layers.layer_norm("encoder_norm", config)(x)

@@ -87,7 +87,8 @@ def decoder_config(encoder_config, sizes):
       num_layers=sizes.num_layers, num_heads=sizes.num_heads,
       mlp_dim=sizes.mlp_dim, posemb="sincos2d", rope="", num_registers=0,
       distill_token=False, layer_scale=None, final_norm="tokens",
-      resnet_stages=None, dropout_rate=0.0, attention_dropout_rate=0.0)
+      resnet_stages=None, dropout_rate=0.0, attention_dropout_rate=0.0,
+      drop_path_rate=0.0)
 
 
 class MaskedAutoencoder(nn.Module):

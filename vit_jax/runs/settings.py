@@ -78,7 +78,7 @@ Model = _model_section()
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
   """config.optimizer (training/optimizer.py)."""
-  name: str = key("", "adam or sgd")
+  name: str = key("", "adam, sgd or lars")
   learning_rate: float = key(0.0, "the peak learning rate", at_least=0.0)
   warmup_steps: int = key(0, "steps of linear warm-up from 0", at_least=0)
   decay: str = key("", "after the warm-up: linear or cosine to 0")
@@ -92,7 +92,8 @@ class Optimizer:
   mu_dtype: str = key("float32", "Adam's first moment: float32 or bfloat16 "
                       "(half its bytes, as big_vision keeps it)",
                       before=AS_DEFAULT)
-  momentum: float = key(0.9, "SGD's momentum", at_least=0.0, below=1.0)
+  momentum: float = key(0.9, "SGD's and LARS's momentum", at_least=0.0,
+                        below=1.0)
   layer_decay: float = key(1.0, "block i of L learns at layer_decay^(L - i) "
                            "of the rate (1: off)", before=AS_DEFAULT)
   lr_mults: tuple = key((), "((regex, multiplier), ...): the rates of the "
@@ -235,14 +236,18 @@ class Settings:
       "or refuse (the run stops at the first)", changeable=True,
       before=AS_DEFAULT)
   objective: str = key(
-      "classification", "what the run learns: classification (labels, with "
-      "mpp and distill) or mae (masked autoencoders)",
-      choices=("classification", "mae"), before=AS_DEFAULT)
+      "classification", "what the run learns: classification, mae or "
+      "linear_probe (a linear head on a frozen encoder)",
+      choices=("classification", "mae", "linear_probe"), before=AS_DEFAULT)
   model: Model = section(Model, "the model: name and overrides")
   loss: str = key("softmax", "softmax or sigmoid cross-entropy",
                   before=AS_DEFAULT)
   label_smoothing: float = key(0.0, "label smoothing (0: off)",
                                at_least=0.0, below=1.0, before=AS_DEFAULT)
+  random_erasing: float = key(
+      0.0, "the probability that a training image has a box replaced by "
+      "noise (timm's RandomErasing; training/targets.py)", at_least=0.0,
+      at_most=1.0, before=AS_DEFAULT)
   mixup: Mix = section(lambda: Mix(alpha=0.2), "Mixup of whole batches")
   cutmix: Mix = section(Mix, "CutMix of whole batches")
   batch_size: int = key(0, "the global batch", at_least=1)

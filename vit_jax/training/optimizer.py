@@ -6,6 +6,8 @@ moment in half the bytes (its second stays float32). Fine-tuning (Table 4):
 SGD with momentum 0.9, cosine decay, no weight decay, gradients clipped at
 global norm 1.
 
+MAE's linear probe: LARS (`lars`), momentum 0.9 and no weight decay.
+
 Beyond the paper, fine-tuning may also scale the learning rate per
 parameter:
   - `layer_decay` d (1.0: off), BEiT's and timm's rule: the head and the
@@ -161,6 +163,8 @@ def create(opt, total_steps, num_layers=0, numbers=None):
     if opt.weight_decay:
       # AdamW's decoupled decay: the step subtracts lr(t) * wd * param.
       core.append(optax.add_decayed_weights(opt.weight_decay, mask=_is_kernel))
+  elif opt.name == "lars":
+    core = lars(opt)
   elif opt.name == "sgd":
     if opt.weight_decay:
       raise errors.InputError(
@@ -169,7 +173,7 @@ def create(opt, total_steps, num_layers=0, numbers=None):
     core = [optax.trace(decay=opt.momentum)]
   else:
     raise errors.InputError(
-        f"config.optimizer.name must be 'adam' or 'sgd', got "
+        f"config.optimizer.name must be 'adam', 'sgd' or 'lars', got "
         f"{opt.name!r}")
   clip = [optax.clip_by_global_norm(opt.grad_clip_norm)] if opt.grad_clip_norm else []
   # Each piece only where it is asked for: an optimizer state of another
@@ -184,6 +188,25 @@ def create(opt, total_steps, num_layers=0, numbers=None):
   return optax.multi_transform(
       {TRAINED: tx, FROZEN: optax.set_to_zero()},
       lambda params: labels(params, opt, num_layers)), schedule
+
+
+# LARS's trust coefficient (You et al. 2017; facebookresearch/mae's 0.001).
+LARS_TRUST_COEFFICIENT = 0.001
+
+
+def lars(opt):
+  """LARS as MAE's linear probe uses it: weight decay added to the
+  gradient, each matrix's step scaled to trust x |param| / |step| (1 where
+  either norm is 0; biases and norms as they are), then momentum; the
+  learning rate multiplies the momentum, as in torch. A scanned stack of
+  blocks (scan_layers) is one matrix to it."""
+  decay = ([optax.add_decayed_weights(opt.weight_decay, mask=_is_kernel)]
+           if opt.weight_decay else [])
+  return decay + [
+      optax.masked(optax.scale_by_trust_ratio(
+          trust_coefficient=LARS_TRUST_COEFFICIENT),
+          lambda params: jax.tree.map(lambda p: p.ndim > 1, params)),
+      optax.trace(decay=opt.momentum)]
 
 
 def check_multipliers(opt):

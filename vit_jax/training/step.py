@@ -31,15 +31,40 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
-  polyak: Any  # The params' moving average, or None (polyak.py).
+  # What the run is evaluated and exported with, where it is not the
+  # params themselves (None): their Polyak average (polyak.py), or what the
+  # objective serves (objectives/base.py). Checkpoints name it "polyak".
+  polyak: Any
+
+
+@flax.struct.dataclass
+class CarryingState(TrainState):
+  """The state of an objective that keeps state of its own beside the
+  params (its `init_carry`). A field of its own class, not an empty one of
+  TrainState's: checkpoints saved without it still restore."""
+  carry: Any
+
+
+class Held(NamedTuple):
+  """What an objective's `teach` may read beside a micro-batch: the
+  params, the served params (TrainState.polyak), its carry and its frozen
+  inputs, each None where it has none."""
+  params: Any
+  served: Any
+  carry: Any
+  frozen: Any
 
 
 def init_state(objective, tx, image_size, polyak_decay, rng):
   """A fresh state whose params and moments are still in their logical boxes."""
   params = objective.init_params(rng, image_size)
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=tx.init(params),
-                    polyak=polyak.init(params, polyak_decay))
+  carry = objective.init_carry(params)
+  fields = dict(step=jnp.zeros((), jnp.int32), params=params,
+                opt_state=tx.init(params),
+                polyak=objective.init_served(params, carry, polyak_decay))
+  if carry is None:
+    return TrainState(**fields)
+  return CarryingState(**fields, carry=carry)
 
 
 def abstract_state(objective, tx, image_size, polyak_decay, mesh,
@@ -71,12 +96,14 @@ def make_train_step(objective, optimizer_of, accum_steps, seed, polyak_decay,
   one micro-step and frees each one's activations before the next.
   """
 
-  def loss_and_grads(params, micro, weights, key, frozen):
-    """((loss, {part: value}), grads) of a batch or micro-batch."""
-    micro = objective.teach(frozen, micro)
-    return jax.value_and_grad(
+  def loss_and_grads(params, micro, weights, key, held):
+    """((loss, {part: value}), grads, observed) of a batch or micro-batch;
+    observed: what the objective's carry learns from it (weighted sums)."""
+    micro = objective.teach(held, micro)
+    (loss, parts), grads = jax.value_and_grad(
         lambda params: objective.loss(params, micro, weights, key),
         has_aux=True)(params)
+    return (loss, parts), grads, objective.observe(micro, weights)
 
   def train_step(state, batch, numbers, frozen):
     counts = {key: batch[key] for key in ("broken", "dropped") if key in batch}
@@ -84,14 +111,16 @@ def make_train_step(objective, optimizer_of, accum_steps, seed, polyak_decay,
     tx, schedule = optimizer_of(numbers)
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
     batch = objective.prepare(batch, state.step)
+    carry = getattr(state, "carry", None)
+    held = Held(state.params, state.polyak, carry, frozen)
     # The mean over the batch's examples, without the rows whose image did
     # not decode (mask 0, broken_records.py), nor a packed batch's empty
     # slots: each example weighs 1 / count.
     mask = batch["mask"]
     weights = mask / jnp.maximum(mask.sum(), 1)
     if accum_steps == 1:
-      (loss, parts), grads = loss_and_grads(state.params, batch, weights,
-                                            dropout_key, frozen)
+      (loss, parts), grads, observed = loss_and_grads(
+          state.params, batch, weights, dropout_key, held)
     else:
       # Micro-batch i takes examples i, i + A, i + 2A, ...: each device's
       # rows stay on that device, so splitting needs no communication.
@@ -102,21 +131,22 @@ def make_train_step(objective, optimizer_of, accum_steps, seed, polyak_decay,
       def micro_batch(i):
         return jax.tree.map(lambda x: x[:, i], strided)
 
-      def accumulate(carry, i):
+      def accumulate(sums, i):
         micro = micro_batch(i)
-        (loss, parts), grads = loss_and_grads(
+        (loss, parts), grads, observed = loss_and_grads(
             state.params, micro, micro["weight"],
-            jax.random.fold_in(dropout_key, i), frozen)
-        return jax.tree.map(jnp.add, carry, (loss, parts, grads)), None
+            jax.random.fold_in(dropout_key, i), held)
+        return jax.tree.map(jnp.add, sums, (loss, parts, grads, observed)), None
 
-      (_, parts), _ = jax.eval_shape(
+      (_, parts), _, observed = jax.eval_shape(
           loss_and_grads, state.params, micro_batch(0),
-          micro_batch(0)["weight"], dropout_key, frozen)
+          micro_batch(0)["weight"], dropout_key, held)
       zeros = (jnp.zeros((), jnp.float32),
                jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), parts),
-               jax.tree.map(jnp.zeros_like, state.params))
+               jax.tree.map(jnp.zeros_like, state.params),
+               jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), observed))
       # Weighted sums over the micro-batches add up to the batch's mean.
-      (loss, parts, grads), _ = jax.lax.scan(
+      (loss, parts, grads, observed), _ = jax.lax.scan(
           accumulate, zeros, jnp.arange(accum_steps), unroll=unroll)
 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -125,8 +155,15 @@ def make_train_step(objective, optimizer_of, accum_steps, seed, polyak_decay,
                "grad_norm": optax.tree.norm(grads),
                **(packing_metrics(batch, counts) if packed else
                   {"skipped_examples": (mask == 0).sum()}), **parts}
-    average = polyak.update(state.polyak, params, polyak_decay)
-    return TrainState(state.step + 1, params, opt_state, average), metrics
+    fields = {}
+    if carry is not None:
+      carry = fields["carry"] = objective.update_carry(carry, observed,
+                                                       state.step)
+    served = objective.update_served(state.polyak, params, carry,
+                                     polyak_decay)
+    return state.replace(step=state.step + 1, params=params,
+                         opt_state=opt_state, polyak=served,
+                         **fields), metrics
 
   return train_step
 
@@ -184,6 +221,8 @@ class Program(NamedTuple):
   train_step: "BoundStep"  # state, batch -> state, metrics (state donated)
   frozen: Any = None     # the objective's frozen inputs over the mesh (a
   #                        distill.OnMesh), where it has any
+  serve: Callable = None  # params, carry -> the served params of a state
+  #                        whose params were read (initial_state)
 
 
 class BoundStep:
@@ -241,9 +280,15 @@ def build(settings, mesh, built, unroll=False):
                     frozen and frozen.shardings),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)
+  # Copied: what is served holds buffers of its own, even where it starts
+  # as the params themselves.
+  serve = jax.jit(
+      lambda params, carry: jax.tree.map(jnp.copy, objective.init_served(
+          params, carry, settings.polyak_decay)),
+      out_shardings=state_shardings.polyak)
   return Program(objective.model, state_shapes, state_shardings, batch_shard,
                  init, BoundStep(train_step, built.numbers, mesh, frozen),
-                 frozen)
+                 frozen, serve)
 
 
 def initial_params(program, settings):
@@ -270,7 +315,8 @@ def initial_state(program, settings, adapted=None):
     return state
   params = pretrained.place(adapted, state.params,
                             program.state_shardings.params)
-  # The average starts from the same values, in buffers of its own: the
+  # What is served starts from the same values, in buffers of its own: the
   # train step donates the state, and one buffer donated twice crashes XLA.
   return state.replace(params=params, polyak=None if state.polyak is None
-                       else jax.tree.map(jnp.copy, params))
+                       else program.serve(params, getattr(state, "carry",
+                                                          None)))

@@ -18,6 +18,14 @@ Anything else makes them rows of class weights [n, classes]:
                       partner's pixels; the targets are weighted by the
                       pixels each image keeps (Yun et al. 2019).
 
+  random_erasing p    before any mixing, each image with probability p has
+                      one box replaced by noise N(0, 1) per pixel and
+                      channel, in [-1, 1]'s units (timm's RandomErasing,
+                      mode "pixel", as MAE's fine-tuning uses it at 0.25):
+                      its area 2%-33% of the image, log-uniform aspect
+                      0.3-3.3, the first of 10 draws that fits, else none.
+                      Keyed by (run seed, step, row of the global batch).
+
 One draw per step decides which (none, mixup or cutmix), so their
 probabilities add up to at most 1. Each example's partner is the next one
 within its block of the global batch, a block being one input share's rows
@@ -43,6 +51,12 @@ from vit_jax.training import losses
 # Folded into the run's seed for the mixing draws, so that they are a
 # stream of their own, apart from the dropout's (step.py).
 MIX_STREAM = 0x6d6978  # "mix"
+# Folded into the step's mixing key for random erasing, so that turning it
+# on leaves the mixing draws as they were.
+ERASE_STREAM = 0x657261  # "era"
+ERASE_AREA = (0.02, 1 / 3)
+ERASE_ASPECT = 0.3  # to 1 / 0.3, log-uniform
+ERASE_TRIES = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +71,7 @@ class Recipe:
   cutmix_prob: float = 0.0
   cutmix_alpha: float = 0.0
   groups: int = 1  # Blocks of the batch that partners are found within.
+  erasing_prob: float = 0.0
 
   @classmethod
   def of(cls, settings, num_classes):
@@ -67,7 +82,8 @@ class Recipe:
                mixup_alpha=settings.mixup.alpha,
                cutmix_prob=settings.cutmix.prob,
                cutmix_alpha=settings.cutmix.alpha,
-               groups=settings.input_shares or 1)
+               groups=settings.input_shares or 1,
+               erasing_prob=settings.random_erasing)
 
   @property
   def mixes(self):
@@ -81,6 +97,9 @@ class Recipe:
   def __call__(self, images, labels, key):
     """(images, targets) for the loss; `key` draws the mixing of this step.
     Integer labels [n] or multi-hot rows [n, classes] go in."""
+    if self.erasing_prob:
+      images = erase(encoder.unit_range(images), self.erasing_prob,
+                     jax.random.fold_in(key, ERASE_STREAM))
     if not self.soft:
       return images, labels
     targets = smooth(labels, self.num_classes, self.label_smoothing)
@@ -149,6 +168,38 @@ def box(key, height, width, ratio):
   return (in_rows[:, None] & in_cols[None, :]).astype(jnp.float32)
 
 
+def erase(images, prob, key):
+  """Random erasing (the module docstring) of float images [N, H, W, C],
+  each row with a key folded from `key` and its index."""
+  _, height, width, _ = images.shape
+
+  def one(image, key):
+    apply_key, area_key, aspect_key, top_key, left_key, noise_key = (
+        jax.random.split(key, 6))
+    area = height * width * jax.random.uniform(
+        area_key, (ERASE_TRIES,), minval=ERASE_AREA[0], maxval=ERASE_AREA[1])
+    aspect = jnp.exp(jax.random.uniform(
+        aspect_key, (ERASE_TRIES,), minval=jnp.log(ERASE_ASPECT),
+        maxval=-jnp.log(ERASE_ASPECT)))
+    box_h = jnp.round(jnp.sqrt(area * aspect)).astype(jnp.int32)
+    box_w = jnp.round(jnp.sqrt(area / aspect)).astype(jnp.int32)
+    fits = (box_h < height) & (box_w < width)
+    first = jnp.argmax(fits)
+    box_h, box_w = box_h[first], box_w[first]
+    top = jax.random.randint(top_key, (), 0, height - box_h + 1)
+    left = jax.random.randint(left_key, (), 0, width - box_w + 1)
+    rows, cols = jnp.arange(height), jnp.arange(width)
+    inside = (((rows >= top) & (rows < top + box_h))[:, None]
+              & ((cols >= left) & (cols < left + box_w))[None, :])
+    erased = inside & fits[first] & (jax.random.uniform(apply_key) < prob)
+    noise = jax.random.normal(noise_key, image.shape, image.dtype)
+    return jnp.where(erased[:, :, None], noise, image)
+
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(
+      jnp.arange(images.shape[0]))
+  return jax.vmap(one)(images, keys)
+
+
 def check(settings):
   """ConfigError naming the key, for the keys of a run's `settings` read
   here (each value's bounds: runs/settings.py)."""
@@ -169,7 +220,13 @@ def check(settings):
         f"picks one of them per step), got {settings.mixup.prob} + "
         f"{settings.cutmix.prob}")
   recipe = Recipe.of(settings, num_classes=2)
-  if settings.model.mpp and recipe.soft:
+  if settings.model.mpp and (recipe.soft or recipe.erasing_prob):
     raise errors.ConfigError(
         "masked patch prediction predicts patch colours, not labels: "
-        "config.loss, label_smoothing, mixup and cutmix do not apply to it")
+        "config.loss, label_smoothing, mixup, cutmix and random_erasing do "
+        "not apply to it")
+  if settings.random_erasing and (settings.naflex.max_num_patches
+                                  or settings.naflex.packing):
+    raise errors.ConfigError(
+        "config.random_erasing erases a box of a square image: it does not "
+        "apply to NaFlex or packed batches (config.naflex)")

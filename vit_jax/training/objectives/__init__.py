@@ -2,10 +2,11 @@
 one of REGISTRY; runs/settings.py's choices list the same names
 (tests/test_objectives.py)."""
 
-from vit_jax.training.objectives import classification, mae
+from vit_jax.training.objectives import classification, linear_probe, mae
 
 REGISTRY = {"classification": classification.Classification,
-            "mae": mae.MaskedAutoencoding}
+            "mae": mae.MaskedAutoencoding,
+            "linear_probe": linear_probe.LinearProbe}
 
 
 def of(keys):

@@ -14,9 +14,11 @@ own under training/objectives/, and says it through these methods:
                         and the loss's targets (labels smoothed and mixed;
                         masks drawn), each a row per example, and "mask"
                         (1 for an example that counts)
-  teach(frozen, micro)  the micro-batch with what the objective's frozen
-                        inputs (a teacher's params, placed over the mesh)
-                        make of it, outside the gradient
+  teach(held, micro)    the micro-batch with what the objective makes of
+                        it outside the gradient, from what step.Held
+                        holds: the params, the served params, its carry,
+                        its frozen inputs (a teacher's params, placed over
+                        the mesh)
   loss(params, micro, weights, key)
                         (the loss, {name: a part of it}), each a sum over
                         the micro-batch's examples weighed by `weights`
@@ -47,8 +49,24 @@ and, before a run is built, as class methods on its Settings:
   reads_labels(keys)    whether it learns from the dataset's labels (a
                         dataset of one class is refused where it does)
 
-What it does not say yet: state kept beside the params (an EMA teacher,
-running centres), which self-distillation will add to the train state.
+State beside the params, where an objective keeps any (running
+statistics, a centre), and what a run serves (is evaluated and exported
+with; checkpoints name it "polyak"):
+
+  init_carry(params)    its state beside the params (step.CarryingState),
+                        or None (the default: a TrainState)
+  observe(micro, weights)
+                        {name: array}: weighted sums over a taught
+                        micro-batch that the step adds up over the batch,
+                        as it adds the loss
+  update_carry(carry, observed, step)
+                        the carry after the batch's update
+  init_served(params, carry, decay), update_served(served, params, carry,
+                        decay)
+                        what evaluation, export and the read-only tools
+                        use, or None for the params themselves: by default
+                        their Polyak average at config.polyak_decay
+
 
 config.objective names one (objectives.REGISTRY). A new one is a module
 here, a line in REGISTRY and in runs/settings.py's choices, and its
@@ -60,6 +78,7 @@ import jax.numpy as jnp
 
 from vit_jax import errors, models
 from vit_jax.models import flops
+from vit_jax.training import polyak
 
 
 class Objective:
@@ -130,9 +149,29 @@ class Objective:
     """What the head reads (the pre-logits), for a classifier."""
     return models.logits_and_pre_logits(self.model, params, images)[1]
 
-  def teach(self, frozen, micro):
-    del frozen
+  def teach(self, held, micro):
+    del held
     return micro
+
+  def init_carry(self, params):
+    del params
+    return None
+
+  def observe(self, micro, weights):
+    del micro, weights
+    return {}
+
+  def update_carry(self, carry, observed, step):
+    del observed, step
+    return carry
+
+  def init_served(self, params, carry, decay):
+    del carry
+    return polyak.init(params, decay)
+
+  def update_served(self, served, params, carry, decay):
+    del carry
+    return polyak.update(served, params, decay)
 
   def flops_per_image(self, image_size, num_patches=None, slots=1):
     return flops.flops_per_image(self.model, image_size, train=True,

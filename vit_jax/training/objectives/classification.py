@@ -76,12 +76,12 @@ class Classification(base.Objective):
     return {"image": images, "target": target, "mask": batch["mask"],
             **{key: batch[key] for key in NAFLEX_FIELDS if key in batch}}
 
-  def teach(self, frozen, micro):
+  def teach(self, held, micro):
     """The teacher's logits on the images as the student sees them."""
     if self.teacher is None:
       return micro
     return {**micro, "teacher_logits": self.teacher.logits(
-        frozen, naflex.inputs_of(micro))}
+        held.frozen, naflex.inputs_of(micro))}
 
   def loss(self, params, micro, weights, key):
     return losses.of_batch(self.model, params, naflex.inputs_of(micro),

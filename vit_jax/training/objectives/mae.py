@@ -61,7 +61,8 @@ class MaskedAutoencoding(base.Objective):
         ("config.naflex.max_num_patches", keys.naflex.max_num_patches, 0),
         ("config.mixup.prob", keys.mixup.prob, 0.0),
         ("config.cutmix.prob", keys.cutmix.prob, 0.0),
-        ("config.label_smoothing", keys.label_smoothing, 0.0)):
+        ("config.label_smoothing", keys.label_smoothing, 0.0),
+        ("config.random_erasing", keys.random_erasing, 0.0)):
       if value != off:
         raise errors.ConfigError(
             f"{key}={value!r} does not apply to {name}, which reconstructs "
