@@ -24,7 +24,7 @@ from tests.util import (
 )
 from vit_jax import errors, sharding
 from vit_jax.analysis import reconstructions
-from vit_jax.models import config as config_lib, flops, heads, mae
+from vit_jax.models import config as config_lib, flops, heads, mae, naflex
 from vit_jax.runs import settings
 from vit_jax.training import objectives, optimizer, resolve, step as step_lib
 from vit_jax.training.objectives import linear_probe, mae as mae_objective
@@ -230,6 +230,8 @@ def test_the_encoder_costs_the_kept_patches_only():
     ({"model.mpp": True}, "config.model.mpp=True does not apply to "
      "config.objective='mae'"),
     ({"mixup.prob": 0.5}, "config.mixup.prob=0.5 does not apply"),
+    ({"naflex.packing": True, "naflex.max_num_patches": 16},
+     "config.naflex.packing=True does not apply"),
     ({"mae.mask_ratio": 0.0}, "config.mae.mask_ratio must be in (0, 1)"),
     ({"mae.decoder_num_heads": 5}, "decoder_num_heads=5 does not divide"),
     ({"evaluators.test.kind": "accuracy"},
@@ -380,3 +382,54 @@ def test_lars_steps_as_maes_lars_does():
           "head"][name]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5),
                  params, expected)
+
+
+def test_a_naflex_batch_is_masked_over_each_images_own_patches():
+  """A NaFlex batch of one square grid computes as the images do; padding
+  changes nothing; an image of a smaller grid keeps its own quarter."""
+  keys = settings.of(small_config("", **MAE))
+  model = mae_objective.model_of(keys)
+  rng = np.random.default_rng(0)
+  images = rng.uniform(-1, 1, (2, 8, 8, 3)).astype(np.float32)
+  noise = rng.random((2, 16)).astype(np.float32)
+  params = model.init(jax.random.key(0), images, train=False)["params"]
+  apply = lambda inputs, noise: model.apply({"params": params}, inputs,
+                                           train=False, noise=noise)
+  pixels = mae.patchify(images, 2)
+  square = apply(images, noise)
+  grid = np.full((2, 2), 4, np.int32)
+  flexible = apply(naflex.Patches(pixels, grid), noise)
+  np.testing.assert_array_equal(flexible[1], square[1])
+  np.testing.assert_allclose(flexible[0], square[0], rtol=1e-5, atol=1e-5)
+  # Padded to 20 slots (K 5 where each image keeps 4): as before.
+  padded = apply(naflex.Patches(np.pad(pixels, ((0, 0), (0, 4), (0, 0))),
+                                grid),
+                 np.pad(noise, ((0, 0), (0, 4)), constant_values=0.0))
+  np.testing.assert_array_equal(padded[1][:, 16:], 0)
+  np.testing.assert_array_equal(padded[1][:, :16], square[1])
+  np.testing.assert_allclose(padded[0][:, :16], flexible[0], rtol=1e-5,
+                             atol=1e-5)
+  # Image 1 as a 2 x 4 grid in a batch of 16 slots: it keeps 2 of its 8,
+  # and predicts as it does alone.
+  small = pixels[1, :8]
+  mixed = apply(naflex.Patches(np.stack([pixels[0], np.pad(small, (
+      (0, 8), (0, 0)))]), np.array([[4, 4], [2, 4]], np.int32)), noise)
+  assert mixed[1][1].sum() == 6 and mixed[1][1, 8:].sum() == 0
+  alone = apply(naflex.Patches(small[None], np.array([[2, 4]], np.int32)),
+                noise[1:, :8])
+  np.testing.assert_array_equal(mixed[1][1, :8], alone[1][0])
+  np.testing.assert_allclose(mixed[0][1, :8], alone[0][0], rtol=1e-5,
+                             atol=1e-5)
+
+
+def test_an_mae_run_on_naflex_batches_trains_and_holds_out(
+    digits_data_dir, tmp_path):
+  config = small_config(digits_data_dir, **{
+      **MAE, "naflex.max_num_patches": 20, "total_steps": 6,
+      "checkpoint_every": 6,
+      "evaluators": {"test": {"kind": "loss", "every": 6,
+                              "split": "test"}}})
+  last = run_training(config, str(tmp_path))
+  losses = logged(str(tmp_path))
+  assert sorted(losses) == list(range(1, 7)) and losses[6] < losses[1]
+  assert 0 < last["test_loss"] < 2 and last["test_examples"] == 360

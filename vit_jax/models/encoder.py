@@ -39,7 +39,8 @@ class ImageEncoder(nn.Module):
   after it; then the Encoder.
 
   `keep` [N, K] int: only these patches of each image go on (masked
-  autoencoders' encoder, models/mae.py), each at its place in the grid.
+  autoencoders' encoder, models/mae.py), each at its place in the grid;
+  `keep_valid` [N, K] bool, for a NaFlex batch: which of them count.
 
   A NaFlex batch (naflex.Patches) in place of images: each patch is
   embedded by the same convolution, and each image keeps its own grid. A
@@ -51,7 +52,8 @@ class ImageEncoder(nn.Module):
   mask_token: bool
 
   @nn.compact
-  def __call__(self, images, *, train, corruption=None, keep=None):
+  def __call__(self, images, *, train, corruption=None, keep=None,
+               keep_valid=None):
     config = self.config
     extra = (config.embedded_prefix_tokens, config.num_registers)
     if isinstance(images, naflex.Packed):
@@ -63,7 +65,7 @@ class ImageEncoder(nn.Module):
     else:
       tokens = self._embed_images(images)
     if keep is not None:
-      tokens = tokens_lib.visible(tokens, keep)
+      tokens = tokens_lib.visible(tokens, keep, keep_valid)
     x = tokens.values
     n, _, d = x.shape
     if self.mask_token:

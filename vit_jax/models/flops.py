@@ -38,7 +38,7 @@ def flops_per_image(model, image_size, train=False, num_classes=1000,
   head."""
   vit = model_sizes(model, num_classes)
   if isinstance(vit, mae.MaskedAutoencoder):
-    return masked_autoencoder_flops(vit, image_size) * (
+    return masked_autoencoder_flops(vit, image_size, num_patches) * (
         TRAIN_FORWARDS if train else 1)
   config = vit.config
   d, mlp, p = config.hidden_size, config.mlp_dim, config.patch_size
@@ -81,15 +81,16 @@ def block_flops(config, tokens, patches):
   return flops
 
 
-def masked_autoencoder_flops(model, image_size):
+def masked_autoencoder_flops(model, image_size, num_patches=None):
   """The forward FLOPs of one image through a masked autoencoder
   (models/mae.py): the patch embedding of every patch, the encoder's
   blocks on the class token and the kept patches only, the decoder's
   embedding of those, its blocks on every patch and the class token, and
-  its pixel predictions."""
+  its pixel predictions. `num_patches`: a NaFlex budget's, in place of
+  image_size's (padding costs as much)."""
   config, decoder = model.config, model.decoder
   p, d, dd = config.patch_size, config.hidden_size, decoder.hidden_size
-  patches = (image_size // p) ** 2
+  patches = num_patches or (image_size // p) ** 2
   kept = mae.keep_count(patches, model.mask_ratio)
   prefix = config.num_prefix_tokens
   return (2 * patches * p * p * 3 * d

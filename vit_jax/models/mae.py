@@ -20,6 +20,14 @@ width, depth and heads that predicts the pixels of the others.
      predicts each patch's pixels (`pred`), p * p * 3 values in (row,
      column, channel) order, the class token's prediction dropped.
 
+A NaFlex batch (naflex.Patches: each image at its own grid, padded to L
+patches) is masked image by image: an image of n real patches keeps
+floor(n * (1 - mask_ratio)) of them (at least one), ranked by its noise
+over its real patches; the encoder runs on K = keep_count(L) slots, those
+beyond an image's own count left out of the attention; the decoder sees
+each image's grid, and the loss reads its removed real patches only.
+Packed sequences are not taken.
+
 The params: the encoder's in the release layout (embedding, cls,
 Transformer), so `init_from` fine-tunes it as any ViT (weights/adaptation
 drops `decoder`); the decoder's under `decoder`.
@@ -131,9 +139,11 @@ class MaskedAutoencoder(nn.Module):
                           name="decoder")
 
   def __call__(self, images, *, train, noise=None):
-    if isinstance(images, (naflex.Patches, naflex.Packed)):
-      raise errors.InputError("a masked autoencoder takes square images, "
-                              "not NaFlex patches or packed sequences")
+    if isinstance(images, naflex.Packed):
+      raise errors.InputError("a masked autoencoder takes square images "
+                              "or NaFlex patches, not packed sequences")
+    if isinstance(images, naflex.Patches):
+      return self._naflex(images, train, noise)
     p = self.config.patch_size
     grid = (images.shape[1] // p, images.shape[2] // p)
     num_patches = grid[0] * grid[1]
@@ -147,6 +157,31 @@ class MaskedAutoencoder(nn.Module):
     return (self.decode(encoded.values, keep, grid, train=train),
             removed_mask(keep, num_patches))
 
+  def _naflex(self, patches, train, noise):
+    """(predicted pixels [N, L, p * p * 3], removed [N, L]) of a NaFlex
+    batch: the module docstring."""
+    n, length = patches.pixels.shape[:2]
+    real = naflex.patch_mask(patches.grid, length)
+    if noise is None:
+      keep = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32),
+                              (n, length))
+      valid = real
+      encoded = self.encoder(patches, train=train)
+    else:
+      # Padding ranks after every real patch: no image keeps one.
+      keep = kept(jnp.where(real, noise, jnp.inf),
+                  keep_count(length, self.mask_ratio))
+      counts = jnp.maximum(jnp.floor(
+          real.sum(axis=1) * (1 - self.mask_ratio)), 1).astype(jnp.int32)
+      valid = jnp.arange(keep.shape[1])[None] < counts[:, None]
+      encoded = self.encoder(patches, train=train, keep=keep,
+                             keep_valid=valid)
+    kept_mask = jnp.zeros((n, length), jnp.float32).at[
+        jnp.arange(n)[:, None], keep].set(valid.astype(jnp.float32))
+    return (self.decode(encoded.values, keep, patches, train=train,
+                        valid=valid),
+            real.astype(jnp.float32) * (1 - kept_mask))
+
   def encode(self, images, *, train=False):
     """The encoder's Tokens of every patch (what features read)."""
     return self.encoder(images, train=train)
@@ -154,12 +189,15 @@ class MaskedAutoencoder(nn.Module):
 
 class Decoder(nn.Module):
   """Encoded tokens of the kept patches [N, prefix + K, D] -> predicted
-  pixels [N, L, p * p * 3] float32 of every patch (the module docstring)."""
+  pixels [N, L, p * p * 3] float32 of every patch (the module docstring),
+  on `layout`: a (rows, cols) grid every image shares, or a NaFlex batch
+  (naflex.Patches) whose images have their own; `valid` [N, K]: which
+  kept tokens count (None: all)."""
   config: ViTConfig
   patch_size: int
 
   @nn.compact
-  def __call__(self, encoded, keep, grid, *, train):
+  def __call__(self, encoded, keep, layout, *, train, valid=None):
     config = self.config
     width = config.hidden_size
     dense = lambda features, name: nn.Dense(  # noqa: E731
@@ -168,7 +206,10 @@ class Decoder(nn.Module):
                                 ("embed", "mlp")),
         bias_init=layers.init(nn.initializers.zeros, ("mlp",)), name=name)
     x = dense(width, "embed")(encoded)
-    n, num_patches = keep.shape[0], grid[0] * grid[1]
+    flexible = isinstance(layout, naflex.Patches)
+    n = keep.shape[0]
+    num_patches = (layout.pixels.shape[1] if flexible
+                   else layout[0] * layout[1])
     prefix = x.shape[1] - keep.shape[1]
     mask_token = self.param(
         "mask_token", layers.init(nn.initializers.normal(stddev=0.02),
@@ -176,9 +217,17 @@ class Decoder(nn.Module):
         (1, 1, width), config.param_dtype)
     patches = jnp.broadcast_to(mask_token.astype(x.dtype),
                                (n, num_patches, width))
-    patches = patches.at[jnp.arange(n)[:, None], keep].set(x[:, prefix:])
+    values = x[:, prefix:]
+    if valid is not None:  # What an image did not keep is masked too.
+      values = jnp.where(valid[..., None], values,
+                         mask_token.astype(x.dtype))
+    patches = patches.at[jnp.arange(n)[:, None], keep].set(values)
+    if flexible:
+      tokens = tokens_lib.of_patches(patches, layout, prefix, 0)
+    else:
+      tokens = tokens_lib.of_grid(patches, layout)
     x = jnp.concatenate([x[:, :prefix], patches], axis=1)
-    tokens = tokens_lib.of_grid(x, grid)
+    tokens = tokens.replace(values=x)
     x = Encoder(config=config, name="Transformer")(tokens, train=train)
     pixels = self.patch_size ** 2 * 3
     return dense(pixels, "pred")(x[:, prefix:]).astype(jnp.float32)
@@ -186,10 +235,13 @@ class Decoder(nn.Module):
 
 def pixel_targets(images, patch_size, norm_pix_loss):
   """[N, L, p * p * 3] float32: what each patch's prediction is compared
-  with: its pixels in [-1, 1], or with `norm_pix_loss` normalised per
+  with (images, or a NaFlex batch's patches): its pixels in [-1, 1], or with `norm_pix_loss` normalised per
   patch, (x - mean) / sqrt(var + 1e-6) with the unbiased variance (torch's
   `var`, as MAE's code computes it)."""
-  target = patchify(unit_range(images).astype(jnp.float32), patch_size)
+  if isinstance(images, naflex.Patches):  # Already patches, in that order.
+    target = unit_range(images.pixels).astype(jnp.float32)
+  else:
+    target = patchify(unit_range(images).astype(jnp.float32), patch_size)
   if not norm_pix_loss:
     return target
   mean = target.mean(axis=-1, keepdims=True)

@@ -127,13 +127,15 @@ def of_packed(values, packed, prefix_tokens, registers):
       slots=slots)
 
 
-def visible(tokens, keep):
+def visible(tokens, keep, valid=None):
   """The Tokens of one grid's patches (`of_grid`'s, before any prefix
-  token) that `keep` [N, K] int names, each image its own K: their values
-  gathered, each at its place in the grid. The grid is no longer the
-  batch's (grid None), so the position tables are computed, or resized,
-  at each kept patch's place, as a NaFlex batch's are (a table resized
-  to its own size is the table itself, to the bit)."""
+  token), or of a NaFlex batch's (`of_patches`'), that `keep` [N, K] int
+  names, each image its own K: their values gathered, each at its place
+  in its grid. The grid is no longer the batch's (grid None), so the
+  position tables are computed, or resized, at each kept patch's place, as
+  a NaFlex batch's are (a table resized to its own size is the table
+  itself, to the bit). `valid` [N, K] bool: those of the K that count, the
+  rest (a NaFlex image that keeps fewer) neither attended to nor pooled."""
   rows = jnp.take_along_axis(jnp.broadcast_to(tokens.rows, keep.shape[:1]
                                               + tokens.rows.shape[1:]),
                              keep, axis=1)
@@ -141,5 +143,13 @@ def visible(tokens, keep):
                                               + tokens.cols.shape[1:]),
                              keep, axis=1)
   values = jnp.take_along_axis(tokens.values, keep[..., None], axis=1)
-  return Tokens(values, rows, cols, tokens.grid_rows, tokens.grid_cols)
+  if valid is None:
+    return Tokens(values, rows, cols, tokens.grid_rows, tokens.grid_cols)
+  mask = tokens.attention_mask
+  prefix = mask.shape[1] - tokens.num_patches
+  real = jnp.take_along_axis(mask[:, prefix:], keep, axis=1) & valid
+  return Tokens(values, rows, cols, tokens.grid_rows, tokens.grid_cols,
+                attention_mask=jnp.concatenate([mask[:, :prefix], real],
+                                               axis=1),
+                pool_mask=real)
 

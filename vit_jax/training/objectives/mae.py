@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors, models
-from vit_jax.models import mae as mae_lib
+from vit_jax.models import mae as mae_lib, naflex
 from vit_jax.runs.workdir import Workdir
 from vit_jax.training.objectives import base
 from vit_jax.weights import pretrained
@@ -58,7 +58,7 @@ class MaskedAutoencoding(base.Objective):
     for key, value, off in (
         ("config.model.mpp", keys.model.mpp, False),
         ("config.distill.teacher", keys.distill.teacher, ""),
-        ("config.naflex.max_num_patches", keys.naflex.max_num_patches, 0),
+        ("config.naflex.packing", keys.naflex.packing, False),
         ("config.mixup.prob", keys.mixup.prob, 0.0),
         ("config.cutmix.prob", keys.cutmix.prob, 0.0),
         ("config.label_smoothing", keys.label_smoothing, 0.0),
@@ -66,7 +66,8 @@ class MaskedAutoencoding(base.Objective):
       if value != off:
         raise errors.ConfigError(
             f"{key}={value!r} does not apply to {name}, which reconstructs "
-            f"square images' pixels without labels: set it to {off!r}")
+            f"images' pixels without labels, one image a row: set it to "
+            f"{off!r}")
     if keys.mae.decoder_hidden_size % keys.mae.decoder_num_heads:
       raise errors.ConfigError(
           f"config.mae.decoder_num_heads={keys.mae.decoder_num_heads} does "
@@ -85,30 +86,35 @@ class MaskedAutoencoding(base.Objective):
     return tokens.values[:, 0].astype(jnp.float32)
 
   def prepare(self, batch, step):
-    """The images, and a noise [N, L] for each: row r of step s's batch
-    draws from (seed, MASK_STREAM, s, r)."""
-    return {"image": batch["image"], "noise": self.noise(batch["image"], step),
-            "mask": batch["mask"]}
+    """The images (a NaFlex batch's patches and grids), and a noise [N, L]
+    for each: row r of step s's batch draws from (seed, MASK_STREAM, s,
+    r)."""
+    return {**{key: batch[key] for key in ("image", "mask", "grid")
+               if key in batch},
+            "noise": self.noise(naflex.inputs_of(batch), step)}
 
   def noise(self, images, step):
     """[N, L] uniform draws, row r's from (seed, MASK_STREAM, step, r)."""
-    p = self.model.config.patch_size
-    num_patches = (images.shape[1] // p) * (images.shape[2] // p)
+    if isinstance(images, naflex.Patches):
+      num_patches = images.pixels.shape[1]
+    else:
+      p = self.model.config.patch_size
+      num_patches = (images.shape[1] // p) * (images.shape[2] // p)
     key = self.stream(MASK_STREAM, step)
-    rows = jnp.arange(images.shape[0])
+    rows = jnp.arange(jax.tree.leaves(images)[0].shape[0])
     return jax.vmap(lambda row: jax.random.uniform(
         jax.random.fold_in(key, row), (num_patches,)))(rows)
 
   def held_out(self, params, batch):
     """Each image's reconstruction loss, masked by the draws of a step no
     run takes (HELD_OUT_STEP): the same masks at every evaluation."""
-    images = batch["image"]
+    images = naflex.inputs_of(batch)
     return losses_of(self.model, params, images,
                      self.noise(images, HELD_OUT_STEP),
                      self.norm_pix_loss)[0]
 
   def loss(self, params, micro, weights, key):
-    per_image, _, _ = losses_of(self.model, params, micro["image"],
+    per_image, _, _ = losses_of(self.model, params, naflex.inputs_of(micro),
                                 micro["noise"], self.norm_pix_loss,
                                 dropout_key=key)
     return (weights * per_image).sum(), {}
