@@ -160,7 +160,7 @@ def make_train_step(objective, optimizer_of, accum_steps, seed, polyak_decay,
       carry = fields["carry"] = objective.update_carry(carry, observed,
                                                        state.step)
     served = objective.update_served(state.polyak, params, carry,
-                                     polyak_decay)
+                                     polyak_decay, state.step)
     return state.replace(step=state.step + 1, params=params,
                          opt_state=opt_state, polyak=served,
                          **fields), metrics

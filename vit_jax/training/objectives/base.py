@@ -62,10 +62,11 @@ with; checkpoints name it "polyak"):
   update_carry(carry, observed, step)
                         the carry after the batch's update
   init_served(params, carry, decay), update_served(served, params, carry,
-                        decay)
+                        decay, step)
                         what evaluation, export and the read-only tools
                         use, or None for the params themselves: by default
-                        their Polyak average at config.polyak_decay
+                        their Polyak average at config.polyak_decay (an
+                        EMA teacher's momentum may follow the step)
 
 
 config.objective names one (objectives.REGISTRY). A new one is a module
@@ -169,8 +170,8 @@ class Objective:
     del carry
     return polyak.init(params, decay)
 
-  def update_served(self, served, params, carry, decay):
-    del carry
+  def update_served(self, served, params, carry, decay, step):
+    del carry, step
     return polyak.update(served, params, decay)
 
   def flops_per_image(self, image_size, num_patches=None, slots=1):

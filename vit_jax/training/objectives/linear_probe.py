@@ -126,8 +126,8 @@ class LinearProbe(classification.Classification):
     del decay
     return fold(params, carry)
 
-  def update_served(self, served, params, carry, decay):
-    del served, decay
+  def update_served(self, served, params, carry, decay, step):
+    del served, decay, step
     return fold(params, carry)
 
 
