@@ -85,11 +85,13 @@ def make_train_step(objective, optimizer_of, accum_steps, seed, polyak_decay,
   """state, batch, numbers, frozen params -> state, metrics; the gradient
   of the batch's mean loss, summed over micro-batches. The `objective`
   (training/objectives/) prepares the whole batch before it is split
-  (targets smoothed and mixed, masks drawn), teaches each micro-batch with
-  its frozen params (a teacher's, None without) and gives the loss. The
-  optimizer is `optimizer_of(numbers)`: the schedule's numbers come in as
-  data (optimizer.schedule_numbers), not as constants of the compiled
-  step; so do the frozen params.
+  (targets smoothed and mixed, masks drawn), teaches each micro-batch
+  (Held: its params, served params, carry and frozen params, a teacher's
+  or None) and gives the loss and what its carry observes; after the
+  update it moves its carry and what it serves. The optimizer is
+  `optimizer_of(numbers)`: the schedule's numbers come in as data
+  (optimizer.schedule_numbers), not as constants of the compiled step; so
+  do the frozen params.
 
   unroll: trace the micro-batch loop unrolled, for vit_jax.plan (XLA's cost
   analysis counts a loop's body once); runs keep the loop, which compiles
