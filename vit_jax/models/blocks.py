@@ -3,7 +3,6 @@ branch) and the MLP that the block and the MAP head share."""
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from vit_jax import sharding
 from vit_jax.models import layers

@@ -22,7 +22,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from vit_jax import errors, sharding
-from vit_jax.training import objectives, optimizer, polyak
+from vit_jax.training import objectives, optimizer
 from vit_jax.weights import pretrained
 
 
