@@ -143,9 +143,7 @@ def masked_autoencoder_from_settings(model, mae):
   encoder's; its classifier head unused) and config.mae's (the mask ratio,
   the decoder's sizes)."""
   encoder = create_from_settings(model, 1).config
-  sizes = mae_lib.DecoderSizes(mae.decoder_hidden_size,
-                               mae.decoder_num_layers, mae.decoder_num_heads,
-                               mae.decoder_mlp_dim)
+  sizes = mae_lib.DecoderSizes.of(mae)
   autoencoder = MaskedAutoencoder(
       encoder, mae_lib.decoder_config(encoder, sizes), mae.mask_ratio)
   autoencoder.check_options()

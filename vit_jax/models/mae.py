@@ -39,7 +39,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.models import layers, naflex, tokens as tokens_lib
+from vit_jax.models import layers, naflex, options, tokens as tokens_lib
 from vit_jax.models.config import ViTConfig
 from vit_jax.models.encoder import Encoder, ImageEncoder, unit_range
 
@@ -47,11 +47,26 @@ from vit_jax.models.encoder import Encoder, ImageEncoder, unit_range
 @dataclasses.dataclass(frozen=True)
 class DecoderSizes:
   """The decoder's own sizes (the paper's default: 512 wide, 8 blocks, 16
-  heads, MLP 2048)."""
-  hidden_size: int = 512
-  num_layers: int = 8
-  num_heads: int = 16
-  mlp_dim: int = 2048
+  heads, MLP 2048), declared here once: config.mae's `decoder_*` keys are
+  these fields (runs/settings.py derives them)."""
+  hidden_size: int = options.key(512, "the decoder's width", at_least=1,
+                                 before=options.AS_DEFAULT)
+  num_layers: int = options.key(8, "the decoder's blocks", at_least=1,
+                                before=options.AS_DEFAULT)
+  num_heads: int = options.key(16, "the decoder's attention heads",
+                               at_least=1, before=options.AS_DEFAULT)
+  mlp_dim: int = options.key(2048, "the decoder's MLP width", at_least=1,
+                             before=options.AS_DEFAULT)
+
+  @classmethod
+  def of(cls, keys):
+    """The sizes that config.mae's `decoder_*` keys (`keys`) give."""
+    return cls(**{field.name: getattr(keys, SETTINGS_PREFIX + field.name)
+                  for field in dataclasses.fields(cls)})
+
+
+# config.mae's name of each DecoderSizes field: decoder_hidden_size, ...
+SETTINGS_PREFIX = "decoder_"
 
 
 def keep_count(num_patches, mask_ratio):

@@ -167,27 +167,27 @@ class Distill:
       "source says, else assumed", before=AS_DEFAULT)
 
 
-_DECODER = mae_lib.DecoderSizes()
+def _mae_section():
+  """config.mae: the mask ratio and loss, then each of models/mae.py's
+  DecoderSizes fields as it declares it, named decoder_<field>."""
+  fields = [
+      ("mask_ratio", float, key(
+          0.75, "the share of each image's patches removed", at_least=0.0,
+          below=1.0, before=AS_DEFAULT)),
+      ("norm_pix_loss", bool, key(
+          True, "predict each patch's pixels normalised by its own mean and "
+          "variance", before=AS_DEFAULT))]
+  for field in dataclasses.fields(mae_lib.DecoderSizes):
+    fields.append((mae_lib.SETTINGS_PREFIX + field.name, field.type,
+                   key(field.default, **field.metadata)))
+  return dataclasses.make_dataclass(
+      "MAE", fields, frozen=True, namespace={"__module__": __name__,
+          "__doc__": "config.mae: masked autoencoders' pre-training "
+                     "(config.objective \"mae\"; training/objectives/"
+                     "mae.py), He et al.'s defaults."})
 
 
-@dataclasses.dataclass(frozen=True)
-class MAE:
-  """config.mae: masked autoencoders' pre-training (config.objective
-  "mae"; training/objectives/mae.py), He et al.'s defaults."""
-  mask_ratio: float = key(0.75, "the share of each image's patches removed",
-                          at_least=0.0, below=1.0, before=AS_DEFAULT)
-  norm_pix_loss: bool = key(True, "predict each patch's pixels normalised "
-                            "by its own mean and variance", before=AS_DEFAULT)
-  # The decoder's sizes at models/mae.py's defaults, declared there once.
-  decoder_hidden_size: int = key(_DECODER.hidden_size, "the decoder's width",
-                                 at_least=1, before=AS_DEFAULT)
-  decoder_num_layers: int = key(_DECODER.num_layers, "the decoder's blocks",
-                                at_least=1, before=AS_DEFAULT)
-  decoder_num_heads: int = key(_DECODER.num_heads,
-                               "the decoder's attention heads", at_least=1,
-                               before=AS_DEFAULT)
-  decoder_mlp_dim: int = key(_DECODER.mlp_dim, "the decoder's MLP width",
-                             at_least=1, before=AS_DEFAULT)
+MAE = _mae_section()
 
 
 @dataclasses.dataclass(frozen=True)
