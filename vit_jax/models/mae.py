@@ -250,7 +250,8 @@ class Decoder(nn.Module):
 
 def pixel_targets(images, patch_size, norm_pix_loss):
   """[N, L, p * p * 3] float32: what each patch's prediction is compared
-  with (images, or a NaFlex batch's patches): its pixels in [-1, 1], or with `norm_pix_loss` normalised per
+  with (images, or a NaFlex batch's patches): its pixels in [-1, 1], or
+  with `norm_pix_loss` normalised per
   patch, (x - mean) / sqrt(var + 1e-6) with the unbiased variance (torch's
   `var`, as MAE's code computes it)."""
   if isinstance(images, naflex.Patches):  # Already patches, in that order.

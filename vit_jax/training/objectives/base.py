@@ -131,6 +131,17 @@ class Objective:
             f"{self.name!r}, which takes {list(self.evaluator_kinds)}; "
             f"or set its `every` to 0")
 
+  @staticmethod
+  def refuse_set(name, what_it_does, keys_and_offs):
+    """A ConfigError naming the first of (key, value, off) that is set
+    (anything but off, unset or 0): it does not apply to objective
+    `name`, which does `what_it_does`."""
+    for key, value, off in keys_and_offs:
+      if value:
+        raise errors.ConfigError(
+            f"{key}={value!r} does not apply to {name}, which "
+            f"{what_it_does}: set it to {off!r}")
+
   def held_out(self, params, batch):
     """Each example's loss [N] on a held-out batch (evaluators/loss.py),
     where the objective has one apart from its labels."""

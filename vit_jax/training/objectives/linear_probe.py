@@ -47,7 +47,8 @@ class LinearProbe(classification.Classification):
       raise errors.ConfigError(
           f"config.optimizer.frozen must be {PROBE_FROZEN!r} with {name} "
           f"(only the head learns), got {keys.optimizer.frozen!r}")
-    for key, value, off in (
+    cls.refuse_set(name, "trains one linear layer on square images' "
+                   "features", (
         ("config.model.mpp", keys.model.mpp, False),
         ("config.model.distill_token", keys.model.distill_token, False),
         ("config.model.representation_size",
@@ -55,11 +56,7 @@ class LinearProbe(classification.Classification):
         ("config.distill.teacher", keys.distill.teacher, ""),
         ("config.naflex.max_num_patches", keys.naflex.max_num_patches, 0),
         ("config.naflex.packing", keys.naflex.packing, False),
-        ("config.polyak_decay", keys.polyak_decay, 0.0)):
-      if value:  # Unset (None) is off too.
-        raise errors.ConfigError(
-            f"{key}={value!r} does not apply to {name}, which trains one "
-            f"linear layer on square images' features: set it to {off!r}")
+        ("config.polyak_decay", keys.polyak_decay, 0.0)))
 
   def init_params(self, rng, image_size):
     """A head drawn as MAE's probe draws it, N(0, 0.01^2): LARS scales a

@@ -55,19 +55,15 @@ class MaskedAutoencoding(base.Objective):
       raise errors.ConfigError(
           f"config.mae.mask_ratio must be in (0, 1), got "
           f"{keys.mae.mask_ratio!r}")
-    for key, value, off in (
+    cls.refuse_set(name, "reconstructs images' pixels without labels, one "
+                   "image a row", (
         ("config.model.mpp", keys.model.mpp, False),
         ("config.distill.teacher", keys.distill.teacher, ""),
         ("config.naflex.packing", keys.naflex.packing, False),
         ("config.mixup.prob", keys.mixup.prob, 0.0),
         ("config.cutmix.prob", keys.cutmix.prob, 0.0),
         ("config.label_smoothing", keys.label_smoothing, 0.0),
-        ("config.random_erasing", keys.random_erasing, 0.0)):
-      if value != off:
-        raise errors.ConfigError(
-            f"{key}={value!r} does not apply to {name}, which reconstructs "
-            f"images' pixels without labels, one image a row: set it to "
-            f"{off!r}")
+        ("config.random_erasing", keys.random_erasing, 0.0)))
     if keys.mae.decoder_hidden_size % keys.mae.decoder_num_heads:
       raise errors.ConfigError(
           f"config.mae.decoder_num_heads={keys.mae.decoder_num_heads} does "
@@ -96,12 +92,13 @@ class MaskedAutoencoding(base.Objective):
   def noise(self, images, step):
     """[N, L] uniform draws, row r's from (seed, MASK_STREAM, step, r)."""
     if isinstance(images, naflex.Patches):
-      num_patches = images.pixels.shape[1]
+      count, num_patches = images.pixels.shape[:2]
     else:
       p = self.model.config.patch_size
+      count = images.shape[0]
       num_patches = (images.shape[1] // p) * (images.shape[2] // p)
     key = self.stream(MASK_STREAM, step)
-    rows = jnp.arange(jax.tree.leaves(images)[0].shape[0])
+    rows = jnp.arange(count)
     return jax.vmap(lambda row: jax.random.uniform(
         jax.random.fold_in(key, row), (num_patches,)))(rows)
 
