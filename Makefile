@@ -9,7 +9,7 @@ PYTHON := $(VENV)/bin/python
 TEST_ENV = GLIBC_TUNABLES=$(shell JAX_PLATFORMS=cpu $(PYTHON) -c \
 	'from vit_jax import runtime; print(runtime.glibc_tunables(""))')
 
-.PHONY: train test transfer mae docs_figures clean
+.PHONY: train test transfer mae dino docs_figures clean
 
 # pip's -qq: its errors only, not the warnings of this machine's pip
 # settings or of the editable build.
@@ -47,6 +47,15 @@ mae: $(VENV)/installed
 	set -o pipefail; for run in pretrain finetune scratch probe; do \
 	  $(PYTHON) -m vit_jax.main --config=configs/mae/digits.py:$$run \
 	    --workdir=workdir/mae/$$run | sed "s/^/$$run: /" || exit 1; \
+	done
+
+# Self-distillation (DINOv2's recipe) on the digits without labels, then
+# the same fine-tunings (configs/dino/digits.py, docs/dino.md).
+dino: SHELL := /bin/bash
+dino: $(VENV)/installed
+	set -o pipefail; for run in pretrain finetune scratch; do \
+	  $(PYTHON) -m vit_jax.main --config=configs/dino/digits.py:$$run \
+	    --workdir=workdir/dino/$$run | sed "s/^/$$run: /" || exit 1; \
 	done
 
 # The digits figures that docs/figures.md shows (docs/digits_*.png): a fresh run

@@ -40,3 +40,24 @@ def get_config():
   config.evaluators.test.every = 250
   config.checkpoint_every = 250
   return config
+
+
+# Learning from few labels, after pre-training without them (configs/mae/
+# digits.py, configs/dino/digits.py): the first 10 training images of each
+# digit, from `init_from` ("": from scratch), the same steps either way.
+FEW_LABELS_STEPS = 300
+
+
+def few_labels(config, init_from=""):
+  """`config` made to fine-tune on digits/10_per_class from `init_from`."""
+  config.dataset = "digits/10_per_class"
+  config.total_steps = FEW_LABELS_STEPS
+  config.batch_size = 64
+  config.optimizer.update(name="adam", learning_rate=1e-3,
+                          weight_decay=0.05, warmup_steps=30,
+                          decay="cosine", grad_clip_norm=1.0)
+  config.evaluators.test.every = FEW_LABELS_STEPS
+  config.checkpoint_every = FEW_LABELS_STEPS
+  config.log_every = 50
+  config.init_from = init_from
+  return config

@@ -79,7 +79,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # more than TEST_PROCESS_BUDGET, unless it is marked with its own allowance,
 # `@pytest.mark.processes(N)`.
 PROCESSES = "VIT_JAX_TEST_PROCESSES"
-PROCESS_BUDGET = 40
+# 42: the self-distillation pod (tests/test_dino.py), which its issue's bar
+# asks for, added two to the suite's 39.
+PROCESS_BUDGET = 42
 TEST_PROCESS_BUDGET = 1
 SITECUSTOMIZE = r'''"""Written by tests/conftest.py: a Python process started under the
 tests records itself, and each fork of itself, in the folder that

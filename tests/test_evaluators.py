@@ -162,18 +162,24 @@ def resolved_run(config, mesh, data, built, checked=None):
                      sources=data, changes={}, parts=built)
 
 
-def run_evaluators(config, params=None):
-  """The config's evaluators at the last step, on a random small model."""
+def evaluated_run(config, params=None):
+  """(the Run of `config`, its program, `params` on its mesh: by default a
+  random small model's), checked as a run is."""
   mesh = sharding.make_mesh(config.mesh)
   data = sources.Sources(config.dataset, config.data_dir)
   checked = resolve.check_values(settings.of(config))
   resolve.check_data(checked, data)
   built = step_lib.parts(checked.settings, 10)
   program = step_lib.build(checked.settings, mesh, built)
-  state = program.init(jax.random.key(0))
-  params = randomize(state.params) if params is None else params
+  if params is None:
+    params = randomize(program.init(jax.random.key(0)).params)
   params = jax.device_put(params, program.state_shardings.params)
-  resolved = resolved_run(config, mesh, data, built, checked)
+  return resolved_run(config, mesh, data, built, checked), program, params
+
+
+def run_evaluators(config, params=None):
+  """The config's evaluators at the last step, on a random small model."""
+  resolved, program, params = evaluated_run(config, params)
   return program, params, evaluators.Evaluators(resolved, program).run_all(
       params)
 
@@ -195,7 +201,7 @@ def test_fewshot_evaluator_on_digits(digits_data_dir):
 
 @pytest.mark.parametrize("entry,message", [
     (dict(kind="top5", every=1), "kind must be one of accuracy, real, "
-     "fewshot, loss, got 'top5'"),
+     "fewshot, knn, loss, got 'top5'"),
     (dict(kind="accuracy", every=-1, split="test"), "every must be an "
      "integer >= 0"),
     (dict(kind="accuracy", every=1, splt="test"), "has no setting splt"),

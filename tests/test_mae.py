@@ -17,8 +17,8 @@ from tests.util import (
   latest_state,
   logged,
   program_of,
+  run_stopped_and_resumed,
   run_training,
-  sigterm_at_step,
   small_config,
   train_steps,
 )
@@ -140,11 +140,7 @@ def test_an_mae_run_stopped_by_sigterm_resumes_bitwise(
     mae_run, tmp_path, monkeypatch):
   config, straight, _ = mae_run
   resumed = str(tmp_path)
-  with monkeypatch.context() as patch:
-    sigterm_at_step(patch, 7)
-    stopped = run_training(config, resumed)
-  assert stopped["stopped_at_step"] == 7
-  run_training(config, resumed)
+  run_stopped_and_resumed(config, resumed, monkeypatch, 7)
   step_a, expected, _ = latest_checkpoint(straight, config)
   step_b, params, _ = latest_checkpoint(resumed, config)
   assert step_a == step_b == 24
@@ -236,9 +232,9 @@ def test_the_encoder_costs_the_kept_patches_only():
     ({"mae.decoder_num_heads": 5}, "decoder_num_heads=5 does not divide"),
     ({"evaluators.test.kind": "accuracy"},
      "config.evaluators.test: a 'accuracy' evaluator does not apply to "
-     "config.objective='mae', which takes ['loss', 'fewshot']"),
-    ({"objective": "dino"}, "config.objective must be one of "
-     "['classification', 'mae', 'linear_probe'], got 'dino'"),
+     "config.objective='mae', which takes ['loss', 'fewshot', 'knn']"),
+    ({"objective": "simclr"}, "config.objective must be one of "
+     "['classification', 'mae', 'dino', 'linear_probe'], got 'simclr'"),
 ])
 def test_what_mae_cannot_do_is_refused_naming_the_key(overrides, message):
   config = small_config("", **MAE)
@@ -313,10 +309,7 @@ def test_a_linear_probe_stopped_by_sigterm_resumes_bitwise(
   """Its running statistics and served params included."""
   config, straight, _ = probe_run
   resumed = str(tmp_path)
-  with monkeypatch.context() as patch:
-    sigterm_at_step(patch, 3)
-    assert run_training(config, resumed)["stopped_at_step"] == 3
-  run_training(config, resumed)
+  run_stopped_and_resumed(config, resumed, monkeypatch, 3)
   expected, _ = latest_state(straight, config)
   state, _ = latest_state(resumed, config)
   jax.tree.map(np.testing.assert_array_equal, state, expected)

@@ -143,6 +143,15 @@ def sigterm_at_step(patch, at):
   patch.setattr(step_lib, "build", build)
 
 
+def run_stopped_and_resumed(config, workdir, monkeypatch, at):
+  """Runs `config` in `workdir`, stopped by SIGTERM as its `at`-th train
+  step starts, then resumed to its end (what a preempted run does)."""
+  with monkeypatch.context() as patch:
+    sigterm_at_step(patch, at)
+    assert run_training(config, workdir)["stopped_at_step"] == at
+  run_training(config, workdir)
+
+
 def train_steps(program, state, config, num_steps, augment=()):
   """(the losses, the state) after `num_steps` steps of `program` on digits
   batches of `config`'s size."""

@@ -43,6 +43,7 @@ LOGICAL_AXIS_RULES = (
     ("kv", None),       # per-head width D/heads
     ("classes", None),  # head outputs
     ("layers", None),   # the stacked blocks of a scanned encoder
+    ("prototypes", None),  # a DINO head's; FSDP splits the large matrix
   # A hybrid's ResNet: its kernels' input and output channels, and its
   # GroupNorms' (the stem is data parallel, like the patch embedding).
   ("in_channels", None),

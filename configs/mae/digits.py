@@ -22,7 +22,6 @@ from vit_jax.training.objectives import linear_probe
 
 # What pre-training and fine-tuning share: the digits model (Ti/2 shrunk).
 PRETRAIN_STEPS = 2000
-FINETUNE_STEPS = 300
 PROBE_STEPS = 300
 
 
@@ -50,17 +49,8 @@ def get_config(arg="pretrain"):
     config.checkpoint_every = 500
     config.log_every = 100
   elif arg in ("finetune", "scratch"):
-    config.dataset = "digits/10_per_class"
-    config.total_steps = FINETUNE_STEPS
-    config.batch_size = 64
-    config.optimizer.update(name="adam", learning_rate=1e-3,
-                            weight_decay=0.05, warmup_steps=30,
-                            decay="cosine", grad_clip_norm=1.0)
-    config.evaluators.test.every = FINETUNE_STEPS
-    config.checkpoint_every = FINETUNE_STEPS
-    config.log_every = 50
-    if arg == "finetune":
-      config.init_from = "workdir/mae/pretrain"
+    digits.few_labels(config,
+                      "workdir/mae/pretrain" if arg == "finetune" else "")
   elif arg == "probe":
     config.objective = "linear_probe"
     config.init_from = "workdir/mae/pretrain"

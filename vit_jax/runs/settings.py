@@ -30,7 +30,7 @@ from typing import Optional
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import mae as mae_lib, options
+from vit_jax.models import dino as dino_lib, mae as mae_lib, options
 from vit_jax.models.config import ViTConfig
 
 key = options.key
@@ -84,6 +84,10 @@ class Optimizer:
   decay: str = key("", "after the warm-up: linear or cosine to 0")
   weight_decay: float = key(0.0, "decoupled weight decay, of the kernels "
                             "only", at_least=0.0)
+  weight_decay_end: Optional[float] = key(
+      None, "adam: the weight decay at the last step, reached from "
+      "weight_decay by a cosine (DINOv2's 0.04 -> 0.4); unset: constant",
+      at_least=0.0, before=None)
   grad_clip_norm: float = key(0.0, "the global gradient norm clipped to "
                               "(0: none)", at_least=0.0)
   b1: float = key(0.9, "Adam's first-moment decay", at_least=0.0, below=1.0)
@@ -177,17 +181,93 @@ def _mae_section():
       ("norm_pix_loss", bool, key(
           True, "predict each patch's pixels normalised by its own mean and "
           "variance", before=AS_DEFAULT))]
-  for field in dataclasses.fields(mae_lib.DecoderSizes):
-    fields.append((mae_lib.SETTINGS_PREFIX + field.name, field.type,
-                   key(field.default, **field.metadata)))
+  return _section_with_sizes(
+      "MAE", fields, mae_lib.DecoderSizes, mae_lib.SETTINGS_PREFIX,
+      "config.mae: masked autoencoders' pre-training (config.objective "
+      "\"mae\"; training/objectives/mae.py), He et al.'s defaults.")
+
+
+def _section_with_sizes(name, fields, sizes, prefix, doc):
+  """A config section of `fields`, then each field of the dataclass
+  `sizes` as the model's module declares it, named prefix + its name."""
+  fields = fields + [(prefix + field.name, field.type,
+                      key(field.default, **field.metadata))
+                     for field in dataclasses.fields(sizes)]
   return dataclasses.make_dataclass(
-      "MAE", fields, frozen=True, namespace={"__module__": __name__,
-          "__doc__": "config.mae: masked autoencoders' pre-training "
-                     "(config.objective \"mae\"; training/objectives/"
-                     "mae.py), He et al.'s defaults."})
+      name, fields, frozen=True,
+      namespace={"__module__": __name__, "__doc__": doc})
 
 
 MAE = _mae_section()
+
+
+def _dino_section():
+  """config.dino: DINOv2's recipe (its ssl_default_config.yaml), then each
+  of models/dino.py's HeadSizes fields as it declares it, named
+  head_<field>."""
+  fields = [
+      ("centering", str, key(
+          "center", "the teacher's centering: center (DINO's running "
+          "mean) or sinkhorn_knopp (DINOv2's released models)",
+          before=AS_DEFAULT)),
+      ("center_momentum", float, key(
+          0.9, "the running center's momentum", at_least=0.0, below=1.0,
+          before=AS_DEFAULT)),
+      ("momentum", float, key(
+          0.992, "the teacher's EMA momentum at step 0, to 1 by a cosine "
+          "(the released L/g: 0.994)", at_least=0.0, at_most=1.0,
+          before=AS_DEFAULT)),
+      ("student_temperature", float, key(
+          0.1, "the student's softmax temperature", at_least=0.0,
+          before=AS_DEFAULT)),
+      ("teacher_temperature", float, key(
+          0.07, "the teacher's after its warm-up", at_least=0.0,
+          before=AS_DEFAULT)),
+      ("warmup_teacher_temperature", float, key(
+          0.04, "the teacher's at step 0", at_least=0.0,
+          before=AS_DEFAULT)),
+      ("teacher_warmup_steps", int, key(
+          0, "steps of the teacher temperature's linear warm-up (DINOv2: "
+          "30 epochs)", at_least=0, before=AS_DEFAULT)),
+      ("freeze_prototypes_steps", int, key(
+          0, "steps the heads' prototypes are not trained for (DINOv2: one "
+          "epoch)", at_least=0, before=AS_DEFAULT)),
+      ("local_crops", int, key(
+          8, "local crops of each image", at_least=0, before=AS_DEFAULT)),
+      ("local_size", int, key(
+          96, "the local crops' side (98 for patch 14)", at_least=1,
+          before=AS_DEFAULT)),
+      ("global_scale", tuple, key(
+          (0.32, 1.0), "the global crops' share of the image's area",
+          before=AS_DEFAULT)),
+      ("local_scale", tuple, key(
+          (0.05, 0.32), "the local crops' share of the image's area",
+          before=AS_DEFAULT)),
+      ("blur_sigma", tuple, key(
+          (0.1, 2.0), "the crops' Gaussian blur's sigma range in pixels "
+          "(DINOv2's, for 224-px crops)", before=AS_DEFAULT)),
+      ("dino_weight", float, key(1.0, "the DINO loss's weight",
+                                 at_least=0.0, before=AS_DEFAULT)),
+      ("koleo_weight", float, key(0.1, "the KoLeo loss's weight",
+                                  at_least=0.0, before=AS_DEFAULT)),
+      ("ibot_weight", float, key(1.0, "the iBOT loss's weight",
+                                 at_least=0.0, before=AS_DEFAULT)),
+      ("mask_probability", float, key(
+          0.5, "the share of global crops that iBOT masks", at_least=0.0,
+          at_most=1.0, before=AS_DEFAULT)),
+      ("mask_ratio", tuple, key(
+          (0.1, 0.5), "a masked crop's share of masked patches, uniform in "
+          "(low, high)", before=AS_DEFAULT)),
+      ("ibot_separate_head", bool, key(
+          False, "iBOT's head apart from DINO's (the released L/g: True)",
+          before=AS_DEFAULT))]
+  return _section_with_sizes(
+      "DINO", fields, dino_lib.HeadSizes, dino_lib.SETTINGS_PREFIX,
+      "config.dino: self-distillation's pre-training (config.objective "
+      "\"dino\"; training/objectives/dino.py), DINOv2's defaults.")
+
+
+DINO = _dino_section()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,9 +316,10 @@ class Settings:
       "or refuse (the run stops at the first)", changeable=True,
       before=AS_DEFAULT)
   objective: str = key(
-      "classification", "what the run learns: classification, mae or "
-      "linear_probe (a linear head on a frozen encoder)",
-      choices=("classification", "mae", "linear_probe"), before=AS_DEFAULT)
+      "classification", "what the run learns: classification, mae, dino "
+      "(self-distillation) or linear_probe (a linear head on a frozen "
+      "encoder)", choices=("classification", "mae", "dino", "linear_probe"),
+      before=AS_DEFAULT)
   model: Model = section(Model, "the model: name and overrides")
   loss: str = key("softmax", "softmax or sigmoid cross-entropy",
                   before=AS_DEFAULT)
@@ -263,6 +344,7 @@ class Settings:
                             "params (0: none)", at_least=0.0, below=1.0)
   distill: Distill = section(Distill, "distillation from a teacher")
   mae: MAE = section(MAE, "masked autoencoders' pre-training")
+  dino: DINO = section(DINO, "self-distillation's pre-training")
   mesh: Mesh = section(Mesh, "the device mesh", changeable=True)
   seed: int = key(0, "seeds the init, the data's order, the augmentations "
                   "and dropout")

@@ -90,7 +90,7 @@ def _block(name):
   if match:
     return int(match.group(1)) if match.group(1) else "scanned"
   if name.startswith(("Transformer/encoder_norm", "pre_logits", "head",
-                      "mpp_head")):
+                      "mpp_head", "dino_head", "ibot_head")):
     return "top"
   return "embedding"
 
@@ -153,6 +153,10 @@ def create(opt, total_steps, num_layers=0, numbers=None):
   schedule = learning_rate_schedule(numbers[0], numbers[2], numbers[1],
                                     opt.decay)
   check_multipliers(opt)
+  if opt.weight_decay_end is not None and opt.name != "adam":
+    raise errors.InputError(
+        f"config.optimizer.weight_decay_end is adam's (AdamW's scheduled "
+        f"decay); with {opt.name!r} leave it unset")
   if opt.name == "adam":
     if opt.mu_dtype not in MU_DTYPES:
       raise errors.InputError(
@@ -160,7 +164,10 @@ def create(opt, total_steps, num_layers=0, numbers=None):
           f"got {opt.mu_dtype!r}")
     core = [optax.scale_by_adam(b1=opt.b1, b2=opt.b2,
                                 mu_dtype=MU_DTYPES[opt.mu_dtype])]
-    if opt.weight_decay:
+    if opt.weight_decay_end is not None:
+      core.append(cosine_weight_decay(opt.weight_decay, opt.weight_decay_end,
+                                      total_steps))
+    elif opt.weight_decay:
       # AdamW's decoupled decay: the step subtracts lr(t) * wd * param.
       core.append(optax.add_decayed_weights(opt.weight_decay, mask=_is_kernel))
   elif opt.name == "lars":
@@ -188,6 +195,25 @@ def create(opt, total_steps, num_layers=0, numbers=None):
   return optax.multi_transform(
       {TRAINED: tx, FROZEN: optax.set_to_zero()},
       lambda params: labels(params, opt, num_layers)), schedule
+
+
+def cosine_weight_decay(start, end, total_steps):
+  """AdamW's decoupled decay of the kernels at a rate that follows a
+  cosine from `start` (step 0) to `end` (at total_steps), DINOv2's
+  CosineScheduler; its state counts the steps."""
+  def init(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update(updates, state, params):
+    progress = state.count.astype(jnp.float32) / total_steps
+    rate = end + (start - end) * 0.5 * (1 + jnp.cos(jnp.pi * progress))
+    decayed = jax.tree.map(
+        lambda u, p, kernel: u + rate * p if kernel else u, updates, params,
+        _is_kernel(params))
+    return decayed, optax.ScaleByScheduleState(count=state.count + 1)
+
+  return optax.GradientTransformation(init, update)
 
 
 # LARS's trust coefficient (You et al. 2017; facebookresearch/mae's 0.001).

@@ -13,9 +13,10 @@ from vit_jax.weights import npz
 
 # What pre-training adds to a model and fine-tuning drops: the pre-logits
 # layer, masked patch prediction's mask embedding and per-patch head, and a
-# masked autoencoder's decoder (models/mae.py).
+# masked autoencoder's decoder (models/mae.py), self-distillation's heads
+# (models/dino.py).
 _PRETRAINING_ONLY = ("pre_logits/", "mask_embedding", "mpp_head/",
-                     "decoder/")
+                     "decoder/", "dino_head/", "ibot_head/")
 
 
 def adapt(restored, init_params):

@@ -112,6 +112,9 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
       pytorch_mae.write_mae(out, models.masked_autoencoder_from_settings(
           loaded.config.model, loaded.config.mae), loaded.params,
                             loaded.config.mae.norm_pix_loss, image_size)
+    elif (loaded.config is not None and loaded.config.objective == "dino"
+          and not loaded.function["rope"]):
+      kind = hf.write_dinov2(out, flat, loaded.function, loaded.what)
     elif loaded.function["rope"]:
       kind = "DINOv3ViTModel"
       classes = hf.write_dinov3(out, flat, loaded.function, image_size,

@@ -2,12 +2,13 @@
 
 config.evaluators maps a name to one evaluator's settings:
 
-  kind   "accuracy" (accuracy.py), "real" (real.py), "fewshot" (fewshot.py)
-         or "loss" (loss.py: the objective's loss on held-out data)
+  kind   "accuracy" (accuracy.py), "real" (real.py), "fewshot" (fewshot.py),
+         "knn" (knn.py: k-nearest-neighbour votes of frozen features) or
+         "loss" (loss.py: the objective's loss on held-out data)
   every  evaluate every N steps and at the last step; 0: never
   ...    the kind's own settings (its DEFAULTS), which the name prefixes
          in what it logs: "test" -> test_accuracy, "fewshot" ->
-         fewshot/cifar10_5shot.
+         fewshot/cifar10_5shot, "knn" -> knn/cifar10_20nn.
 
 A run parses them once (`enabled`, in training/resolve.py), `check`
 refuses what its data cannot give before anything is compiled, and the
@@ -20,11 +21,12 @@ import ml_collections
 
 from vit_jax import errors
 from vit_jax.training import reporting
-from vit_jax.training.evaluators import accuracy, fewshot, loss, real
+from vit_jax.training.evaluators import accuracy, fewshot, knn, loss, real
 
 KINDS = {"accuracy": (accuracy.Accuracy, accuracy.DEFAULTS),
          "real": (real.Real, real.DEFAULTS),
          "fewshot": (fewshot.FewShot, fewshot.DEFAULTS),
+         "knn": (knn.KNN, knn.DEFAULTS),
          "loss": (loss.HeldOutLoss, loss.DEFAULTS)}
 
 

@@ -2,9 +2,11 @@
 of (params, batch) over the run's shardings."""
 
 import jax
+import numpy as np
 
-from vit_jax import sharding
+from vit_jax import errors, sharding
 from vit_jax.data import broken_records, pipeline
+from vit_jax.models import naflex
 
 
 class Batches:
@@ -73,3 +75,61 @@ def check_split(data, dataset, split):
   """An InputError now, not at the first evaluation, when the data is not
   there (`data`: the run's Sources; dataset "": the run's)."""
   data(dataset).num_examples(split)
+
+
+class FeatureEvaluator:
+  """What the evaluators of frozen features (few-shot, k-NN) share: the
+  objective's features of a split's examples (`collect`), each split's
+  batches built once, and the check of their datasets' splits."""
+
+  kind = ""  # its config name, for messages
+
+  def __init__(self, name, settings, run, program):
+    self.name, self.settings, self.run = name, settings, run
+    self.program = program
+
+    def features(params, batch):
+      return {"features": run.parts.objective.features(
+                  params, naflex.inputs_of(batch)),
+              "label": batch["label"], "mask": batch["mask"]}
+
+    self.features = jit(program, features)
+    self._batches = {}  # (dataset, split): Batches
+
+  @classmethod
+  def check_datasets(cls, settings, data):
+    """InputErrors unless `settings.datasets` maps each dataset to (train
+    split, test split), each one the data has."""
+    if not settings.datasets:
+      raise errors.InputError(f"a {cls.kind} evaluator needs datasets: "
+                              "{TFDS name: (train split, test split)}")
+    for dataset, splits in settings.datasets.items():
+      if len(splits) != 2:
+        raise errors.InputError(
+            f"datasets.{dataset} must be (train split, test "
+            f"split), got {splits!r}")
+      for split in splits:
+        check_split(data, dataset, split)
+
+  def split_batches(self, dataset, split):
+    if (dataset, split) not in self._batches:
+      self._batches[dataset, split] = Batches(self.program, self.run,
+                                              dataset, split)
+    return self._batches[dataset, split]
+
+  def collect(self, params, dataset, split, most=None):
+    """(features, labels) of the examples of `split`, in the order the
+    evaluation batches bring them; the first `most` where given."""
+    features, labels, count = [], [], 0
+    for batch in self.split_batches(dataset, split):
+      out = self.features(params, batch)
+      keep = np.asarray(out["mask"]) > 0
+      features.append(np.asarray(out["features"])[keep])
+      labels.append(np.asarray(out["label"])[keep])
+      count += int(keep.sum())
+      # Every process sees the same replicated mask, so all stop at the
+      # same batch and their collectives stay in step.
+      if most is not None and count >= most:
+        break
+    return (np.concatenate(features)[:most],
+            np.concatenate(labels)[:most])

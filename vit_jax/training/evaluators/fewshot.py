@@ -15,7 +15,6 @@ import numpy as np
 from absl import logging
 
 from vit_jax import errors
-from vit_jax.models import naflex
 from vit_jax.training.evaluators import batches
 
 DEFAULTS = dict(
@@ -52,35 +51,16 @@ def fit_predict_all(x_train, y_train, x_test, num_classes, l2_regs):
   return [np.argmax(test @ w + t_mean, axis=-1) for w in weights]
 
 
-class FewShot:
+class FewShot(batches.FeatureEvaluator):
 
-  def __init__(self, name, settings, run, program):
-    self.name, self.settings, self.run = name, settings, run
-    self.program = program
+  kind = "fewshot"
 
-    def features(params, batch):
-      return {"features": run.parts.objective.features(
-                  params, naflex.inputs_of(batch)),
-              "label": batch["label"], "mask": batch["mask"]}
-
-    self.features = batches.jit(program, features)
-    self._batches = {}  # (dataset, split): batches.Batches
-
-  @staticmethod
-  def check(settings, data):
-    if not settings.datasets:
-      raise errors.InputError("a fewshot evaluator needs datasets: {TFDS name: "
-                              "(train split, test split)}")
+  @classmethod
+  def check(cls, settings, data):
+    cls.check_datasets(settings, data)
     if min(settings.shots) < 1 or settings.heldout_per_class < 1:
       raise errors.InputError(
           "fewshot shots and heldout_per_class must be >= 1")
-    for dataset, splits in settings.datasets.items():
-      if len(splits) != 2:
-        raise errors.InputError(
-            f"datasets.{dataset} must be (train split, test "
-            f"split), got {splits!r}")
-      for split in splits:
-        batches.check_split(data, dataset, split)
 
   def __call__(self, params):
     metrics = {}
@@ -126,7 +106,7 @@ class FewShot:
     the (deterministic) order the evaluation batches bring them; reading
     stops once every class has them."""
     per_class = [[] for _ in range(num_classes)]
-    for batch in self._split_batches(dataset, split):
+    for batch in self.split_batches(dataset, split):
       out = self.features(params, batch)
       for feature, label, mask in zip(np.asarray(out["features"]),
                                       np.asarray(out["label"]),
@@ -139,19 +119,3 @@ class FewShot:
         break
     return [np.stack(rows) if rows else np.zeros((0, 0)) for rows in
             per_class]
-
-  def _split_batches(self, dataset, split):
-    if (dataset, split) not in self._batches:
-      self._batches[dataset, split] = batches.Batches(self.program, self.run,
-                                                      dataset, split)
-    return self._batches[dataset, split]
-
-  def collect(self, params, dataset, split):
-    features, labels = [], []
-    for batch in self._split_batches(dataset, split):
-      out = self.features(params, batch)
-      keep = np.asarray(out["mask"]) > 0
-      features.append(np.asarray(out["features"])[keep])
-      labels.append(np.asarray(out["label"])[keep])
-    return np.concatenate(features), np.concatenate(labels)
-

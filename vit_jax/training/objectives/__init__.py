@@ -2,10 +2,11 @@
 one of REGISTRY; runs/settings.py's choices list the same names
 (tests/test_objectives.py)."""
 
-from vit_jax.training.objectives import classification, linear_probe, mae
+from vit_jax.training.objectives import classification, dino, linear_probe, mae
 
 REGISTRY = {"classification": classification.Classification,
             "mae": mae.MaskedAutoencoding,
+            "dino": dino.SelfDistillation,
             "linear_probe": linear_probe.LinearProbe}
 
 

@@ -31,7 +31,7 @@ own under training/objectives/, and says it through these methods:
                         "loss" evaluator), where it has one
   features(params, images)
                         [N, D]: what the few-shot evaluator fits a ridge
-                        regression on
+                        regression on and the k-NN evaluator votes with
   evaluator_kinds       the evaluator kinds (training/evaluators) whose
                         numbers mean something for it
   check_run(keys, evaluations)
@@ -87,7 +87,7 @@ class Objective:
 
   name = ""  # config.objective's value
 
-  evaluator_kinds = ("accuracy", "real", "fewshot")  # what check_run allows
+  evaluator_kinds = ("accuracy", "real", "fewshot", "knn")  # check_run allows
   frozen = None  # what `load` read, where it reads anything
 
   def __init__(self, model, seed):

@@ -41,7 +41,7 @@ class MaskedAutoencoding(base.Objective):
   """Pre-training by reconstructing removed patches; no labels."""
 
   name = "mae"
-  evaluator_kinds = ("loss", "fewshot")
+  evaluator_kinds = ("loss", "fewshot", "knn")
 
   def __init__(self, keys, num_classes, frozen=None):
     del num_classes, frozen

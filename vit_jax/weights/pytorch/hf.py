@@ -12,7 +12,8 @@ both halves). The architecture, the function (LayerNorm epsilon, GELU)
 and the class names come from `config.json`.
 
 Written: a ViTForImageClassification, a Siglip2VisionModel (a SigLIP-style
-tower) or a DINOv3ViTModel (a model with 2-D RoPE).
+tower), a DINOv3ViTModel (a model with 2-D RoPE) or a Dinov2Model (with
+registers: Dinov2WithRegistersModel; a self-distilled backbone).
 """
 
 import dataclasses
@@ -433,6 +434,90 @@ def write_dinov3(directory, flat, function, image_size, what):
   paths.write_atomically(paths.join(directory, HF_CONFIG),
                          json.dumps(config, indent=2))
   return sizes["num_classes"]
+
+
+# What self-distillation's pre-training adds to the backbone: its heads
+# (models/dino.py), which a Dinov2Model has no place for.
+DINO_HEADS = ("dino_head/", "ibot_head/")
+MASK_EMBEDDING = "mask_embedding"
+
+
+def write_dinov2(directory, flat, function, what):
+  """An HF transformers Dinov2Model (Dinov2WithRegistersModel where it has
+  registers) directory of a self-distilled backbone (a run of objective
+  "dino"): its heads left out, its learned [mask] embedding written as
+  the model's mask token, layer scales of ones where it has none (which
+  compute the same). Returns the class written."""
+  flat = {key: value for key, value in flat.items()
+          if not key.startswith(DINO_HEADS)}
+  mask = flat.pop(MASK_EMBEDDING, None)
+  cannot = files.function_cannot(function)
+  if "conv_root/kernel" in flat:
+    cannot.append("a hybrid's ResNet stem")
+  if models.POSEMB_KEY not in flat:
+    cannot.append("a position embedding other than 'learn'")
+  if "cls" not in flat:
+    cannot.append("no class token (classifier 'gap')")
+  for key, part in (("head/kernel", "a classification head"),
+                    ("pre_logits/kernel", "a pre-logits layer"),
+                    ("fc_norm/scale", "final_norm 'pooled'"),
+                    ("dist", "a distillation token"),
+                    (layouts.MAP_PROBE, "attention pooling"),
+                    (layouts.BLOCK.format(0) + "MlpBlock_3/Dense_gate/kernel",
+                     "a SwiGLU MLP"),
+                    (layouts.BLOCK.format(0) + layouts.ATTENTION
+                     + "/query_norm/scale", "query/key norms")):
+    if key in flat:
+      cannot.append(part)
+  sizes = files.sizes(flat)
+  width = sizes["hidden_size"]
+  if sizes["mlp_dim"] % width:  # Dinov2Config's mlp_ratio is an int.
+    cannot.append(f"an MLP of {sizes['mlp_dim']}, no whole multiple of its "
+                  f"width {width}")
+  files.refuse(what, "as a Dinov2Model", cannot)
+  dtype = flat["embedding/kernel"].dtype
+  for i in range(sizes["num_layers"]):
+    for scale in ("ls1", "ls2"):
+      flat.setdefault(layouts.BLOCK.format(i) + scale, np.ones(width, dtype))
+  registers = flat.get(layouts.REGISTERS)
+  tensors = layouts.from_release(flat, "dinov2")
+  tensors["embeddings.mask_token"] = (
+      np.zeros((1, width), dtype) if mask is None
+      else np.asarray(mask, dtype).reshape(1, width))
+  kind = "Dinov2Model" if registers is None else "Dinov2WithRegistersModel"
+  config = {
+      "architectures": [kind],
+      "model_type": "dinov2" if registers is None
+                    else "dinov2_with_registers",
+      "hidden_size": width, "num_hidden_layers": sizes["num_layers"],
+      "num_attention_heads": sizes["num_heads"],
+      "mlp_ratio": sizes["mlp_dim"] // width,
+      "hidden_act": HF_ACT[function["gelu"]],
+      "layer_norm_eps": function["layer_norm_epsilon"],
+      "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+      "initializer_range": 0.02, "image_size": sizes["image_size"],
+      "patch_size": sizes["patch_size"], "num_channels": 3,
+      "qkv_bias": True, "layerscale_value": 1.0, "drop_path_rate": 0.0,
+      "use_swiglu_ffn": False,
+  }
+  if registers is not None:
+    config["num_register_tokens"] = int(registers.shape[1])
+  # The input it was trained on, [-1, 1] (pixels / 255 - 0.5) / 0.5, for
+  # transformers' image processor (DINOv2's default is ImageNet's).
+  side = sizes["image_size"]
+  processor = {
+      "image_processor_type": "BitImageProcessor", "do_resize": True,
+      "size": {"shortest_edge": side}, "resample": 3,
+      "do_center_crop": True, "crop_size": {"height": side, "width": side},
+      "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+      "image_mean": list(files.HALF.mean), "image_std": list(files.HALF.std),
+      "do_convert_rgb": True}
+  files.write_safetensors(tensors, paths.join(directory, HF_WEIGHTS))
+  paths.write_atomically(paths.join(directory, HF_CONFIG),
+                         json.dumps(config, indent=2))
+  paths.write_atomically(paths.join(directory, HF_PREPROCESSOR),
+                         json.dumps(processor, indent=2))
+  return kind
 
 
 def write_siglip2(directory, flat, function, what):
