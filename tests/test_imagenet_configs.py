@@ -33,6 +33,7 @@ def test_paper_is_table3s_imagenet_row():
     assert config.optimizer.to_dict() | {"momentum": None} == dict(
         name="adam", learning_rate=3e-3, warmup_steps=10_000,
         decay="cosine", weight_decay=0.3, grad_clip_norm=1.0, b1=0.9,
+        weight_decay_end=None,
         b2=0.999, mu_dtype="float32", momentum=None, layer_decay=1.0,
         lr_mults=(), frozen="")
     assert config.model.dropout_rate == 0.1
@@ -55,6 +56,7 @@ def test_plain_is_the_big_vision_recipe(epochs, steps):
     assert config.optimizer.to_dict() | {"momentum": None} == dict(
         name="adam", learning_rate=1e-3, warmup_steps=10_000,
         decay="cosine", weight_decay=0.1, grad_clip_norm=1.0, b1=0.9,
+        weight_decay_end=None,
         b2=0.999, mu_dtype="float32", momentum=None, layer_decay=1.0,
         lr_mults=(), frozen="")
     assert (config.model.classifier, config.model.posemb) == ("gap",
@@ -116,6 +118,7 @@ def test_distilling_is_function_matching_of_a_b16_into_an_s16(epochs, steps):
   assert config.optimizer.to_dict() | {"momentum": None} == dict(
       name="adam", learning_rate=1e-3, warmup_steps=10_000,
       decay="cosine", weight_decay=0.1, grad_clip_norm=1.0, b1=0.9,
+      weight_decay_end=None,
       b2=0.999, mu_dtype="bfloat16", momentum=None, layer_decay=1.0,
       lr_mults=(), frozen="")
   config.distill.teacher = ""
@@ -169,6 +172,7 @@ def test_mae_configs_are_the_papers(model):
       name="adam", learning_rate=pytest.approx(1.5e-4 * 4096 / 256),
       warmup_steps=MAE_STEPS["warmup", 40], decay="cosine",
       weight_decay=0.05, grad_clip_norm=0.0, b1=0.9, b2=0.95,
+      weight_decay_end=None,
       mu_dtype="float32", momentum=None, layer_decay=1.0, lr_mults=(),
       frozen="")
   assert config.mae.to_dict() == dict(
@@ -200,6 +204,7 @@ def test_mae_configs_are_the_papers(model):
       name="lars", learning_rate=pytest.approx(0.1 * 16384 / 256),
       warmup_steps=MAE_STEPS["probewarm", 10], decay="cosine",
       weight_decay=0.0, grad_clip_norm=0.0, b1=None, b2=None,
+      weight_decay_end=None,
       mu_dtype="float32", momentum=0.9, layer_decay=1.0, lr_mults=(),
       frozen="(?!head/).*")
   assert (probe.label_smoothing, probe.mixup.prob, probe.randaugment) == (

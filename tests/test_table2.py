@@ -233,6 +233,7 @@ def test_pretrain_is_table3(arg):
   assert config.optimizer.to_dict() | {"momentum": None} == dict(
       name="adam", learning_rate=expected["lr"], warmup_steps=10_000,
       decay="linear", weight_decay=expected["weight_decay"],
+      weight_decay_end=None,
       grad_clip_norm=0.0, b1=0.9, b2=0.999, mu_dtype="float32", momentum=None,
       layer_decay=1.0, lr_mults=(), frozen="")
   # Every other key of config.model at its default.
