@@ -63,12 +63,17 @@ import math
 import jax
 import jax.numpy as jnp
 
+from vit_jax.runs import settings as settings_lib
+
 # DINOv2's DataAugmentationDINO (dinov2/data/augmentations.py), its
 # defaults (dinov2/configs/ssl_default_config.yaml: crops.global_crops_scale,
 # local_crops_scale, local_crops_number, global_crops_size,
 # local_crops_size).
-GLOBAL_SCALE = (0.32, 1.0)
-LOCAL_SCALE = (0.05, 0.32)
+# Declared once, as config.dino's keys (runs/settings.py); read here.
+_DINO = {field.name: field.default
+         for field in dataclasses.fields(settings_lib.DINO)}
+GLOBAL_SCALE = _DINO["global_scale"]
+LOCAL_SCALE = _DINO["local_scale"]
 # torchvision's RandomResizedCrop: its default aspect ratios and tries.
 RATIO = (3 / 4, 4 / 3)
 CROP_TRIES = 10
@@ -92,7 +97,7 @@ LUMA = (0.299, 0.587, 0.114)
 GLOBAL_BLUR_PROB = (1.0, 0.1)
 LOCAL_BLUR_PROB = 0.5
 BLUR_KERNEL = 9
-BLUR_SIGMA = (0.1, 2.0)
+BLUR_SIGMA = _DINO["blur_sigma"]
 GLOBAL_SOLARIZE_PROB = (0.0, 0.2)
 # 128 on the 0-255 scale: on [0, 1], where PIL's rounding to uint8 puts it.
 SOLARIZE_THRESHOLD = 0.5
@@ -107,8 +112,8 @@ class CropSpec:
   num_global: int = 2
   global_size: int = 224
   global_scale: tuple = GLOBAL_SCALE
-  num_local: int = 8
-  local_size: int = 96
+  num_local: int = _DINO["local_crops"]
+  local_size: int = _DINO["local_size"]
   local_scale: tuple = LOCAL_SCALE
   ratio: tuple = RATIO
   flip_prob: float = FLIP_PROB
