@@ -31,10 +31,12 @@ from vit_jax.training.objectives import dino as dino_objective
 from vit_jax.training.step import Held
 from vit_jax.weights import pretrained
 
-# The digits model (8 px, patch 2: a 4x4 grid) with small heads, 2 local
+# The digits model (8 px, patch 2: a 4x4 grid) of one layer (its steps
+# compile in less time than two layers') with small heads, 2 local
 # crops of 4 px (2x2), DINO's running center (a carry to resume), the
 # teacher's k-NN at the end.
 DINO = {"objective": "dino", "model.dropout_rate": 0.0,
+        "model.num_layers": 1,
         "dino.local_crops": 2, "dino.local_size": 4,
         "dino.head_prototypes": 32, "dino.head_hidden_size": 32,
         "dino.head_bottleneck": 16, "dino.centering": "center",
@@ -122,39 +124,41 @@ def test_a_dino_run_exports_its_teacher_as_transformers_dinov2(
 
 def test_the_masks_and_crops_of_a_row_do_not_depend_on_its_batch():
   _, objective = objective_of()
+  prepare = jax.jit(objective.prepare)  # Eager, the crops take seconds.
   images = jnp.asarray(np.random.default_rng(0).integers(
       0, 256, (6, 8, 8, 3)), jnp.uint8)
   batch = {"image": images, "mask": jnp.ones((6,))}
-  whole = objective.prepare(batch, 3)
+  whole = prepare(batch, 3)
   # Other images in the other rows: row 2's crops and masks stay.
-  others = objective.prepare({"image": images[::-1].at[2].set(images[2]),
+  others = prepare({"image": images[::-1].at[2].set(images[2]),
                               "mask": batch["mask"]}, 3)
   for key in ("global", "local", "masks"):
     np.testing.assert_array_equal(others[key][2], whole[key][2])
     assert not np.array_equal(others[key][1], whole[key][1]) or key == (
         "masks")
-  other_step = objective.prepare(batch, 4)
+  other_step = prepare(batch, 4)
   assert not np.array_equal(other_step["masks"], whole["masks"])
   assert whole["global"].shape == (6, 2, 8, 8, 3)
   assert whole["local"].shape == (6, 2, 4, 4, 3)
   # Steps 0 .. 3 of the temperature's warm-up, then the prototypes learn.
   np.testing.assert_allclose(whole["temperature"], 0.04 + 0.03 * 3 / 3)
   np.testing.assert_array_equal(whole["learn_prototypes"], 1)
-  assert (objective.prepare(batch, 1)["learn_prototypes"] == 0).all()
+  assert (prepare(batch, 1)["learn_prototypes"] == 0).all()
 
 
 def test_block_masks_mask_what_they_are_asked_in_blocks():
+  block_mask = jax.jit(dino_objective.block_mask, static_argnums=(1, 2, 4))
   counts = []
   for seed in range(40):
     target = 2 + seed % 7
-    mask = dino_objective.block_mask(jax.random.key(seed), 4, 4, target, 8)
+    mask = block_mask(jax.random.key(seed), 4, 4, target, 8)
     count = int(mask.sum())
     assert count <= target
     counts.append(count == target)
   assert np.mean(counts) >= 0.75
   # A 14 x 14 grid masked at 40%: about that many, in few blocks.
-  mask = np.asarray(dino_objective.block_mask(jax.random.key(0), 14, 14, 78,
-                                              98)).reshape(14, 14)
+  mask = np.asarray(block_mask(jax.random.key(0), 14, 14, 78,
+                                98)).reshape(14, 14)
   assert 70 <= mask.sum() <= 78
   # Blocks: most masked patches have a masked neighbour.
   padded = np.pad(mask, 1)
@@ -163,7 +167,8 @@ def test_block_masks_mask_what_they_are_asked_in_blocks():
   assert (neighbours[mask]).mean() > 0.9
   # Half of the global crops, drawn per crop, are masked.
   _, objective = objective_of(**{"model.name": "Ti/16", "image_size": 224})
-  masks = jax.vmap(objective.masks)(jax.random.split(jax.random.key(1), 200))
+  masks = jax.jit(jax.vmap(objective.masks))(
+      jax.random.split(jax.random.key(1), 200))
   shares = np.asarray(masks.reshape(400, -1).mean(-1))
   assert 0.4 < (shares > 0).mean() < 0.6
   assert shares.max() <= 0.5 and shares[shares > 0].min() >= 0.09
@@ -212,63 +217,71 @@ def test_the_dino_head_weight_normalises_its_prototypes():
                              rtol=1e-5, atol=1e-6)
 
 
-def test_the_loss_pairs_crops_as_dinov2_does(digits_data_dir):
-  """With KoLeo and iBOT off, the loss is DINOLoss's on the local crops
-  against both teacher crops, plus twice its mean on the global crops
-  against the other one, over 2 + 2 x locals terms (ssl_meta_arch.py)."""
+@pytest.fixture(scope="module")
+def taught():
+  """The objective with KoLeo and iBOT off, its params, a teacher near them
+  and a compiled step -> a micro-batch of 4 images, prepared and taught
+  (compiled once: eager, the crops and the model cost half a minute)."""
   _, objective = objective_of(**{"dino.koleo_weight": 0.0,
-                                    "dino.ibot_weight": 0.0})
-  model = objective.model
+                                 "dino.ibot_weight": 0.0})
   params = objective.init_params(jax.random.key(0), 8)
   params = jax.tree.map(lambda p: getattr(p, "value", p), params,
                         is_leaf=lambda p: hasattr(p, "value"))
   teacher = jax.tree.map(lambda p: p * 1.01, params)
   images = jnp.asarray(np.random.default_rng(0).integers(
       0, 256, (4, 8, 8, 3)), jnp.uint8)
-  micro = objective.prepare({"image": images, "mask": jnp.ones((4,))}, 9)
-  carry = objective.init_carry(params)
-  micro = objective.teach(Held(params, teacher, carry, None), micro)
-  weights = jnp.full((4,), 0.25)
-  loss, parts = objective.loss(params, micro, weights, jax.random.key(1))
-  # The same by hand: DINOLoss over lists of crops.
-  flat = micro["global"].reshape(8, 8, 8, 3)
-  cls, _ = model.apply({"params": params}, flat, masks=micro[
-      "masks"].reshape(8, -1), method=model.backbone)
-  student_global = model.apply({"params": params}, cls,
-                               method=model.project).reshape(4, 2, -1)
-  local = dino_lib.crops_as_patches(micro["local"].reshape(8, 4, 4, 3), 2)
-  cls_local, _ = model.apply({"params": params}, local, method=model.backbone)
-  student_local = model.apply({"params": params}, cls_local,
-                              method=model.project).reshape(4, 2, -1)
-  t = micro["teacher_probs"]
-  local_loss = dino_losses.dino_loss([student_local[:, i] for i in range(2)],
-                                     [t[:, 0], t[:, 1]])
-  swapped = jnp.concatenate([t[:, 1], t[:, 0]])
-  global_loss = 2 * dino_losses.dino_loss(
-      [jnp.concatenate([student_global[:, 0], student_global[:, 1]])],
-      [swapped])
-  np.testing.assert_allclose(loss, (local_loss + global_loss) / (2 + 4),
-                             rtol=1e-5)
-  np.testing.assert_allclose(parts["dino_loss"], loss, rtol=1e-6)
+
+  @jax.jit
+  def micro(step):
+    prepared = objective.prepare({"image": images, "mask": jnp.ones((4,))},
+                                 step)
+    held = Held(params, teacher, objective.init_carry(params), None)
+    return objective.teach(held, prepared)
+
+  return objective, params, micro
 
 
-def test_the_prototypes_learn_only_after_their_frozen_steps():
-  _, objective = objective_of()
-  params = objective.init_params(jax.random.key(0), 8)
-  params = jax.tree.map(lambda p: getattr(p, "value", p), params,
-                        is_leaf=lambda p: hasattr(p, "value"))
-  images = jnp.asarray(np.random.default_rng(0).integers(
-      0, 256, (4, 8, 8, 3)), jnp.uint8)
+def test_the_loss_pairs_crops_as_dinov2_does(taught):
+  """With KoLeo and iBOT off, the loss is DINOLoss's on the local crops
+  against both teacher crops, plus twice its mean on the global crops
+  against the other one, over 2 + 2 x locals terms (ssl_meta_arch.py)."""
+  objective, params, micro = taught
+  model = objective.model
 
-  def grads(step):
-    micro = objective.prepare({"image": images, "mask": jnp.ones((4,))},
-                              step)
-    micro = objective.teach(Held(params, params, objective.init_carry(
-        params), None), micro)
-    return jax.grad(lambda p: objective.loss(
-        p, micro, jnp.full((4,), 0.25), jax.random.key(0))[0])(params)
+  @jax.jit
+  def ours_and_by_hand(params, micro):
+    loss, parts = objective.loss(params, micro, jnp.full((4,), 0.25),
+                                 jax.random.key(1))
+    # The same by hand: DINOLoss over lists of crops.
+    flat = micro["global"].reshape(8, 8, 8, 3)
+    cls, _ = model.apply({"params": params}, flat, masks=micro[
+        "masks"].reshape(8, -1), method=model.backbone)
+    student_global = model.apply({"params": params}, cls,
+                                 method=model.project).reshape(4, 2, -1)
+    local = dino_lib.crops_as_patches(micro["local"].reshape(8, 4, 4, 3), 2)
+    cls_local, _ = model.apply({"params": params}, local,
+                               method=model.backbone)
+    student_local = model.apply({"params": params}, cls_local,
+                                method=model.project).reshape(4, 2, -1)
+    t = micro["teacher_probs"]
+    local_loss = dino_losses.dino_loss(
+        [student_local[:, i] for i in range(2)], [t[:, 0], t[:, 1]])
+    swapped = jnp.concatenate([t[:, 1], t[:, 0]])
+    global_loss = 2 * dino_losses.dino_loss(
+        [jnp.concatenate([student_global[:, 0], student_global[:, 1]])],
+        [swapped])
+    return loss, parts["dino_loss"], (local_loss + global_loss) / (2 + 4)
 
-  frozen, learning = grads(1), grads(2)
+  loss, dino_loss, by_hand = ours_and_by_hand(params, micro(9))
+  np.testing.assert_allclose(loss, by_hand, rtol=1e-5)
+  np.testing.assert_allclose(dino_loss, loss, rtol=1e-6)
+
+
+def test_the_prototypes_learn_only_after_their_frozen_steps(taught):
+  objective, params, micro = taught
+  grads = jax.jit(jax.grad(lambda p, m: objective.loss(
+      p, m, jnp.full((4,), 0.25), jax.random.key(0))[0]))
+  frozen, learning = grads(params, micro(1)), grads(params, micro(2))
   for name in ("prototypes", "prototype_scale"):
     assert not np.asarray(frozen["dino_head"][name]).any(), name
     assert np.asarray(learning["dino_head"][name]).any(), name
@@ -336,23 +349,21 @@ def test_weight_decay_follows_a_cosine_to_its_end():
 
 
 @pytest.mark.processes(2)  # A pod of two.
-def test_a_pod_of_two_self_distils_like_one_process(digits_data_dir,
+def test_a_pod_of_two_self_distils_like_one_process(dino_run,
+                                                    digits_data_dir,
                                                     tmp_path):
-  """Sinkhorn-Knopp, KoLeo and the center over the global batch, each
-  process holding half of it: the losses of one process (1e-6)."""
+  """The center's and KoLeo's sums over the global batch, each process
+  holding half of it: the losses of the module's one-process run (1e-6).
+  Sinkhorn-Knopp's sums over a split batch:
+  test_the_crops_follow_the_row_not_the_mesh."""
+  _, workdir, _ = dino_run
   pod = {**{key: value for key, value in DINO.items()
-            if key != "evaluators"},
-         "dino.centering": "sinkhorn_knopp", "total_steps": 6,
-         "checkpoint_every": 6, "evaluators.test.every": 0,
-         "optimizer.weight_decay": 0.0}
+            if key != "evaluators"}, "evaluators.test.every": 0}
   pod_dir = str(tmp_path / "pod")
   code, _, stderr = finish(start_pod(2, 4, main_flags(
       pod_dir, digits_data_dir, **pod)))
   assert code == 0, stderr[-3000:]
-  config = small_config(digits_data_dir, **pod)
-  config.evaluators = {}
-  run_training(config, str(tmp_path / "one"))
-  single, pods = logged(tmp_path / "one"), logged(pod_dir)
-  assert sorted(pods) == list(range(1, 7))
+  single, pods = logged(workdir), logged(pod_dir)
+  assert sorted(pods) == list(range(1, 13))
   np.testing.assert_allclose([pods[s] for s in sorted(pods)],
                              [single[s] for s in sorted(pods)], rtol=1e-6)
