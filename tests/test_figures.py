@@ -22,7 +22,12 @@ from tests.util import (
   run_tool,
 )
 from vit_jax import errors, models
-from vit_jax.analysis import attention as attention_lib, classify, plots
+from vit_jax.analysis import (
+  attention as attention_lib,
+  classify,
+  components,
+  plots,
+)
 from vit_jax.data import image_files
 from vit_jax.models import naflex
 from vit_jax.runs import settings
@@ -30,8 +35,11 @@ from vit_jax.weights import npz, pretrained
 
 # timm's IMAGENET_DEFAULT_MEAN and IMAGENET_DEFAULT_STD.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-FIGURES = ("embedding_filters.png", "position_embedding_similarity.png",
-           "mean_attention_distance.png", "attention_rollout.png")
+# NaFlex (images at their own aspect ratios) draws these; square images
+# their patch features' components too.
+NAFLEX_FIGURES = ("embedding_filters.png", "position_embedding_similarity.png",
+                  "mean_attention_distance.png", "attention_rollout.png")
+FIGURES = NAFLEX_FIGURES + ("patch_components.png",)
 
 
 def uniform(layers, images, heads, tokens):
@@ -281,6 +289,49 @@ def test_embedding_components_find_the_filters_directions():
   assert explained[0] > 0.8
 
 
+def test_patch_components_are_the_features_principal_directions():
+  rng = np.random.default_rng(0)
+  directions = np.linalg.qr(rng.standard_normal((16, 3)))[0].T
+  # 2 images of 4 x 5 patches: three directions, with uncorrelated
+  # coefficients of spreads 4, 2 and 1.
+  draws = rng.standard_normal((40, 3))
+  coefficients = np.linalg.qr(draws - draws.mean(0))[0] * [4, 2, 1]
+  features = (coefficients @ directions + 1e-4 * rng.standard_normal(
+      (40, 16)) + 5).reshape(2, 4, 5, 16)
+  colours, shares = components.as_colours(features)
+  assert colours.shape == (2, 4, 5, 3)
+  flat = colours.reshape(40, 3)
+  np.testing.assert_allclose(flat.min(0), 0, atol=1e-6)
+  np.testing.assert_allclose(flat.max(0), 1, atol=1e-6)
+  for c in range(3):  # Each colour is one direction's coefficient.
+    assert abs(np.corrcoef(flat[:, c], coefficients[:, c])[0, 1]) > 0.999
+  assert shares[0] > shares[1] > shares[2] and shares.sum() > 0.99
+  # One fit over all the images: in another order, each keeps its colours.
+  np.testing.assert_allclose(components.as_colours(features[::-1])[0],
+                             colours[::-1], atol=1e-5)
+
+
+def test_patch_features_are_the_encoders_patch_tokens_on_the_grid():
+  """Row-major: the token of the patch at row r, column c after the
+  class token and the registers."""
+  model = models.create("Ti/4", num_classes=5, hidden_size=32, num_layers=1,
+                        mlp_dim=64, num_heads=4, num_registers=2)
+  images = np.random.default_rng(0).uniform(-1, 1, (3, 12, 16, 3)).astype(
+      np.float32)
+  params = randomize(nn.meta.unbox(model.init(
+      jax.random.key(0), images, train=False)["params"]))
+  features = components.patch_features(model, params, images, batch_size=2)
+  assert features.shape == (3, 3, 4, 32)
+  tokens = np.asarray(model.apply({"params": params}, images, method=lambda
+                                  m, x: m.encoder(x, train=False).values))
+  assert tokens.shape[1] == 1 + 2 + 12
+  # (In batches of 2 against 3 at once: float32 rounding apart.)
+  np.testing.assert_allclose(features[:, 1, 2], tokens[:, 3 + 1 * 4 + 2],
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(features.reshape(3, 12, 32), tokens[:, 3:],
+                             rtol=1e-5, atol=1e-5)
+
+
 def test_attention_weights_are_the_models_own():
   model = models.create("Ti/4", num_classes=5, hidden_size=32, num_layers=3,
                         mlp_dim=64, num_heads=4)
@@ -370,6 +421,7 @@ DRAWN = {
     # A dot per layer and head (the legend's own dots for 3 heads: 135).
     "mean_attention_distance.png": (0.01, 250),
     "attention_rollout.png": (0.15, 0),  # The images (digits are grey).
+    "patch_components.png": (0.15, 2_000),  # A colour a patch.
     "training_curves.png": (0.04, 5_000),  # A line per metric.
 }
 
@@ -396,7 +448,7 @@ def test_figures_of_a_digits_run(digits_run):
   stdout = run_tool("figures", f"--workdir={workdir}")
   out = os.path.join(workdir, "figures")
   assert_pngs(out, FIGURES + ("training_curves.png",))
-  assert stdout.count("wrote ") == 5
+  assert stdout.count("wrote ") == 6
 
 
 def test_figures_of_a_released_layout_npz(tmp_path):
@@ -425,7 +477,8 @@ def test_figures_of_a_released_layout_npz(tmp_path):
   run_tool("figures", f"--from={tmp_path / 'model.npz'}", f"--out={out}",
            "--max_num_patches=24", str(tmp_path / "wide.png"),
            str(tmp_path / "a.png"))
-  assert_pngs(out, FIGURES)
+  assert_pngs(out, NAFLEX_FIGURES)
+  assert sorted(os.listdir(out)) == sorted(NAFLEX_FIGURES)
 
 
 def test_predict_agrees_with_the_evaluator(digits_run, tmp_path):

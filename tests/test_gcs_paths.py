@@ -312,7 +312,8 @@ def test_figures_written_to_a_bucket_land_there(tmp_path, gcs_bucket):
   written = attention_lib.write_all(inference, out, (images, None, "noise"),
                                     rollout_images=2)
   names = ["attention_rollout.png", "embedding_filters.png",
-           "mean_attention_distance.png", "position_embedding_similarity.png"]
+           "mean_attention_distance.png", "patch_components.png",
+           "position_embedding_similarity.png"]
   assert sorted(written) == [f"{out}/{name}" for name in names]
   assert objects(out) == names
   for path in written:

@@ -17,6 +17,10 @@ and a run's training curves. Writes PNGs into --out (default DIR/figures):
                                layers, over sample images (Fig. 6); a
                                model's registers are left out of it and
                                of the distances
+  patch_components.png         the first three principal components of the
+                               patch features over those images, as red,
+                               green and blue (DINOv2's figures); square
+                               images only
   training_curves.png          loss, learning rate, accuracy, throughput and
                                core-days from a run's metrics.jsonl
   reconstructions.png          a masked autoencoder's run (objective mae):

@@ -4,7 +4,8 @@ The numbers behind Figures 6 and 7 (attention rollout, mean attention
 distance per layer and head, position-embedding similarity, principal
 components of the patch-embedding filters), computed here and checked by
 the tests; vit_jax/analysis/plots.py draws them, and `write_all` writes every
-figure of a model. `python -m vit_jax.figures` is the command line.
+figure of a model (with the patch features' principal components of
+vit_jax/analysis/components.py). `python -m vit_jax.figures` is the command line.
 """
 
 import dataclasses
@@ -16,7 +17,7 @@ import jax
 import numpy as np
 
 from vit_jax import errors, models, paths
-from vit_jax.analysis import classify, plots, reconstructions
+from vit_jax.analysis import classify, components, plots, reconstructions
 from vit_jax.data import image_files as images_lib
 from vit_jax.models import naflex, positions, tokens as tokens_lib
 from vit_jax.runs import writers
@@ -291,6 +292,12 @@ def write_all(inference, out, samples, names=None, rollout_images=8,
                           title, path("attention_rollout.png"),
                           labels is not None)
 
+  if not isinstance(images, naflex.Patches):
+    shown = images[:rollout_images]
+    colours, shares = components.as_colours(
+        components.patch_features(model, params, shown))
+    plots.patch_components(pictures(model, shown), colours, shares, title,
+                           path("patch_components.png"))
   if workdir:
     plots.training_curves(writers.read_rows(workdir), workdir,
                             path("training_curves.png"))

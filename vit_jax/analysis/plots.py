@@ -157,6 +157,33 @@ def reconstructions(pictures, losses, title, path):
   _save(figure, path)
 
 
+def patch_components(images, colours, shares, title, path):
+  """DINOv2's figure: each image [H, W, 3] uint8 above its patches'
+  first three principal components as red, green and blue (colours [N,
+  rows, cols, 3] in [0, 1], analysis/components.py), each patch a block of
+  its pixels; `shares`: each component's share of the variance."""
+  count = len(images)
+  figure, axes = _subplots(2, count, figsize=(1.5 * count + 0.2, 3.4),
+                           squeeze=False, layout="constrained")
+  for i in range(count):
+    height, width = images[i].shape[:2]
+    rows, cols = colours[i].shape[:2]
+    blocks = np.repeat(np.repeat(colours[i], height // rows, 0),
+                       width // cols, 1)
+    axes[0, i].imshow(images[i], interpolation="nearest")
+    axes[1, i].imshow(blocks, interpolation="nearest")
+    for ax in axes[:, i]:
+      ax.set_xticks([])
+      ax.set_yticks([])
+  axes[0, 0].set_ylabel("Input", fontsize=8)
+  axes[1, 0].set_ylabel("Components", fontsize=8)
+  explained = ", ".join(f"{share:.0%}" for share in shares)
+  figure.suptitle(f"Patch features' first principal components as red, "
+                  f"green, blue (of the variance: {explained})\n{title}",
+                  fontsize=9)
+  _save(figure, path)
+
+
 def _upsample(grid_map, shape):
   """Bilinear upsampling of a [rows, cols] map to `shape` (height, width),
   sampling the pixel centres."""
