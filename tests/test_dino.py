@@ -34,9 +34,10 @@ from vit_jax.weights import pretrained
 # The digits model (8 px, patch 2: a 4x4 grid) of one layer (its steps
 # compile in less time than two layers') with small heads, 2 local
 # crops of 4 px (2x2), DINO's running center (a carry to resume), the
-# teacher's k-NN at the end.
+# teacher's k-NN at the end; DINOv2's exact GELU (configs/dino/imagenet.py
+# has it), which a timm state dict read back is taken to compute.
 DINO = {"objective": "dino", "model.dropout_rate": 0.0,
-        "model.num_layers": 1,
+        "model.num_layers": 1, "model.gelu": "exact",
         "dino.local_crops": 2, "dino.local_size": 4,
         "dino.head_prototypes": 32, "dino.head_hidden_size": 32,
         "dino.head_bottleneck": 16, "dino.centering": "center",
@@ -100,19 +101,25 @@ def test_a_dino_run_stopped_by_sigterm_resumes_bitwise(
                                                       "knn/digits_20nn")
 
 
-def test_a_dino_run_exports_its_teacher_as_transformers_dinov2(
-    dino_run, tmp_path):
+@pytest.mark.parametrize("format_, out, kind", [
+    ("hf", "dinov2", "transformers.Dinov2Model"),
+    ("timm", "teacher.safetensors", "num_classes=0")])
+def test_a_dino_run_exports_its_teacher(dino_run, tmp_path, format_, out,
+                                        kind):
   """`export --format=hf`: a Dinov2Model directory (the layout read by
   weights/pytorch/hf.py, proven against transformers' own files in
-  tests/test_recorded_libraries.py) whose pooled features are the
-  teacher's class token."""
+  tests/test_recorded_libraries.py); `--format=timm`: a headless timm
+  VisionTransformer. Read back, each's pooled features are the teacher's
+  class token (transformers and timm themselves:
+  benchmarks/compare_dinov2_export.py)."""
   config, workdir, _ = dino_run
-  out = str(tmp_path / "dinov2")
+  out = str(tmp_path / out)
   status, stdout, stderr = call_tool("export", f"--workdir={workdir}",
-                                     f"--out={out}", "--format=hf")
+                                     f"--out={out}", f"--format={format_}")
   assert status == 0, stderr[-3000:]
-  assert "transformers.Dinov2Model" in stdout
-  exported = pretrained.for_inference(out, features=True)
+  assert kind in stdout
+  # A state dict does not say the head count (DINO's digits model: 4).
+  exported = pretrained.for_inference(out, num_heads=4, features=True)
   images = np.random.default_rng(2).uniform(-1, 1, (3, 8, 8, 3)).astype(
       np.float32)
   theirs = features_lib.features(exported, images)

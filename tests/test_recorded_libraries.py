@@ -103,11 +103,10 @@ FAMILIES = {
                                      same_file=True),
     # MAE's pre-trained encoder ("vit_base_patch16_224.mae", num_classes=0):
     # no head, so no logits; its features (model(x), the class token after
-    # the final norm) and patch tokens are compared. Like the DINOv2s,
-    # neither PyTorch layout that vit_jax writes holds a model without a
-    # head: timm's refuses it, naming why.
+    # the final norm) and patch tokens are compared. Written back as a
+    # headless timm model (as a self-distilled teacher is), the same file.
     "timm_vit_mae_encoder": Family("model.safetensors", "timm",
-                                   refused="no classification head"),
+                                   same_file=True),
     # transformers: save_pretrained writes the hub's names, which vit_jax
     # writes back.
     "hf_vit_classifier": Family("hf", "hf", same_file=True),
@@ -117,10 +116,11 @@ FAMILIES = {
     # DeiTForImageClassificationWithTeacher: written back as timm's
     # distilled DeiT (docs/pytorch.md), so no same file.
     "hf_deit_with_teacher": Family("hf", "timm"),
-    # DINOv2s have no head: no layout that vit_jax writes holds them as
-    # they are (a fine-tune with a head goes to timm).
-    "hf_dinov2": Family("hf"),
-    "hf_dinov2_registers": Family("hf"),
+    # DINOv2s, headless, go to timm as headless VisionTransformers (their
+    # layer scales as timm's; the [mask] token, which inference does not
+    # read, left out).
+    "hf_dinov2": Family("hf", "timm"),
+    "hf_dinov2_registers": Family("hf", "timm"),
     # DINOv3ViTModel: written back in the hub's names; its mask token
     # (pre-training's) is written as zeros.
     "hf_dinov3": Family("hf", "hf", same_file=True,

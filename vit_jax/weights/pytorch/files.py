@@ -200,7 +200,11 @@ def check_writable(flat, function, layout, what):
     cannot.append("a position embedding other than 'learn'")
   if layouts.BLOCK.format(0) + "MlpBlock_3/Dense_gate/kernel" in flat:
     cannot.append("a SwiGLU MLP (mlp 'swiglu')")
-  if "mpp_head/kernel" in flat or "head/kernel" not in flat:
+  if "mpp_head/kernel" in flat:
+    cannot.append("a masked patch prediction head")
+  # timm's VisionTransformer without a head is num_classes=0 (its features,
+  # as a self-distilled teacher is); HF's ViTForImageClassification has one.
+  if layout == "hf" and "head/kernel" not in flat:
     cannot.append("no classification head")
   if "pre_logits/kernel" in flat:
     cannot.append("a pre-logits layer (fine-tuned models have none)")
