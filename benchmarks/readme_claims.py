@@ -18,7 +18,12 @@ Claims (--claims, comma-separated; default all):
              fine-tuned from 10 labels a digit, against the same fine-tuning
              from scratch (configs/mae/digits.py), its linear probe from
              every label, and the pre-training's first and last training
-             loss.
+             loss;
+  dino       `make dino`: self-distillation without labels, its teacher's
+             k-NN and 10-shot accuracy at the end against the initial
+             model's (the same run for 2 steps at learning rate 0), its first and last DINO loss, then fine-tuned from
+             10 labels a digit against the same from scratch
+             (configs/dino/digits.py).
 The regularisation claim has its own benchmark, benchmarks/regularisation.py.
 
 Each command runs in a process of its own (`python -m vit_jax.main ...`),
@@ -37,7 +42,7 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLAIMS = ("digits", "finetune", "transfer", "distill", "mae")
+CLAIMS = ("digits", "finetune", "transfer", "distill", "mae", "dino")
 
 
 def main_run(workdir, config, *overrides):
@@ -113,6 +118,30 @@ def measure(claims, seed, scratch):
                                     "fewshot/digits_10shot"])
       else:
         got[f"mae_{stage}"] = accuracy(rows)
+  if "dino" in claims:
+    pretrain = os.path.join(here, "dino", "pretrain")
+    # The initialisation's: 2 steps at learning rate 0 (the teacher, an
+    # average of the unmoved student, is the initial model), evaluated at
+    # the end as every run is.
+    init = main_run(os.path.join(here, "dino", "init"),
+                    "configs/dino/digits.py:pretrain", seeded,
+                    "--config.optimizer.learning_rate=0",
+                    "--config.total_steps=2",
+                    "--config.optimizer.warmup_steps=1")
+    rows = main_run(pretrain, "configs/dino/digits.py:pretrain", seeded)
+    for name, metric in (("knn", "knn/digits_20nn"),
+                         ("fewshot", "fewshot/digits_10shot")):
+      got[f"dino_{name}_init"] = [row for row in init if metric in row][
+          -1][metric]
+      got[f"dino_{name}"] = [row for row in rows if metric in row][-1][
+          metric]
+    losses = [row["dino_loss"] for row in rows if "dino_loss" in row]
+    got.update(dino_first_loss=losses[0], dino_last_loss=losses[-1])
+    for stage in ("finetune", "scratch"):
+      got[f"dino_{stage}"] = accuracy(main_run(
+          os.path.join(here, "dino", stage), f"configs/dino/digits.py:{stage}",
+          seeded, *([f"--config.init_from={pretrain}"]
+                    if stage == "finetune" else [])))
   return got
 
 
@@ -144,6 +173,12 @@ def main():
   if "mae" in claims:
     gaps = [r["mae_finetune"] - r["mae_scratch"] for r in results]
     print(f"mae: fine-tune minus scratch, smallest {min(gaps):+.4f}, mean "
+          f"{statistics.mean(gaps):+.4f}")
+  if "dino" in claims:
+    gaps = [r["dino_knn"] - r["dino_knn_init"] for r in results]
+    print(f"dino: k-NN minus the initialisation's, smallest {min(gaps):+.4f}")
+    gaps = [r["dino_finetune"] - r["dino_scratch"] for r in results]
+    print(f"dino: fine-tune minus scratch, smallest {min(gaps):+.4f}, mean "
           f"{statistics.mean(gaps):+.4f}")
   print(f"runs in {scratch}")
 

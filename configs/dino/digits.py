@@ -7,11 +7,13 @@ learning from 10 labels a class.
 
 "pretrain" learns from the 1,437 training digits, upsampled from 8x8 to
 16x16 (patches of 4 pixels), without reading a label: 2 global crops of
-16 px and 4 local ones of 8 px a digit, an EMA teacher, DINO's, iBOT's and KoLeo's losses. Its
-teacher's k-NN and 10-shot accuracy on the test digits are logged as it
-goes (at step 0 too: the initial model's). "finetune" starts from its
-teacher and learns from `digits/10_per_class`; "scratch" learns the same
-from random weights. docs/dino.md has the table.
+16 px and 4 local ones of 8 px a digit, an EMA teacher, DINO's, iBOT's
+and KoLeo's losses. Its teacher's k-NN and 10-shot accuracy on the test
+digits are logged every 250 steps (the initial model's: the same run for
+2 steps with `--config.optimizer.learning_rate=0
+--config.optimizer.warmup_steps=1`). "finetune" starts from its teacher
+and learns from `digits/10_per_class`; "scratch" learns the same from
+random weights. docs/dino.md has the table.
 """
 
 from configs import digits
