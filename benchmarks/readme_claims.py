@@ -21,9 +21,9 @@ Claims (--claims, comma-separated; default all):
              loss;
   dino       `make dino`: self-distillation without labels, its teacher's
              k-NN and 10-shot accuracy at the end against the initial
-             model's (the same run for 2 steps at learning rate 0), its first and last DINO loss, then fine-tuned from
-             10 labels a digit against the same from scratch
-             (configs/dino/digits.py).
+             model's (the same run for 2 steps at learning rate 0), its
+             first and last DINO loss, then fine-tuned from 10 labels a
+             digit against the same from scratch (configs/dino/digits.py).
 The regularisation claim has its own benchmark, benchmarks/regularisation.py.
 
 Each command runs in a process of its own (`python -m vit_jax.main ...`),

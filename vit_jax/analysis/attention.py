@@ -5,7 +5,8 @@ distance per layer and head, position-embedding similarity, principal
 components of the patch-embedding filters), computed here and checked by
 the tests; vit_jax/analysis/plots.py draws them, and `write_all` writes every
 figure of a model (with the patch features' principal components of
-vit_jax/analysis/components.py). `python -m vit_jax.figures` is the command line.
+vit_jax/analysis/components.py). `python -m vit_jax.figures` is the command
+line.
 """
 
 import dataclasses

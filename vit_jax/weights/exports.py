@@ -133,10 +133,7 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     return (f"{copy}load it with transformers.{kind}"
             f".from_pretrained({where!r}){left_out}")
   if loaded.config is not None and loaded.config.objective == "dino":
-    # The teacher's backbone alone, a headless timm model: its heads and
-    # [mask] embedding serve training only.
-    flat = {key: value for key, value in flat.items()
-            if not key.startswith(hf.DINO_HEADS) and key != hf.MASK_EMBEDDING}
+    flat, _ = hf.dino_backbone(flat)  # A headless timm model.
   return "load it in PyTorch with:\n" + timm.write_timm(
       out, flat, loaded.function, loaded.what, image_size)
 

@@ -442,15 +442,23 @@ DINO_HEADS = ("dino_head/", "ibot_head/")
 MASK_EMBEDDING = "mask_embedding"
 
 
+def dino_backbone(flat):
+  """(the backbone's params, its [mask] embedding or None) of a
+  self-distilled run's flat params: its heads and [mask] embedding, which
+  only training reads, taken out (write_dinov2 writes the embedding as the
+  model's mask token; timm's model has no place for it)."""
+  backbone = {key: value for key, value in flat.items()
+              if not key.startswith(DINO_HEADS) and key != MASK_EMBEDDING}
+  return backbone, flat.get(MASK_EMBEDDING)
+
+
 def write_dinov2(directory, flat, function, what):
   """An HF transformers Dinov2Model (Dinov2WithRegistersModel where it has
   registers) directory of a self-distilled backbone (a run of objective
   "dino"): its heads left out, its learned [mask] embedding written as
   the model's mask token, layer scales of ones where it has none (which
   compute the same). Returns the class written."""
-  flat = {key: value for key, value in flat.items()
-          if not key.startswith(DINO_HEADS)}
-  mask = flat.pop(MASK_EMBEDDING, None)
+  flat, mask = dino_backbone(flat)
   cannot = files.function_cannot(function)
   if "conv_root/kernel" in flat:
     cannot.append("a hybrid's ResNet stem")
