@@ -3,6 +3,7 @@ signal self-distillation has to start from (docs/dino.md, "The digits").
 
   python benchmarks/dino_views.py [--config=configs/dino/digits.py:pretrain]
       [--spec=jitter_prob=0,flip_prob=0,global_scale=0.8:1.0] [--images=256]
+      [--config.image_size=32 --config.model.patch_size=8 ...]
 
 Draws the 2 global crops of each of the first `--images` training digits
 as a run's step does (`--spec` overrides fields of the objective's
@@ -63,9 +64,10 @@ def main():
   parser.add_argument("--config", default="configs/dino/digits.py:pretrain")
   parser.add_argument("--spec", default="")
   parser.add_argument("--images", type=int, default=256)
-  args = parser.parse_args()
+  # The rest are the config's own overrides (--config.image_size=32).
+  args, overrides = parser.parse_known_args()
   config = config_flags.DEFINE_config_file("config")
-  flags.FLAGS([sys.argv[0], f"--config={args.config}"])
+  flags.FLAGS([sys.argv[0], f"--config={args.config}", *overrides])
   keys = settings.of(config.value)
   objective = objectives.of(keys)(keys, 10)
   objective.spec = dataclasses.replace(objective.spec,
@@ -93,7 +95,8 @@ def main():
 
   (cls_a, logits_a), (cls_b, logits_b) = jax.device_get(views(images))
   labels = digits.target[:args.images]
-  print(f"{args.config}, spec overrides {args.spec or 'none'}:")
+  print(f"{' '.join([args.config, *overrides])}, spec overrides "
+        f"{args.spec or 'none'}:")
   for name, a, b in (("class tokens", cls_a, cls_b),
                      ("head logits", logits_a, logits_b)):
     same, other, retrieval, match = agreement(np.asarray(a), np.asarray(b),
