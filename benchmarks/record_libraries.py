@@ -94,6 +94,7 @@ TIMM_FAMILIES = {
 }
 HF_FAMILIES = ("hf_vit_classifier", "hf_vit_model_pooler",
                "hf_deit_with_teacher", "hf_dinov2", "hf_dinov2_registers",
+               "hf_dinov2_swiglu",
                "hf_dinov3", "hf_siglip", "hf_siglip2_naflex", "hf_vit_mae",
                "hf_vit_mae_norm_pix")
 # ViTMAEForPreTraining's decoder (sizes of its own) and masking; the
@@ -264,6 +265,12 @@ def _hf_model(family):
     return t.Dinov2Model(t.Dinov2Config(**sizes, mlp_ratio=MLP_RATIO)), {
         "features": "model(x).pooler_output",
         "patch_tokens": "model(x).last_hidden_state[:, 1:]"}
+  if family == "hf_dinov2_swiglu":  # DINOv2-g's MLP (hub: weights_in)
+    sizes.pop("intermediate_size")
+    return t.Dinov2Model(t.Dinov2Config(**sizes, mlp_ratio=MLP_RATIO,
+                                        use_swiglu_ffn=True)), {
+        "features": "model(x).pooler_output",
+        "patch_tokens": "model(x).last_hidden_state[:, 1:]"}
   if family == "hf_dinov2_registers":
     sizes.pop("intermediate_size")
     return t.Dinov2WithRegistersModel(t.Dinov2WithRegistersConfig(
@@ -349,7 +356,7 @@ def _hf_outputs(family, model, x):
     return {"logits": model(x).logits,
             "features": hidden[:, :2].mean(1), "patch_tokens": hidden[:, 2:]}
   out = model(x)
-  prefix = {"hf_vit_model_pooler": 1, "hf_dinov2": 1,
+  prefix = {"hf_vit_model_pooler": 1, "hf_dinov2": 1, "hf_dinov2_swiglu": 1,
             "hf_dinov2_registers": 5, "hf_dinov3": 5, "hf_siglip": 0}[family]
   return {"features": out.pooler_output,
           "patch_tokens": out.last_hidden_state[:, prefix:]}

@@ -4,10 +4,14 @@ from, how its teacher and centers move, resume, a pod, the export to
 transformers' Dinov2Model. The losses against Meta's modules:
 tests/test_dino_losses.py; the crops: tests/test_crops.py."""
 
+import json
+
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from tests.util import (
   call_tool,
@@ -30,6 +34,7 @@ from vit_jax.training import dino_losses, objectives, optimizer, resolve
 from vit_jax.training.objectives import dino as dino_objective
 from vit_jax.training.step import Held
 from vit_jax.weights import pretrained
+from vit_jax.weights.pytorch import hf
 
 # The digits model (8 px, patch 2: a 4x4 grid) of one layer (its steps
 # compile in less time than two layers') with small heads, 2 local
@@ -127,6 +132,35 @@ def test_a_dino_run_exports_its_teacher(dino_run, tmp_path, format_, out,
   _, objective = objective_of()
   ours = objective.features(state.polyak, images)
   np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_a_swiglu_backbone_exports_as_dinov2_g_does(tmp_path):
+  """The released recipes' MLP (configs/dino/imagenet.py): a Dinov2Model
+  with use_swiglu_ffn, in the hub's fused `weights_in` (the layout proven
+  against transformers' own file: tests/test_recorded_libraries.py,
+  hf_dinov2_swiglu), whose features are the backbone's."""
+  # mlp_ratio 4 of width 32, as Dinov2SwiGLUFFN sizes it: 2/3, to 8s.
+  keys, objective = objective_of(**{"model.mlp": "swiglu",
+                                    "model.mlp_dim": 88})
+  params = jax.tree.map(lambda p: getattr(p, "value", p),
+                        objective.init_params(jax.random.key(3), 8),
+                        is_leaf=lambda p: hasattr(p, "value"))
+  out = str(tmp_path / "dinov2")
+  flat = {key: np.asarray(value) for key, value in
+          flax.traverse_util.flatten_dict(params, sep="/").items()}
+  assert hf.write_dinov2(out, flat, pretrained.run_function(keys),
+                         "the run") == "Dinov2Model"
+  with open(f"{out}/config.json") as f:
+    config = json.load(f)
+  assert config["use_swiglu_ffn"] and config["mlp_ratio"] == 4
+  assert "encoder.layer.0.mlp.weights_in.weight" in load_file(
+      f"{out}/model.safetensors")
+  exported = pretrained.for_inference(out, num_heads=4, features=True)
+  images = np.random.default_rng(2).uniform(-1, 1, (3, 8, 8, 3)).astype(
+      np.float32)
+  np.testing.assert_allclose(features_lib.features(exported, images),
+                             objective.features(params, images),
+                             rtol=1e-5, atol=1e-5)
 
 
 def test_the_masks_and_crops_of_a_row_do_not_depend_on_its_batch():

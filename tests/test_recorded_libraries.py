@@ -121,6 +121,11 @@ FAMILIES = {
     # read, left out).
     "hf_dinov2": Family("hf", "timm"),
     "hf_dinov2_registers": Family("hf", "timm"),
+    # DINOv2-g's SwiGLU MLP (use_swiglu_ffn): the hub's fused weights_in.
+    # timm's VisionTransformer holds it only packed (SwiGLUPacked), which
+    # its layout does not write; a self-distilled run's goes out as a
+    # Dinov2Model (tests/test_dino.py).
+    "hf_dinov2_swiglu": Family("hf", "timm", refused="SwiGLU"),
     # DINOv3ViTModel: written back in the hub's names; its mask token
     # (pre-training's) is written as zeros.
     "hf_dinov3": Family("hf", "hf", same_file=True,

@@ -668,13 +668,36 @@ def test_timm_evas_we_cannot_compute_are_refused_by_name(tmp_path, shapes,
       read(path)
 
 
-def test_dinov2s_we_cannot_compute_are_refused_by_name(tmp_path):
-  tensors = random_tensors(dinov2_shapes(swiglu=True))
-  source = write_hf_dir(tmp_path / "swiglu", tensors,
-                        dinov2_config(use_swiglu_ffn=True))
-  with pytest.raises(errors.InputError, match="SwiGLU"):
-    pretrained.load(source)
+def test_dinov2_g_reads_alike_in_the_hubs_names_and_transformers_5s(
+    tmp_path):
+  """DINOv2-g's SwiGLU MLP: the hub's fused `weights_in` (the gate's rows
+  first; against transformers itself: test_recorded_libraries.py's
+  hf_dinov2_swiglu) and transformers 5's gate_proj / up_proj /
+  down_proj give the same params."""
+  hub = random_tensors(dinov2_shapes(swiglu=True))
+  five = {}
+  for name, value in hub.items():
+    if ".mlp.weights_in." in name:
+      gate, up = np.split(value, 2)
+      five[name.replace("weights_in", "gate_proj")] = gate
+      five[name.replace("weights_in", "up_proj")] = up
+    else:
+      five[name.replace("weights_out", "down_proj")] = value
+  config = dinov2_config(use_swiglu_ffn=True)
+  loaded = [pretrained.load(write_hf_dir(tmp_path / name, tensors, config))
+            for name, tensors in (("hub", hub), ("five", five))]
+  assert pretrained.source_options(str(tmp_path / "hub"))["mlp"] == "swiglu"
+  flat = [flax.traverse_util.flatten_dict(one.params, sep="/")
+          for one in loaded]
+  assert flat[0].keys() == flat[1].keys()
+  for key, value in flat[0].items():
+    np.testing.assert_array_equal(flat[1][key], value, err_msg=key)
+  gate = "Transformer/encoderblock_0/MlpBlock_3/Dense_gate/kernel"
+  np.testing.assert_array_equal(
+      flat[0][gate], hub["encoder.layer.0.mlp.weights_in.weight"][:MLP].T)
 
+
+def test_a_dinov2_classifier_is_refused_by_name(tmp_path):
   # Its classifier reads the class token and the patch tokens' mean.
   tensors = {"dinov2." + key: value for key, value in
              random_tensors(dinov2_shapes()).items()}

@@ -105,10 +105,6 @@ def _hf_model(directory):
   if config.get("num_channels", 3) != 3:
     raise errors.InputError(f"{directory}: {config['num_channels']} input "
                             "channels; vit_jax's models take RGB")
-  if config.get("use_swiglu_ffn"):
-    raise errors.InputError(
-        f"{directory}: a DINOv2 with a SwiGLU MLP (use_swiglu_ffn, "
-        "DINOv2-g), whose fused weights vit_jax does not read")
   if family == "siglip2" and not files.is_square(
       config.get("num_patches", 256)):
     raise errors.InputError(
@@ -146,6 +142,8 @@ def read_hf(directory):
   elif model.family in ("dinov2", "dinov3"):
     prefix, layout = "", model.family
     _refuse_dinov2_classifier(tensors, directory)
+    if config.get("use_swiglu_ffn"):  # DINOv2-g's MLP
+      layout, tensors = "dinov2_swiglu", swiglu_unfused(tensors)
     # The masked-image-modelling token of DINO's pre-training.
     tensors.pop("embeddings.mask_token", None)
   else:  # SigLIP: the image tower, alone or beside a text tower.
@@ -308,7 +306,52 @@ def hf_options(directory):
           "distill_token": dist_head,
           "layer_scale": 1.0 if named(".layer_scale1.lambda1") else None,
           "qk_norm": False, "key_bias": _hf_key_bias(model),
-          "mlp": "swiglu" if model.config.get("use_gated_mlp") else "gelu"}
+          "mlp": "swiglu" if (model.config.get("use_gated_mlp") or
+                              model.config.get("use_swiglu_ffn")) else "gelu"}
+
+
+# DINOv2's SwiGLU MLP in the hub's files: the gate and up projections
+# fused into one Linear, the gate's rows first (as transformers 5 and
+# dinov2's SwiGLUFFNFused split it); transformers 5 names them apart.
+SWIGLU_FUSED = "mlp.weights_in."
+SWIGLU_PARTS = ("mlp.gate_proj.", "mlp.up_proj.")
+SWIGLU_OUT = ("mlp.weights_out.", "mlp.down_proj.")
+
+
+def swiglu_unfused(tensors):
+  """`tensors` (a DINOv2's with use_swiglu_ffn) in transformers 5's names:
+  each fused `mlp.weights_in` split into its gate and up projections."""
+  out = {}
+  for name, value in tensors.items():
+    if SWIGLU_FUSED in name:
+      for part, half in zip(SWIGLU_PARTS, np.split(value, 2)):
+        out[name.replace(SWIGLU_FUSED, part)] = half
+    else:
+      out[name.replace(*SWIGLU_OUT)] = value
+  return out
+
+
+def swiglu_fused(tensors):
+  """swiglu_unfused's inverse: the hub's names, which transformers 4 and 5
+  both load."""
+  out = {name.replace(SWIGLU_OUT[1], SWIGLU_OUT[0]): value
+         for name, value in tensors.items()
+         if SWIGLU_PARTS[0] not in name and SWIGLU_PARTS[1] not in name}
+  for name in tensors:
+    if SWIGLU_PARTS[0] in name:
+      out[name.replace(SWIGLU_PARTS[0], SWIGLU_FUSED)] = np.concatenate(
+          [tensors[name], tensors[name.replace(*SWIGLU_PARTS)]])
+  return out
+
+
+def dinov2_mlp_ratio(width, mlp_dim):
+  """The whole mlp_ratio whose SwiGLU hidden width (two thirds of ratio x
+  width, rounded up to a multiple of 8, as transformers' Dinov2SwiGLUFFN
+  and dinov2's SwiGLUFFNFused size it) is `mlp_dim`, or None."""
+  for ratio in range(1, 17):
+    if (int(width * ratio * 2 / 3) + 7) // 8 * 8 == mlp_dim:
+      return ratio
+  return None
 
 
 def _refuse_dinov2_classifier(names, directory):
@@ -457,7 +500,8 @@ def write_dinov2(directory, flat, function, what):
   registers) directory of a self-distilled backbone (a run of objective
   "dino"): its heads left out, its learned [mask] embedding written as
   the model's mask token, layer scales of ones where it has none (which
-  compute the same). Returns the class written."""
+  compute the same), a SwiGLU MLP (the released recipes') as DINOv2-g's
+  (use_swiglu_ffn). Returns the class written."""
   flat, mask = dino_backbone(flat)
   cannot = files.function_cannot(function)
   if "conv_root/kernel" in flat:
@@ -471,24 +515,30 @@ def write_dinov2(directory, flat, function, what):
                     ("fc_norm/scale", "final_norm 'pooled'"),
                     ("dist", "a distillation token"),
                     (layouts.MAP_PROBE, "attention pooling"),
-                    (layouts.BLOCK.format(0) + "MlpBlock_3/Dense_gate/kernel",
-                     "a SwiGLU MLP"),
                     (layouts.BLOCK.format(0) + layouts.ATTENTION
                      + "/query_norm/scale", "query/key norms")):
     if key in flat:
       cannot.append(part)
   sizes = files.sizes(flat)
   width = sizes["hidden_size"]
-  if sizes["mlp_dim"] % width:  # Dinov2Config's mlp_ratio is an int.
-    cannot.append(f"an MLP of {sizes['mlp_dim']}, no whole multiple of its "
-                  f"width {width}")
+  gated = models.architecture_of(flat)["mlp"] == "swiglu"
+  # Dinov2Config's mlp_ratio is an int; a SwiGLU's width is 2/3 of it.
+  ratio = (dinov2_mlp_ratio(width, sizes["mlp_dim"]) if gated else
+           None if sizes["mlp_dim"] % width else sizes["mlp_dim"] // width)
+  if ratio is None:
+    cannot.append(
+        f"{'a SwiGLU' if gated else 'an'} MLP of {sizes['mlp_dim']}, which "
+        f"no whole mlp_ratio of its width {width} gives")
   files.refuse(what, "as a Dinov2Model", cannot)
   dtype = flat["embedding/kernel"].dtype
   for i in range(sizes["num_layers"]):
     for scale in ("ls1", "ls2"):
       flat.setdefault(layouts.BLOCK.format(i) + scale, np.ones(width, dtype))
   registers = flat.get(layouts.REGISTERS)
-  tensors = layouts.from_release(flat, "dinov2")
+  if gated:
+    tensors = swiglu_fused(layouts.from_release(flat, "dinov2_swiglu"))
+  else:
+    tensors = layouts.from_release(flat, "dinov2")
   tensors["embeddings.mask_token"] = (
       np.zeros((1, width), dtype) if mask is None
       else np.asarray(mask, dtype).reshape(1, width))
@@ -499,14 +549,14 @@ def write_dinov2(directory, flat, function, what):
                     else "dinov2_with_registers",
       "hidden_size": width, "num_hidden_layers": sizes["num_layers"],
       "num_attention_heads": sizes["num_heads"],
-      "mlp_ratio": sizes["mlp_dim"] // width,
+      "mlp_ratio": ratio,
       "hidden_act": HF_ACT[function["gelu"]],
       "layer_norm_eps": function["layer_norm_epsilon"],
       "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
       "initializer_range": 0.02, "image_size": sizes["image_size"],
       "patch_size": sizes["patch_size"], "num_channels": 3,
       "qkv_bias": True, "layerscale_value": 1.0, "drop_path_rate": 0.0,
-      "use_swiglu_ffn": False,
+      "use_swiglu_ffn": gated,
   }
   if registers is not None:
     config["num_register_tokens"] = int(registers.shape[1])

@@ -8,7 +8,8 @@ transformers 5.23's modules name them in a state_dict saved directly
 query/key norms, register token and attention pooling, and DeiT's
 distillation token); and, read only, transformers' SigLIP and SigLIP 2
 vision towers ("siglip", "siglip2"), DINOv2, with or without registers
-("dinov2"), and DINOv3's ViTs ("dinov3"). Each stores a torch module as
+("dinov2"; with DINOv2-g's SwiGLU MLP "dinov2_swiglu"), and DINOv3's ViTs
+("dinov3"). Each stores a torch module as
 `NAME.weight` and `NAME.bias`; the tables below map every module to its
 place in the release layout (`Transformer/encoderblock_{i}/...`) and say
 how its arrays convert, and the leaves (single parameters) to theirs. Everything here is
@@ -154,6 +155,16 @@ DINOV2_BLOCK = {
     "norm1": ("LayerNorm_0", "norm"),
     "norm2": ("LayerNorm_2", "norm"),
 }
+# DINOv2-g's SwiGLU MLP (use_swiglu_ffn) as transformers 5 holds it;
+# the hub's files fuse the gate and up projections into `mlp.weights_in`
+# (hf.py splits and fuses them) and name the down one `mlp.weights_out`.
+DINOV2_SWIGLU_BLOCK = {
+    **{name: module for name, module in DINOV2_BLOCK.items()
+       if not name.startswith("mlp.")},
+    "mlp.gate_proj": ("MlpBlock_3/Dense_gate", "dense"),
+    "mlp.up_proj": ("MlpBlock_3/Dense_0", "dense"),
+    "mlp.down_proj": ("MlpBlock_3/Dense_1", "dense"),
+}
 DINOV2_RENAMED = {"attention.q_proj": "attention.attention.query",
                   "attention.k_proj": "attention.attention.key",
                   "attention.v_proj": "attention.attention.value",
@@ -208,6 +219,10 @@ LAYOUTS = {
     "dinov2": dict(blocks="encoder.layer.", block=DINOV2_BLOCK,
                    top=DINOV2_TOP, leaves=DINOV2_LEAVES,
                    block_leaves=DINOV2_BLOCK_LEAVES, renamed=DINOV2_RENAMED),
+    "dinov2_swiglu": dict(blocks="encoder.layer.", block=DINOV2_SWIGLU_BLOCK,
+                          top=DINOV2_TOP, leaves=DINOV2_LEAVES,
+                          block_leaves=DINOV2_BLOCK_LEAVES,
+                          renamed=DINOV2_RENAMED),
     "dinov3": dict(blocks="layer.", block=DINOV3_BLOCK,
                    top=DINOV3_TOP, leaves=DINOV3_LEAVES,
                    block_leaves=DINOV2_BLOCK_LEAVES,
