@@ -48,6 +48,7 @@ from vit_jax import errors, models
 from vit_jax.models import naflex
 from vit_jax.runs import settings
 from vit_jax.weights import exports, pretrained
+from vit_jax.weights.pytorch import files
 
 # The digits model's side and patch (configs/digits.py), for the fine-tunes.
 DIGITS_SIDE = 8
@@ -404,6 +405,12 @@ def test_a_dinov3_and_a_rope_run_write_back_as_dinov3(tmp_path):
   assert "DINOv3ViTModel" in message and "left out" not in message
   back = pretrained.load(str(tmp_path / "out"))
   assert (back.function, back.image_size) == (loaded.function, SIDE)
+  # Its input as its processor says it (ImageNet's, transformers'
+  # default for the family), now in a preprocessor_config.json.
+  assert "preprocessor_config" in back.normalization.said_by
+  assert (back.normalization.mean, back.normalization.std) == (
+      loaded.normalization.mean, loaded.normalization.std) == (
+          files.IMAGENET.mean, files.IMAGENET.std)
   read, read_back = flat(loaded.params), flat(back.params)
   assert set(read_back) == set(read)
   for key, value in read.items():
@@ -426,6 +433,9 @@ def test_a_dinov3_and_a_rope_run_write_back_as_dinov3(tmp_path):
   assert f"its head of {CLASSES} classes is left out" in message
   inference = pretrained.for_inference(str(tmp_path / "run"), features=True)
   assert inference.model.config.rope_theta == 20.0
+  normalization = pretrained.load(str(tmp_path / "run")).normalization
+  assert (normalization.mean, normalization.std) == (  # a run's [-1, 1]
+      files.HALF.mean, files.HALF.std)
   np.testing.assert_allclose(
       models.logits_and_pre_logits(inference.model, inference.params, x)[1],
       models.logits_and_pre_logits(model, params, x)[1], rtol=1e-6,

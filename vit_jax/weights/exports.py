@@ -118,7 +118,8 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     elif loaded.function["rope"]:
       kind = "DINOv3ViTModel"
       classes = hf.write_dinov3(out, flat, loaded.function, image_size,
-                                loaded.what)
+                                loaded.what,
+                                loaded.normalization or files.HALF)
       if classes:
         left_out = (f" (its head of {classes} classes is left out: a "
                     "DINOv3ViTModel has none; --format=npz keeps it)")

@@ -416,10 +416,13 @@ def _dinov3_cannot(flat, function):
   return cannot
 
 
-def write_dinov3(directory, flat, function, image_size, what):
+def write_dinov3(directory, flat, function, image_size, what,
+                 normalization=files.HALF):
   """An HF transformers DINOv3ViTModel directory of a model with 2-D RoPE
-  and no position table (DINOv3's family); returns the number of classes
-  of the head it leaves out (the family has no classifier), or 0. Every
+  and no position table (DINOv3's family), with the image processor of
+  its input (`normalization`: a run's [-1, 1], a source's own); returns
+  the number of classes of the head it leaves out (the family has no
+  classifier), or 0. Every
   projection is written with its bias but a key's where the model has
   none (`key_bias`), and a model without layer scale gets scales of ones,
   which compute the same. A model that pools the patch tokens and has no
@@ -476,6 +479,11 @@ def write_dinov3(directory, flat, function, image_size, what):
   files.write_safetensors(tensors, paths.join(directory, HF_WEIGHTS))
   paths.write_atomically(paths.join(directory, HF_CONFIG),
                          json.dumps(config, indent=2))
+  # DINOv3ViTImageProcessor's own sizing: a bilinear resize to the side.
+  write_processor(directory, {
+      "image_processor_type": "DINOv3ViTImageProcessor",
+      "size": {"height": int(image_size), "width": int(image_size)},
+      "resample": 2}, normalization)
   return sizes["num_classes"]
 
 
@@ -563,19 +571,27 @@ def write_dinov2(directory, flat, function, what):
   # The input it was trained on, [-1, 1] (pixels / 255 - 0.5) / 0.5, for
   # transformers' image processor (DINOv2's default is ImageNet's).
   side = sizes["image_size"]
-  processor = {
-      "image_processor_type": "BitImageProcessor", "do_resize": True,
-      "size": {"shortest_edge": side}, "resample": 3,
-      "do_center_crop": True, "crop_size": {"height": side, "width": side},
-      "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-      "image_mean": list(files.HALF.mean), "image_std": list(files.HALF.std),
-      "do_convert_rgb": True}
   files.write_safetensors(tensors, paths.join(directory, HF_WEIGHTS))
   paths.write_atomically(paths.join(directory, HF_CONFIG),
                          json.dumps(config, indent=2))
-  paths.write_atomically(paths.join(directory, HF_PREPROCESSOR),
-                         json.dumps(processor, indent=2))
+  write_processor(directory, {
+      "image_processor_type": "BitImageProcessor",
+      "size": {"shortest_edge": side}, "resample": 3,
+      "do_center_crop": True, "crop_size": {"height": side, "width": side}},
+                  files.HALF)
   return kind
+
+
+def write_processor(directory, resizing, normalization):
+  """The directory's preprocessor_config.json: `resizing` (the family's
+  processor and how it sizes images), then [0, 1] pixels normalised by
+  `normalization`, the input the params were trained on."""
+  paths.write_atomically(paths.join(directory, HF_PREPROCESSOR), json.dumps({
+      **resizing, "do_resize": True, "do_rescale": True,
+      "rescale_factor": 1 / 255, "do_normalize": True,
+      "image_mean": list(normalization.mean),
+      "image_std": list(normalization.std), "do_convert_rgb": True},
+                                                                    indent=2))
 
 
 def write_siglip2(directory, flat, function, what):
