@@ -6,7 +6,6 @@ tests/test_dino_losses.py; the crops: tests/test_crops.py."""
 
 import json
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,8 +32,7 @@ from vit_jax.runs import settings
 from vit_jax.training import dino_losses, objectives, optimizer, resolve
 from vit_jax.training.objectives import dino as dino_objective
 from vit_jax.training.step import Held
-from vit_jax.weights import pretrained
-from vit_jax.weights.pytorch import hf
+from vit_jax.weights import exports, pretrained
 
 # The digits model (8 px, patch 2: a 4x4 grid) of one layer (its steps
 # compile in less time than two layers') with small heads, 2 local
@@ -134,27 +132,41 @@ def test_a_dino_run_exports_its_teacher(dino_run, tmp_path, format_, out,
   np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
 
 
-def test_a_swiglu_backbone_exports_as_dinov2_g_does(tmp_path):
-  """The released recipes' MLP (configs/dino/imagenet.py): a Dinov2Model
-  with use_swiglu_ffn, in the hub's fused `weights_in` (the layout proven
-  against transformers' own file: tests/test_recorded_libraries.py,
-  hf_dinov2_swiglu), whose features are the backbone's."""
-  # mlp_ratio 4 of width 32, as Dinov2SwiGLUFFN sizes it: 2/3, to 8s.
-  keys, objective = objective_of(**{"model.mlp": "swiglu",
-                                    "model.mlp_dim": 88})
+# DINOv2's options beside the project's default backbone: the released
+# recipes' SwiGLU (configs/dino/imagenet.py; mlp_ratio 4 of width 32 as
+# Dinov2SwiGLUFFN sizes it: 2/3, up to 8s), registers, DINOv3's RoPE.
+OPTIONS = [
+    ({"model.mlp": "swiglu", "model.mlp_dim": 88}, "Dinov2Model",
+     {"use_swiglu_ffn": True, "mlp_ratio": 4}),
+    ({"model.num_registers": 4}, "Dinov2WithRegistersModel",
+     {"num_register_tokens": 4}),
+    ({"model.rope": "axial", "model.posemb": "none"}, "DINOv3ViTModel",
+     {"rope_theta": 100.0})]
+
+
+@pytest.mark.parametrize("options, kind, said", OPTIONS)
+def test_a_backbone_of_dinov2s_options_exports_to_transformers(
+    tmp_path, options, kind, said):
+  """export --format=hf of a self-distilled run with each option: the
+  class its config.json names, its heads left out (the layouts proven
+  against transformers' own files: tests/test_recorded_libraries.py,
+  hf_dinov2_swiglu among them), its features the backbone's."""
+  keys, objective = objective_of(**options)
   params = jax.tree.map(lambda p: getattr(p, "value", p),
                         objective.init_params(jax.random.key(3), 8),
                         is_leaf=lambda p: hasattr(p, "value"))
-  out = str(tmp_path / "dinov2")
-  flat = {key: np.asarray(value) for key, value in
-          flax.traverse_util.flatten_dict(params, sep="/").items()}
-  assert hf.write_dinov2(out, flat, pretrained.run_function(keys),
-                         "the run") == "Dinov2Model"
+  out = str(tmp_path / "out")
+  run = pretrained.Checkpoint(
+      jax.tree.map(np.asarray, params), "the run",
+      pretrained.run_function(keys), config=keys)
+  assert kind in exports.write(run, "hf", out)
   with open(f"{out}/config.json") as f:
     config = json.load(f)
-  assert config["use_swiglu_ffn"] and config["mlp_ratio"] == 4
-  assert "encoder.layer.0.mlp.weights_in.weight" in load_file(
-      f"{out}/model.safetensors")
+  assert config["architectures"] == [kind]
+  assert {key: config[key] for key in said} == said
+  if "model.mlp" in options:  # the hub's fused gate and up projections
+    assert "encoder.layer.0.mlp.weights_in.weight" in load_file(
+        f"{out}/model.safetensors")
   exported = pretrained.for_inference(out, num_heads=4, features=True)
   images = np.random.default_rng(2).uniform(-1, 1, (3, 8, 8, 3)).astype(
       np.float32)

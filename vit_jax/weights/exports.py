@@ -102,6 +102,9 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
             f"{inference.image_size}, {inference.image_size}, 3]; outputs "
             f"{', '.join(function_exports.OUTPUTS)}")
   flat = flax.traverse_util.flatten_dict(loaded.params, sep="/")
+  mask = None
+  if loaded.config is not None and loaded.config.objective == "dino":
+    flat, mask = hf.dino_backbone(flat)  # Training's parts left out.
   # Where no position table says it.
   image_size = loaded.image_size or (
       loaded.config.image_size if loaded.config else None)
@@ -114,12 +117,12 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
                             loaded.config.mae.norm_pix_loss, image_size)
     elif (loaded.config is not None and loaded.config.objective == "dino"
           and not loaded.function["rope"]):
-      kind = hf.write_dinov2(out, flat, loaded.function, loaded.what)
+      kind = hf.write_dinov2(out, flat, loaded.function, loaded.what, mask)
     elif loaded.function["rope"]:
       kind = "DINOv3ViTModel"
       classes = hf.write_dinov3(out, flat, loaded.function, image_size,
                                 loaded.what,
-                                loaded.normalization or files.HALF)
+                                loaded.normalization or files.HALF, mask)
       if classes:
         left_out = (f" (its head of {classes} classes is left out: a "
                     "DINOv3ViTModel has none; --format=npz keeps it)")
@@ -133,8 +136,6 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     copy, where = _copied_here(out, "gsutil -m cp -r")
     return (f"{copy}load it with transformers.{kind}"
             f".from_pretrained({where!r}){left_out}")
-  if loaded.config is not None and loaded.config.objective == "dino":
-    flat, _ = hf.dino_backbone(flat)  # A headless timm model.
   return "load it in PyTorch with:\n" + timm.write_timm(
       out, flat, loaded.function, loaded.what, image_size)
 

@@ -417,12 +417,13 @@ def _dinov3_cannot(flat, function):
 
 
 def write_dinov3(directory, flat, function, image_size, what,
-                 normalization=files.HALF):
+                 normalization=files.HALF, mask=None):
   """An HF transformers DINOv3ViTModel directory of a model with 2-D RoPE
   and no position table (DINOv3's family), with the image processor of
-  its input (`normalization`: a run's [-1, 1], a source's own); returns
-  the number of classes of the head it leaves out (the family has no
-  classifier), or 0. Every
+  its input (`normalization`: a run's [-1, 1], a source's own) and `mask`
+  (a self-distilled run's [mask] embedding, else zeros) as its mask
+  token; returns the number of classes of the head it leaves out (the
+  family has no classifier), or 0. Every
   projection is written with its bias but a key's where the model has
   none (`key_bias`), and a model without layer scale gets scales of ones,
   which compute the same. A model that pools the patch tokens and has no
@@ -457,7 +458,9 @@ def write_dinov3(directory, flat, function, image_size, what,
     for i in range(sizes["num_layers"]):
       del tensors[f"layer.{i}.attention.k_proj.bias"]
   # The masked-image-modelling token, which inference does not read.
-  tensors["embeddings.mask_token"] = np.zeros((1, 1, width), dtype)
+  tensors["embeddings.mask_token"] = (
+      np.zeros((1, 1, width), dtype) if mask is None
+      else np.asarray(mask, dtype).reshape(1, 1, width))
   config = {
       "architectures": ["DINOv3ViTModel"], "model_type": "dinov3_vit",
       "hidden_size": width, "intermediate_size": sizes["mlp_dim"],
@@ -496,21 +499,22 @@ MASK_EMBEDDING = "mask_embedding"
 def dino_backbone(flat):
   """(the backbone's params, its [mask] embedding or None) of a
   self-distilled run's flat params: its heads and [mask] embedding, which
-  only training reads, taken out (write_dinov2 writes the embedding as the
-  model's mask token; timm's model has no place for it)."""
+  only training reads, taken out (write_dinov2 and write_dinov3 write the
+  embedding as the model's mask token; timm's model has no place for
+  it)."""
   backbone = {key: value for key, value in flat.items()
               if not key.startswith(DINO_HEADS) and key != MASK_EMBEDDING}
   return backbone, flat.get(MASK_EMBEDDING)
 
 
-def write_dinov2(directory, flat, function, what):
+def write_dinov2(directory, flat, function, what, mask=None):
   """An HF transformers Dinov2Model (Dinov2WithRegistersModel where it has
   registers) directory of a self-distilled backbone (a run of objective
-  "dino"): its heads left out, its learned [mask] embedding written as
-  the model's mask token, layer scales of ones where it has none (which
-  compute the same), a SwiGLU MLP (the released recipes') as DINOv2-g's
-  (use_swiglu_ffn). Returns the class written."""
-  flat, mask = dino_backbone(flat)
+  "dino", its heads left out: dino_backbone): `mask`, its learned [mask]
+  embedding, written as the model's mask token (else zeros), layer scales
+  of ones where it has none (which compute the same), a SwiGLU MLP (the
+  released recipes') as DINOv2-g's (use_swiglu_ffn). Returns the class
+  written."""
   cannot = files.function_cannot(function)
   if "conv_root/kernel" in flat:
     cannot.append("a hybrid's ResNet stem")
