@@ -1,12 +1,13 @@
-"""Records Meta's DINOv2 loss modules on seeded random arrays, for
-tests/test_dino_losses.py.
+"""Records Meta's DINOv2 loss modules, and DINOv3's Gram loss, on seeded
+random arrays, for tests/test_dino_losses.py.
 
 Run by hand, in a virtual environment of its own with torch (never the
-project's), with a checkout of facebookresearch/dinov2, whose
-dinov2/loss/*.py files are imported alone (they need torch only):
+project's), with checkouts of facebookresearch/dinov2 and dinov3, whose
+dinov2/loss/*.py and dinov3/loss/gram_loss.py files are imported alone
+(they need torch only):
 
   /work/torchvenv/bin/python benchmarks/record_dinov2_losses.py \
-      --dinov2=CHECKOUT --out=tests/fixtures/dinov2_losses
+      --dinov2=CHECKOUT --dinov3=CHECKOUT --out=tests/fixtures/dinov2_losses
 
 It writes inputs.safetensors (the arrays), outputs.safetensors (what the
 modules return on them, each named as README.md there says) and
@@ -35,8 +36,8 @@ TEMPERATURES = {"student": 0.1, "student_other": 0.2,
                 "teacher": 0.07, "teacher_warm": 0.04}
 
 
-def load_module(checkout, name):
-  path = os.path.join(checkout, "dinov2", "loss", f"{name}.py")
+def load_module(checkout, name, package="dinov2"):
+  path = os.path.join(checkout, package, "loss", f"{name}.py")
   spec = importlib.util.spec_from_file_location(f"meta_{name}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -69,10 +70,38 @@ def draw_inputs():
   masks[0] = False  # An image with no masked patch counts as 0.
   masks[1, 0] = True
   inputs["ibot/masks"] = masks.astype(np.float64)
+  # Patch features of a student and a Gram teacher (DINOv3), alike enough
+  # that their similarities share signs, and unlike enough to differ.
+  teacher = normal((BATCH, PATCHES, FEATURES))
+  inputs["gram/teacher_features"] = teacher
+  inputs["gram/student_features"] = teacher + normal(
+      (BATCH, PATCHES, FEATURES))
   # Two equal rows: each one's nearest neighbour at distance 0, where
   # KoLeo's epsilons decide the value.
   inputs["koleo/features"][5] = inputs["koleo/features"][4]
   return inputs
+
+
+def record_gram(checkout, inputs):
+  """DINOv3's GramLoss under each of its settings."""
+  import torch  # pylint: disable=g-import-not-at-top
+  gram = load_module(checkout, "gram_loss", package="dinov3")
+  student = torch.from_numpy(inputs["gram/student_features"])
+  teacher = torch.from_numpy(inputs["gram/teacher_features"])
+  settings = {
+      "loss": {},  # GramLoss's defaults: normalised, negatives removed
+      "loss_keep_negatives": dict(remove_neg=False),  # DINOv3's configs
+      "loss_only_teacher_negatives": dict(remove_neg=False,
+                                          remove_only_teacher_neg=True),
+      "loss_unnormalised": dict(apply_norm=False, remove_neg=False)}
+  out = {}
+  with torch.no_grad():
+    for name, kwargs in settings.items():
+      out[f"gram/{name}"] = gram.GramLoss(**kwargs)(student, teacher)
+    out["gram/loss_batch_level"] = gram.GramLoss(remove_neg=False)(
+        student, teacher, img_level=False)
+  return {key: np.asarray(value.numpy(), np.float64)
+          for key, value in out.items()}
 
 
 def record(checkout, inputs):
@@ -135,6 +164,9 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--dinov2", required=True,
                       help="a checkout of facebookresearch/dinov2")
+  parser.add_argument("--dinov3", required=True,
+                      help="a checkout of facebookresearch/dinov3 (its "
+                      "dinov3/loss/gram_loss.py)")
   parser.add_argument("--out", required=True)
   args = parser.parse_args()
   import torch  # pylint: disable=g-import-not-at-top
@@ -146,17 +178,22 @@ def main():
     dist.init_process_group("gloo", init_method=f"file://{scratch}/group",
                             rank=0, world_size=1)
     inputs = draw_inputs()
-    outputs = record(args.dinov2, inputs)
+    outputs = {**record(args.dinov2, inputs),
+               **record_gram(args.dinov3, inputs)}
     dist.destroy_process_group()
   os.makedirs(args.out, exist_ok=True)
   save_file(inputs, os.path.join(args.out, "inputs.safetensors"))
   save_file(outputs, os.path.join(args.out, "outputs.safetensors"))
-  commit = subprocess.run(["git", "-C", args.dinov2, "rev-parse", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
+  commits = {
+      f"facebookresearch/{name}": subprocess.run(
+          ["git", "-C", checkout, "rev-parse", "HEAD"], capture_output=True,
+          text=True).stdout.strip() or None
+      for name, checkout in (("dinov2", args.dinov2),
+                             ("dinov3", args.dinov3))}
   with open(os.path.join(args.out, "versions.json"), "w") as f:
     json.dump({"python": platform.python_version(),
                "torch": torch.__version__, "numpy": np.__version__,
-               "facebookresearch/dinov2": commit or None,
+               **commits,
                "temperatures": TEMPERATURES}, f, indent=2, sort_keys=True)
     f.write("\n")
   print(f"wrote {args.out}: {len(outputs)} outputs")

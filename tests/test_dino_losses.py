@@ -1,5 +1,6 @@
 """The self-distillation losses (vit_jax/training/dino_losses.py) against
-Meta's DINOv2 loss modules, recorded on seeded random arrays
+Meta's DINOv2 loss modules and DINOv3's Gram loss, recorded on seeded
+random arrays
 (tests/fixtures/dinov2_losses/, benchmarks/record_dinov2_losses.py): equal
 to 1e-5 relative."""
 
@@ -98,3 +99,25 @@ def test_koleo_loss(recorded, name, rows):
   inputs, outputs = recorded
   features = f32(inputs["koleo/features"][:rows])
   close(dino_losses.koleo_loss(features), outputs[f"koleo/{name}"])
+
+
+@pytest.mark.parametrize("name,settings", [
+    ("loss", dict(remove_negatives=True)),  # GramLoss's own default
+    ("loss_keep_negatives", {}),  # DINOv3's configs, this function's
+    ("loss_only_teacher_negatives", dict(remove_only_teacher_negatives=True)),
+    ("loss_unnormalised", dict(normalize=False)),
+    ("loss_batch_level", dict(image_level=False))])
+def test_gram_loss(recorded, name, settings):
+  """DINOv3's Gram anchoring (dinov3/loss/gram_loss.py) under each of its
+  settings; patch features of 6 images, 7 patches each."""
+  inputs, outputs = recorded
+  close(dino_losses.gram_loss(f32(inputs["gram/student_features"]),
+                              f32(inputs["gram/teacher_features"]),
+                              **settings), outputs[f"gram/{name}"])
+
+
+def test_gram_loss_takes_one_way_of_removing_negatives():
+  x = jnp.ones((1, 2, 3))
+  with pytest.raises(ValueError, match="not both"):
+    dino_losses.gram_loss(x, x, remove_negatives=True,
+                          remove_only_teacher_negatives=True)

@@ -24,7 +24,11 @@ calls by hand), so the numbers do not depend on how the batch is split.
       per image the mean over its masked patches, then the batch mean;
   koleo_loss(features)
       Kozachenko-Leonenko's spread: minus the mean log distance of each
-      (normalised) row to its nearest other row.
+      (normalised) row to its nearest other row;
+  gram_loss(student_features, teacher_features)
+      DINOv3's Gram anchoring (Simeoni et al. 2025, dinov3/loss/): the mean
+      squared difference of the student's and a Gram teacher's patch
+      similarities (the objective does not yet train with it).
 """
 
 import jax
@@ -34,6 +38,7 @@ STUDENT_TEMPERATURE = 0.1  # DINOLoss's and iBOTPatchLoss's default
 CENTER_MOMENTUM = 0.9
 SINKHORN_ITERATIONS = 3
 KOLEO_EPSILON = 1e-8  # KoLeoLoss's normalisation and distance epsilon
+GRAM_EPSILON = 1e-12  # torch's F.normalize default, which GramLoss uses
 
 
 def cross_entropies(student_logits, teacher_probs, student_temperature):
@@ -157,3 +162,36 @@ def koleo_loss(features, epsilon=KOLEO_EPSILON):
   """KoLeoLoss.forward on features [N, D]: -mean log(distance to the
   nearest other row + epsilon), the rows normalised first."""
   return -jnp.log(koleo_distances(features, epsilon) + epsilon).mean()
+
+
+def gram_loss(student_features, teacher_features, normalize=True,
+              image_level=True, remove_negatives=False,
+              remove_only_teacher_negatives=False):
+  """GramLoss.forward (DINOv3): the mean over all entries of (student's
+  Gram matrix - teacher's)^2, in float32. Features [B, N, D], patches of
+  B images: one N x N matrix of each image's patches (`image_level`), or
+  one (B N) x (B N) matrix over all of them. `normalize`: each row
+  L2-normalised first (the Gram matrix of cosines). `remove_negatives`:
+  both matrices' negative entries set to 0 (GramLoss's own default;
+  DINOv3's training configs turn it off, and so does this function);
+  `remove_only_teacher_negatives`: the teacher's only. (Meta's code then
+  also zeroes the student's entries where both are negative, but reads the
+  teacher's already zeroed, so it zeroes none: as here.)"""
+  if remove_negatives and remove_only_teacher_negatives:
+    raise ValueError("remove_negatives or remove_only_teacher_negatives, "
+                     "not both")
+
+  def gram(features):
+    x = features.astype(jnp.float32)
+    if normalize:
+      x = normalised(x, GRAM_EPSILON)
+    if not image_level:
+      x = x.reshape(-1, x.shape[-1])
+    return x @ jnp.swapaxes(x, -1, -2)
+
+  student, teacher = gram(student_features), gram(teacher_features)
+  if remove_negatives or remove_only_teacher_negatives:
+    teacher = jnp.maximum(teacher, 0.0)
+  if remove_negatives:
+    student = jnp.maximum(student, 0.0)
+  return ((student - teacher) ** 2).mean()
