@@ -17,8 +17,8 @@ ImageNet-22k (here: any dataset, a folder of images for one), 500 epochs,
 SwiGLU MLPs, Sinkhorn-Knopp, 131,072 prototypes behind a 384-wide
 bottleneck, iBOT's own head, the teacher's momentum from 0.994, learning
 rate 2e-4 per 1,024 images; g/14 at DINOv2's batch of 3,072 (12 on each of
-256 GPUs), L/14 at 2,048. docs/dino.md has their plans on v5p and v6e
-slices and what departs from DINOv2's code.
+256 GPUs), L/14 at 2,048. docs/dino.md has their plans (on v5p; the
+default's on v6e too) and what departs from DINOv2's code.
 """
 
 import math
