@@ -20,7 +20,7 @@ from vit_jax.weights import (
   npz as npz_lib,
   pretrained,
 )
-from vit_jax.weights.pytorch import files, hf, mae as pytorch_mae, timm
+from vit_jax.weights.pytorch import files, hf, hf_dino, mae as pytorch_mae, timm
 
 FORMATS = ("npz", "hf", "timm", "stablehlo", "onnx")
 # The ending of each format's file name, by which it is read back ("hf"
@@ -104,7 +104,7 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
   flat = flax.traverse_util.flatten_dict(loaded.params, sep="/")
   mask = None
   if loaded.config is not None and loaded.config.objective == "dino":
-    flat, mask = hf.dino_backbone(flat)  # Training's parts left out.
+    flat, mask = hf_dino.dino_backbone(flat)  # Training's parts left out.
   # Where no position table says it.
   image_size = loaded.image_size or (
       loaded.config.image_size if loaded.config else None)
@@ -117,10 +117,11 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
                             loaded.config.mae.norm_pix_loss, image_size)
     elif (loaded.config is not None and loaded.config.objective == "dino"
           and not loaded.function["rope"]):
-      kind = hf.write_dinov2(out, flat, loaded.function, loaded.what, mask)
+      kind = hf_dino.write_dinov2(out, flat, loaded.function, loaded.what,
+                                  mask)
     elif loaded.function["rope"]:
       kind = "DINOv3ViTModel"
-      classes = hf.write_dinov3(out, flat, loaded.function, image_size,
+      classes = hf_dino.write_dinov3(out, flat, loaded.function, image_size,
                                 loaded.what,
                                 loaded.normalization or files.HALF, mask)
       if classes:

@@ -157,7 +157,8 @@ DINOV2_BLOCK = {
 }
 # DINOv2-g's SwiGLU MLP (use_swiglu_ffn) as transformers 5 holds it;
 # the hub's files fuse the gate and up projections into `mlp.weights_in`
-# (hf.py splits and fuses them) and name the down one `mlp.weights_out`.
+# (swiglu_unfused and swiglu_fused below) and name the down one
+# `mlp.weights_out`.
 DINOV2_SWIGLU_BLOCK = {
     **{name: module for name, module in DINOV2_BLOCK.items()
        if not name.startswith("mlp.")},
@@ -390,3 +391,37 @@ def from_release(flat, layout, prefix=""):
     raise errors.InputError(
         f"the {layout} layout has no place for {sorted(flat)[:6]}")
   return {name: np.ascontiguousarray(value) for name, value in tensors.items()}
+
+
+# DINOv2's SwiGLU MLP in the hub's files: the gate and up projections
+# fused into one Linear, the gate's rows first (as transformers 5 and
+# dinov2's SwiGLUFFNFused split it); transformers 5 names them apart.
+SWIGLU_FUSED = "mlp.weights_in."
+SWIGLU_PARTS = ("mlp.gate_proj.", "mlp.up_proj.")
+SWIGLU_OUT = ("mlp.weights_out.", "mlp.down_proj.")
+
+
+def swiglu_unfused(tensors):
+  """`tensors` (a DINOv2's with use_swiglu_ffn) in transformers 5's names:
+  each fused `mlp.weights_in` split into its gate and up projections."""
+  out = {}
+  for name, value in tensors.items():
+    if SWIGLU_FUSED in name:
+      for part, half in zip(SWIGLU_PARTS, np.split(value, 2)):
+        out[name.replace(SWIGLU_FUSED, part)] = half
+    else:
+      out[name.replace(*SWIGLU_OUT)] = value
+  return out
+
+
+def swiglu_fused(tensors):
+  """swiglu_unfused's inverse: the hub's names, which transformers 4 and 5
+  both load."""
+  out = {name.replace(SWIGLU_OUT[1], SWIGLU_OUT[0]): value
+         for name, value in tensors.items()
+         if SWIGLU_PARTS[0] not in name and SWIGLU_PARTS[1] not in name}
+  for name in tensors:
+    if SWIGLU_PARTS[0] in name:
+      out[name.replace(SWIGLU_PARTS[0], SWIGLU_FUSED)] = np.concatenate(
+          [tensors[name], tensors[name.replace(*SWIGLU_PARTS)]])
+  return out
