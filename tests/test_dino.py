@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 from safetensors.numpy import load_file
 
 from tests.util import (
@@ -152,9 +153,7 @@ def test_a_backbone_of_dinov2s_options_exports_to_transformers(
   against transformers' own files: tests/test_recorded_libraries.py,
   hf_dinov2_swiglu among them), its features the backbone's."""
   keys, objective = objective_of(**options)
-  params = jax.tree.map(lambda p: getattr(p, "value", p),
-                        objective.init_params(jax.random.key(3), 8),
-                        is_leaf=lambda p: hasattr(p, "value"))
+  params = nn.meta.unbox(objective.init_params(jax.random.key(3), 8))
   out = str(tmp_path / "out")
   run = pretrained.Checkpoint(
       jax.tree.map(np.asarray, params), "the run",

@@ -20,7 +20,13 @@ from vit_jax.weights import (
   npz as npz_lib,
   pretrained,
 )
-from vit_jax.weights.pytorch import files, hf, hf_dino, mae as pytorch_mae, timm
+from vit_jax.weights.pytorch import (
+  files,
+  hf,
+  hf_dino,
+  mae as pytorch_mae,
+  timm,
+)
 
 FORMATS = ("npz", "hf", "timm", "stablehlo", "onnx")
 # The ending of each format's file name, by which it is read back ("hf"
@@ -102,8 +108,9 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
             f"{inference.image_size}, {inference.image_size}, 3]; outputs "
             f"{', '.join(function_exports.OUTPUTS)}")
   flat = flax.traverse_util.flatten_dict(loaded.params, sep="/")
+  dino = loaded.config is not None and loaded.config.objective == "dino"
   mask = None
-  if loaded.config is not None and loaded.config.objective == "dino":
+  if dino:
     flat, mask = hf_dino.dino_backbone(flat)  # Training's parts left out.
   # Where no position table says it.
   image_size = loaded.image_size or (
@@ -115,15 +122,14 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
       pytorch_mae.write_mae(out, models.masked_autoencoder_from_settings(
           loaded.config.model, loaded.config.mae), loaded.params,
                             loaded.config.mae.norm_pix_loss, image_size)
-    elif (loaded.config is not None and loaded.config.objective == "dino"
-          and not loaded.function["rope"]):
+    elif dino and not loaded.function["rope"]:
       kind = hf_dino.write_dinov2(out, flat, loaded.function, loaded.what,
                                   mask)
     elif loaded.function["rope"]:
       kind = "DINOv3ViTModel"
-      classes = hf_dino.write_dinov3(out, flat, loaded.function, image_size,
-                                loaded.what,
-                                loaded.normalization or files.HALF, mask)
+      classes = hf_dino.write_dinov3(
+          out, flat, loaded.function, image_size, loaded.what,
+          loaded.normalization or files.HALF, mask)
       if classes:
         left_out = (f" (its head of {classes} classes is left out: a "
                     "DINOv3ViTModel has none; --format=npz keeps it)")
