@@ -37,15 +37,18 @@ from vit_jax.weights import exports, pretrained
 
 # The digits model (8 px, patch 2: a 4x4 grid) of one layer (its steps
 # compile in less time than two layers') with small heads, 2 local
-# crops of 4 px (2x2), DINO's running center (a carry to resume), the
-# teacher's k-NN at the end; DINOv2's exact GELU (configs/dino/imagenet.py
-# has it), which a timm state dict read back is taken to compute.
+# crops of 4 px (2x2), DINO's running center and DINOv3's Gram teacher
+# (a carry to resume: taken for steps 4 and 7, not 10), the teacher's
+# k-NN at the end; DINOv2's exact GELU (configs/dino/imagenet.py has it),
+# which a timm state dict read back is taken to compute.
 DINO = {"objective": "dino", "model.dropout_rate": 0.0,
         "model.num_layers": 1, "model.gelu": "exact",
         "dino.local_crops": 2, "dino.local_size": 4,
         "dino.head_prototypes": 32, "dino.head_hidden_size": 32,
         "dino.head_bottleneck": 16, "dino.centering": "center",
         "dino.teacher_warmup_steps": 4, "dino.freeze_prototypes_steps": 2,
+        "dino.gram_weight": 1.0, "dino.gram_start": 4,
+        "dino.gram_update_every": 3, "dino.gram_max_updates": 1,
         "total_steps": 12, "log_every": 1, "checkpoint_every": 6,
         "optimizer.learning_rate": 1e-3,
         "evaluators": {"knn": {"kind": "knn", "every": 12,
@@ -89,6 +92,29 @@ def test_a_dino_run_trains_a_teacher_that_follows_the_student(dino_run):
   # The running centers moved from 0.
   assert np.abs(state.carry["dino"]).max() > 0
   assert np.abs(state.carry["ibot"]).max() > 0
+  # Gram anchoring from step 4 (logged as 5) on.
+  gram = logged(workdir, "gram_loss")
+  assert all(gram[step] == 0 for step in range(1, 5)), gram
+  assert all(gram[step] > 0 for step in range(5, 13)), gram
+
+
+def test_the_gram_teacher_is_the_ema_teacher_of_the_step_before_its_own(
+    dino_run):
+  """Step 7's Gram teacher is the EMA teacher that taught step 6 (the
+  checkpoint of step 6's), and none is taken for step 10 (one refresh
+  after step 4's)."""
+  from vit_jax.runs import checkpoints as checkpoints_lib
+  from vit_jax.runs.workdir import Workdir
+  config, workdir, _ = dino_run
+  final, _ = latest_state(workdir, config)
+  manager = Workdir(workdir).checkpoint_manager(3)
+  sixth, _ = checkpoints_lib.restore_if_whole(
+      manager, 6, program_of(config).state_shapes)
+  sixth = jax.device_get(sixth)
+  assert set(final.carry["gram"]) == set(final.polyak) - {"dino_head"}
+  jax.tree.map(np.testing.assert_array_equal, final.carry["gram"],
+               dino_lib.backbone_params(sixth.polyak))
+  assert not np.array_equal(sixth.carry["gram"]["cls"], final.polyak["cls"])
 
 
 def test_a_dino_run_stopped_by_sigterm_resumes_bitwise(
@@ -296,7 +322,9 @@ def taught():
 def test_the_loss_pairs_crops_as_dinov2_does(taught):
   """With KoLeo and iBOT off, the loss is DINOLoss's on the local crops
   against both teacher crops, plus twice its mean on the global crops
-  against the other one, over 2 + 2 x locals terms (ssl_meta_arch.py)."""
+  against the other one, over 2 + 2 x locals terms (ssl_meta_arch.py),
+  plus GramLoss's on the global crops (each image's own matrix, DINOv3's
+  img_level)."""
   objective, params, micro = taught
   model = objective.model
 
@@ -304,10 +332,14 @@ def test_the_loss_pairs_crops_as_dinov2_does(taught):
   def ours_and_by_hand(params, micro):
     loss, parts = objective.loss(params, micro, jnp.full((4,), 0.25),
                                  jax.random.key(1))
-    # The same by hand: DINOLoss over lists of crops.
+    # The same by hand: DINOLoss over lists of crops, and GramLoss of the
+    # global crops' patches against the Gram teacher's (the params).
     flat = micro["global"].reshape(8, 8, 8, 3)
-    cls, _ = model.apply({"params": params}, flat, masks=micro[
+    cls, patches = model.apply({"params": params}, flat, masks=micro[
         "masks"].reshape(8, -1), method=model.backbone)
+    _, gram_patches = model.apply({"params": params}, flat,
+                                  method=model.backbone)
+    gram = dino_losses.gram_loss(patches, gram_patches)
     student_global = model.apply({"params": params}, cls,
                                  method=model.project).reshape(4, 2, -1)
     local = dino_lib.crops_as_patches(micro["local"].reshape(8, 4, 4, 3), 2)
@@ -322,11 +354,18 @@ def test_the_loss_pairs_crops_as_dinov2_does(taught):
     global_loss = 2 * dino_losses.dino_loss(
         [jnp.concatenate([student_global[:, 0], student_global[:, 1]])],
         [swapped])
-    return loss, parts["dino_loss"], (local_loss + global_loss) / (2 + 4)
+    return (loss, parts, (local_loss + global_loss) / (2 + 4), gram)
 
-  loss, dino_loss, by_hand = ours_and_by_hand(params, micro(9))
-  np.testing.assert_allclose(loss, by_hand, rtol=1e-5)
-  np.testing.assert_allclose(dino_loss, loss, rtol=1e-6)
+  loss, parts, dino_by_hand, gram_by_hand = ours_and_by_hand(params,
+                                                             micro(9))
+  np.testing.assert_allclose(parts["dino_loss"], dino_by_hand, rtol=1e-5)
+  np.testing.assert_allclose(parts["gram_loss"], gram_by_hand, rtol=1e-5)
+  assert gram_by_hand > 0  # the student's crops are masked, not its
+  np.testing.assert_allclose(loss, dino_by_hand + gram_by_hand, rtol=1e-5)
+  # Before gram_start, no Gram anchoring.
+  np.testing.assert_allclose(objective.loss(
+      params, micro(3), jnp.full((4,), 0.25), jax.random.key(1))[1][
+          "gram_loss"], 0)
 
 
 def test_the_prototypes_learn_only_after_their_frozen_steps(taught):
@@ -349,6 +388,8 @@ def test_the_prototypes_learn_only_after_their_frozen_steps(taught):
      "of the patch size 2"),
     ({"dino.mask_ratio": (0.5, 0.1)}, "config.dino.mask_ratio must be "
      "(low, high)"),
+    ({"dino.gram_start": 12}, "config.dino.gram_start=12 is not a step of "
+     "this run"),
     ({"evaluators.test": {"kind": "accuracy", "every": 3}},
      "a 'accuracy' evaluator does not apply to config.objective='dino'"),
 ])

@@ -338,7 +338,8 @@ def test_the_probe_normalises_as_torch_batchnorm1d_does(digits_data_dir):
       (weights * -jax.nn.log_softmax(normalised)[:, 0]).sum(), rtol=1e-5)
   carry = {"mean": np.full(5, 1.0, np.float32),
            "var": np.full(5, 4.0, np.float32)}
-  updated = probe.update_carry(carry, probe.observe(micro, weights), 0)
+  updated = probe.update_carry(carry, probe.observe(micro, weights), 0,
+                               None)
   np.testing.assert_allclose(updated["mean"], 0.9 + 0.1 * kept.mean(0),
                              rtol=1e-5)
   np.testing.assert_allclose(updated["var"], 3.6 + 0.1 * kept.var(0, ddof=1),

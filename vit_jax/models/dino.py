@@ -38,6 +38,7 @@ from vit_jax.models.encoder import ImageEncoder
 # config.dino's keys for the head sizes: these fields, prefixed.
 SETTINGS_PREFIX = "head_"
 NORMALISE_EPSILON = 1e-12  # DINOHead's (float32)
+HEADS = ("dino_head", "ibot_head")  # the params' names of the heads
 HEAD_INIT_STD = 0.02
 
 
@@ -163,6 +164,13 @@ class SelfDistillationModel(nn.Module):
   def project_patches(self, tokens):
     """iBOT's head on patch tokens [..., D]: logits [..., K]."""
     return self.ibot_head(tokens)
+
+
+def backbone_params(params):
+  """`params` of a SelfDistillationModel without its heads: what its
+  `backbone` method reads."""
+  return {name: value for name, value in params.items()
+          if name not in HEADS}
 
 
 def crops_as_patches(images, patch_size):

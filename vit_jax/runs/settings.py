@@ -260,7 +260,21 @@ def _dino_section():
           "(low, high)", before=AS_DEFAULT)),
       ("ibot_separate_head", bool, key(
           False, "iBOT's head apart from DINO's (the released L/g: True)",
-          before=AS_DEFAULT))]
+          before=AS_DEFAULT)),
+      ("gram_weight", float, key(
+          0.0, "DINOv3's Gram anchoring: its loss's weight from gram_start "
+          "on (0: off; DINOv3's anchoring phase: 2.0)", at_least=0.0,
+          before=AS_DEFAULT)),
+      ("gram_start", int, key(
+          1, "the step whose Gram teacher is the first, the EMA teacher of "
+          "the step before it (DINOv3: 1,000,000 of 1,200,000)",
+          at_least=1, before=AS_DEFAULT)),
+      ("gram_update_every", int, key(
+          10000, "steps between the Gram teacher's refreshes from the EMA "
+          "teacher (DINOv3: 10,000)", at_least=1, before=AS_DEFAULT)),
+      ("gram_max_updates", int, key(
+          3, "refreshes after the first Gram teacher (DINOv3: 3)",
+          at_least=0, before=AS_DEFAULT))]
   return _section_with_sizes(
       "DINO", fields, dino_lib.HeadSizes, dino_lib.SETTINGS_PREFIX,
       "config.dino: self-distillation's pre-training (config.objective "

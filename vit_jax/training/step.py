@@ -159,8 +159,8 @@ def make_train_step(objective, optimizer_of, accum_steps, seed, polyak_decay,
                   {"skipped_examples": (mask == 0).sum()}), **parts}
     fields = {}
     if carry is not None:
-      carry = fields["carry"] = objective.update_carry(carry, observed,
-                                                       state.step)
+      carry = fields["carry"] = objective.update_carry(
+          carry, observed, state.step, state.polyak)
     served = objective.update_served(state.polyak, params, carry,
                                      polyak_decay, state.step)
     return state.replace(step=state.step + 1, params=params,

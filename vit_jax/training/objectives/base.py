@@ -59,8 +59,9 @@ with; checkpoints name it "polyak"):
                         {name: array}: weighted sums over a taught
                         micro-batch that the step adds up over the batch,
                         as it adds the loss
-  update_carry(carry, observed, step)
-                        the carry after the batch's update
+  update_carry(carry, observed, step, served)
+                        the carry after the batch's update; `served`: what
+                        the run served while it taught the batch
   init_served(params, carry, decay), update_served(served, params, carry,
                         decay, step)
                         what evaluation, export and the read-only tools
@@ -173,8 +174,8 @@ class Objective:
     del micro, weights
     return {}
 
-  def update_carry(self, carry, observed, step):
-    del observed, step
+  def update_carry(self, carry, observed, step, served):
+    del observed, step, served
     return carry
 
   def init_served(self, params, carry, decay):

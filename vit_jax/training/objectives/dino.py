@@ -30,6 +30,18 @@ as their own batch at their own grid (no padding). The loss
   iBOT:  each masked global crop's mean cross-entropy over its masked
          patches, the mean over crops.
 
+DINOv3's Gram anchoring (`gram_weight` > 0): from step `gram_start` on,
+a Gram teacher, a snapshot of the EMA teacher's backbone kept in the carry
+(sharded as the params are), sees the global crops unmasked; the loss adds
+`gram_weight` x each global crop's mean squared difference between the
+cosine-similarity matrices of the student's patch tokens and the Gram
+teacher's (dino_losses.gram_loss, per image), the crops' mean. The
+snapshot is taken from the EMA teacher that taught the step before
+`gram_start`, and again every `gram_update_every` steps, `gram_max_updates`
+times (DINOv3 takes the teacher after that step's EMA update, one update
+later). DINOv3's Gram teacher sees the crops at twice the resolution
+without colour distortion; this one sees the teacher's crops.
+
 Every sum over the batch (Sinkhorn-Knopp's, the center's, KoLeo's nearest
 neighbours) runs over the global batch under jit, so the numbers do not
 depend on how the batch is split over devices and hosts. Where DINOv2
@@ -169,6 +181,11 @@ class SelfDistillation(base.Objective):
         raise errors.ConfigError(
             f"config.dino.{what} must be (low, high) with 0 <= low <= high "
             f"<= 1, got {tuple(getattr(dino, what))!r}")
+    if dino.gram_weight and dino.gram_start >= keys.total_steps:
+      raise errors.ConfigError(
+          f"config.dino.gram_start={dino.gram_start} is not a step of this "
+          f"run (config.total_steps={keys.total_steps}): Gram anchoring "
+          "would never start; set it lower, or config.dino.gram_weight=0")
     if keys.accum_steps != 1:
       raise errors.ConfigError(
           f"config.accum_steps={keys.accum_steps} does not apply to {name}: "
@@ -226,11 +243,14 @@ class SelfDistillation(base.Objective):
         jax.random.fold_in(self.stream(MASK_STREAM, step), row)))(rows)
     learn = (jnp.asarray(step) >= self.dino.freeze_prototypes_steps).astype(
         jnp.float32)
+    gram_on = (jnp.asarray(step) >= self.dino.gram_start).astype(
+        jnp.float32)
     return {"mask": batch["mask"], "global": global_crops,
             "local": local_crops, "masks": masks,
             "temperature": jnp.full((n,), teacher_temperature(step,
                                                               self.dino)),
-            "learn_prototypes": jnp.full((n,), learn)}
+            "learn_prototypes": jnp.full((n,), learn),
+            "gram_on": jnp.full((n,), gram_on)}
 
   def masks(self, key):
     """[2, L] bool: each global crop's iBOT mask: with probability
@@ -283,6 +303,15 @@ class SelfDistillation(base.Objective):
       patch_probs = dino_losses.softmax_centered(
           patch_logits, held.carry["ibot"], temperature) * valid[..., None]
     shape = (n, NUM_GLOBAL_CROPS)
+    if self.dino.gram_weight:
+      # The Gram teacher's patches, computed once it is in use.
+      gram = jax.lax.cond(
+          micro["gram_on"][0] > 0,
+          lambda: model.apply({"params": held.carry["gram"]}, flat,
+                              method=model.backbone)[1],
+          lambda: jnp.zeros(patches.shape, patches.dtype))
+      micro = {**micro, "gram_patches": jax.lax.stop_gradient(
+          gram.reshape(*shape, *gram.shape[1:]))}
     return {**micro,
             "teacher_probs": jax.lax.stop_gradient(
                 probs.reshape(*shape, -1)),
@@ -361,19 +390,32 @@ class SelfDistillation(base.Objective):
     d = self.dino
     per_image = (d.dino_weight * dino + d.koleo_weight * koleo
                  + d.ibot_weight * ibot)
-    return (weights * per_image).sum(), {
-        "dino_loss": (weights * dino).sum(),
-        "koleo_loss": (weights * koleo).sum(),
-        "ibot_loss": (weights * ibot).sum()}
+    parts = {"dino_loss": (weights * dino).sum(),
+             "koleo_loss": (weights * koleo).sum(),
+             "ibot_loss": (weights * ibot).sum()}
+    if d.gram_weight:
+      # Gram anchoring: each global crop's patches, all of them.
+      teacher_patches = micro["gram_patches"].reshape(patches.shape)
+      per_crop = jax.vmap(lambda s, t: dino_losses.gram_loss(
+          s[None], t[None]))(patches, teacher_patches)
+      gram = per_crop.reshape(n, NUM_GLOBAL_CROPS).mean(-1) * micro[
+          "gram_on"]
+      per_image = per_image + d.gram_weight * gram
+      parts["gram_loss"] = (weights * gram).sum()
+    return (weights * per_image).sum(), parts
 
-  # --- state beside the params: the running centers ---
+  # --- state beside the params: the running centers, the Gram teacher ---
 
   def init_carry(self, params):
-    if self.dino.centering != "center":
-      return None
-    k = self.model.head.prototypes
-    return {"dino": jnp.zeros((k,), jnp.float32),
-            "ibot": jnp.zeros((k,), jnp.float32)}
+    carry = {}
+    if self.dino.centering == "center":
+      k = self.model.head.prototypes
+      carry.update(dino=jnp.zeros((k,), jnp.float32),
+                   ibot=jnp.zeros((k,), jnp.float32))
+    if self.dino.gram_weight:
+      # In the params' boxes: the snapshot is sharded as they are.
+      carry["gram"] = dino_lib.backbone_params(params)
+    return carry or None
 
   def observe(self, micro, weights):
     if self.dino.centering != "center":
@@ -385,16 +427,31 @@ class SelfDistillation(base.Objective):
             "ibot": weights @ patch_sums,
             "ibot_count": weights @ valid.sum(axis=(1, 2))}
 
-  def update_carry(self, carry, observed, step):
-    del step
-    momentum = self.dino.center_momentum
-    ibot = observed["ibot"] / jnp.maximum(observed["ibot_count"], 1e-30)
-    return {"dino": dino_losses.updated_center(carry["dino"],
-                                               observed["dino"], momentum),
-            "ibot": jnp.where(observed["ibot_count"] > 0,
-                              dino_losses.updated_center(
-                                  carry["ibot"], ibot, momentum),
-                              carry["ibot"])}
+  def update_carry(self, carry, observed, step, served):
+    carry = dict(carry)
+    if self.dino.centering == "center":
+      momentum = self.dino.center_momentum
+      ibot = observed["ibot"] / jnp.maximum(observed["ibot_count"], 1e-30)
+      carry["dino"] = dino_losses.updated_center(carry["dino"],
+                                                 observed["dino"], momentum)
+      carry["ibot"] = jnp.where(observed["ibot_count"] > 0,
+                                dino_losses.updated_center(
+                                    carry["ibot"], ibot, momentum),
+                                carry["ibot"])
+    if self.dino.gram_weight:
+      kept = carry["gram"]
+      carry["gram"] = jax.lax.cond(
+          self.gram_taken_before(step + 1),
+          lambda: dino_lib.backbone_params(served), lambda: kept)
+    return carry
+
+  def gram_taken_before(self, step):
+    """Whether the Gram teacher of `step` is a new snapshot: `step` is
+    gram_start, or one of its gram_max_updates refreshes after it."""
+    d = self.dino
+    since = jnp.asarray(step) - d.gram_start
+    return ((since >= 0) & (since % d.gram_update_every == 0)
+            & (since // d.gram_update_every <= d.gram_max_updates))
 
   # --- the teacher: what the run serves ---
 
@@ -429,6 +486,8 @@ class SelfDistillation(base.Objective):
         1 + self.max_masked)) + self.spec.num_local * (per_local + per_token))
     teacher = NUM_GLOBAL_CROPS * (per_global
                                   + per_token * (1 + self.max_masked))
+    if self.dino.gram_weight:  # the Gram teacher, counted for every step
+      teacher += NUM_GLOBAL_CROPS * per_global
     return flops.TRAIN_FORWARDS * student + teacher
 
 

@@ -106,8 +106,8 @@ class LinearProbe(classification.Classification):
     return {"mean": weights @ features, "square": weights @ features ** 2,
             "inverse_count": (weights ** 2).sum()}
 
-  def update_carry(self, carry, observed, step):
-    del step
+  def update_carry(self, carry, observed, step, served):
+    del step, served
     count = 1 / jnp.maximum(observed["inverse_count"], 1e-30)
     mean = observed["mean"]
     biased = jnp.maximum(observed["square"] - mean ** 2, 0)
