@@ -2,12 +2,12 @@
 signal self-distillation has to start from (docs/dino.md, "The digits").
 
   python benchmarks/dino_views.py [--config=configs/dino/digits.py:pretrain]
-      [--spec=jitter_prob=0,flip_prob=0,global_scale=0.8:1.0] [--images=256]
-      [--config.image_size=32 --config.model.patch_size=8 ...]
+      [--images=256] [--config.dino.global_scale='(0.32,1.0)'
+      --config.dino.flip_probability=0.5 --config.image_size=32 ...]
 
 Draws the 2 global crops of each of the first `--images` training digits
-as a run's step does (`--spec` overrides fields of the objective's
-crops.CropSpec: probabilities, scales as low:high), passes both through
+as a run's step does (the config's crops: config.dino's scales and
+probabilities, overridden as any run's keys are), passes both through
 the initial model (seed 0) and prints, for its class tokens and its DINO
 head's logits, each centred over the images: the mean cosine of the two
 crops of one digit and of two different digits, how often a crop's nearest
@@ -16,7 +16,6 @@ it is a digit of the same class.
 """
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -32,16 +31,6 @@ from sklearn.datasets import load_digits  # noqa: E402
 
 from vit_jax.runs import settings  # noqa: E402
 from vit_jax.training import objectives  # noqa: E402
-
-
-def spec_overrides(text):
-  """{field: value} of "name=value,...": numbers, low:high pairs."""
-  overrides = {}
-  for item in filter(None, text.split(",")):
-    name, value = item.split("=")
-    parts = [float(part) for part in value.split(":")]
-    overrides[name] = tuple(parts) if len(parts) > 1 else parts[0]
-  return overrides
 
 
 def agreement(a, b, labels):
@@ -62,7 +51,6 @@ def agreement(a, b, labels):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="configs/dino/digits.py:pretrain")
-  parser.add_argument("--spec", default="")
   parser.add_argument("--images", type=int, default=256)
   # The rest are the config's own overrides (--config.image_size=32).
   args, overrides = parser.parse_known_args()
@@ -70,8 +58,6 @@ def main():
   flags.FLAGS([sys.argv[0], f"--config={args.config}", *overrides])
   keys = settings.of(config.value)
   objective = objectives.of(keys)(keys, 10)
-  objective.spec = dataclasses.replace(objective.spec,
-                                       **spec_overrides(args.spec))
   params = objective.init_params(jax.random.key(0), keys.image_size)
   params = jax.tree.map(lambda p: getattr(p, "value", p), params,
                         is_leaf=lambda p: hasattr(p, "value"))
@@ -95,8 +81,7 @@ def main():
 
   (cls_a, logits_a), (cls_b, logits_b) = jax.device_get(views(images))
   labels = digits.target[:args.images]
-  print(f"{' '.join([args.config, *overrides])}, spec overrides "
-        f"{args.spec or 'none'}:")
+  print(f"{' '.join([args.config, *overrides])}:")
   for name, a, b in (("class tokens", cls_a, cls_b),
                      ("head logits", logits_a, logits_b)):
     same, other, retrieval, match = agreement(np.asarray(a), np.asarray(b),

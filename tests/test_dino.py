@@ -30,7 +30,13 @@ from vit_jax import errors, sharding
 from vit_jax.analysis import features as features_lib
 from vit_jax.models import dino as dino_lib
 from vit_jax.runs import settings
-from vit_jax.training import dino_losses, objectives, optimizer, resolve
+from vit_jax.training import (
+  crops as crops_lib,
+  dino_losses,
+  objectives,
+  optimizer,
+  resolve,
+)
 from vit_jax.training.objectives import dino as dino_objective
 from vit_jax.training.step import Held
 from vit_jax.weights import exports, pretrained
@@ -390,6 +396,8 @@ def test_the_prototypes_learn_only_after_their_frozen_steps(taught):
      "(low, high)"),
     ({"dino.gram_start": 12}, "config.dino.gram_start=12 is not a step of "
      "this run"),
+    ({"dino.global_blur_probability": (0.5,)}, "config.dino.global_blur_"
+     "probability must be a probability for each of the 2 global crops"),
     ({"evaluators.test": {"kind": "accuracy", "every": 3}},
      "a 'accuracy' evaluator does not apply to config.objective='dino'"),
 ])
@@ -399,6 +407,22 @@ def test_what_dino_cannot_do_is_refused_naming_the_key(overrides, message):
   with pytest.raises(errors.ConfigError) as raised:
     resolve.program(settings.of(config), num_classes=10)
   assert message in str(raised.value)
+
+
+def test_the_augmentations_probabilities_are_config_keys():
+  """DINOv2's by default; a dataset whose meaning a flip or a colour
+  changes (the digits) turns them off."""
+  _, default = objective_of()
+  assert default.spec == crops_lib.CropSpec(
+      global_size=8, num_local=2, local_size=4)
+  _, plain = objective_of(**{
+      "dino.flip_probability": 0.0, "dino.jitter_probability": 0.0,
+      "dino.grey_probability": 0.0, "dino.local_blur_probability": 0.0,
+      "dino.global_blur_probability": (0.0, 0.0),
+      "dino.global_solarize_probability": (0.0, 0.3)})
+  assert (plain.spec.flip_prob, plain.spec.jitter_prob, plain.spec.grey_prob,
+          plain.spec.local_blur_prob, plain.spec.global_blur_prob,
+          plain.spec.global_solarize_prob) == (0, 0, 0, 0, (0, 0), (0, 0.3))
 
 
 def test_the_crops_follow_the_row_not_the_mesh(digits_data_dir):

@@ -246,6 +246,27 @@ def _dino_section():
       ("blur_sigma", tuple, key(
           (0.1, 2.0), "the crops' Gaussian blur's sigma range in pixels "
           "(DINOv2's, for 224-px crops)", before=AS_DEFAULT)),
+      # DINOv2's augmentations.py, which its configs do not set: keys for
+      # images whose meaning a flip or a colour changes.
+      ("flip_probability", float, key(
+          0.5, "each crop's horizontal flip's", at_least=0.0, at_most=1.0,
+          before=AS_DEFAULT)),
+      ("jitter_probability", float, key(
+          0.8, "each crop's colour jitter's", at_least=0.0, at_most=1.0,
+          before=AS_DEFAULT)),
+      ("grey_probability", float, key(
+          0.2, "each crop's greyscale's", at_least=0.0, at_most=1.0,
+          before=AS_DEFAULT)),
+      ("global_blur_probability", tuple, key(
+          (1.0, 0.1), "the blur's on global crops 0 and 1 (the released "
+          "models were trained with (0.0, 0.9): docs/dino.md)",
+          before=AS_DEFAULT)),
+      ("local_blur_probability", float, key(
+          0.5, "the blur's on each local crop", at_least=0.0, at_most=1.0,
+          before=AS_DEFAULT)),
+      ("global_solarize_probability", tuple, key(
+          (0.0, 0.2), "the solarisation's on global crops 0 and 1",
+          before=AS_DEFAULT)),
       ("dino_weight", float, key(1.0, "the DINO loss's weight",
                                  at_least=0.0, before=AS_DEFAULT)),
       ("koleo_weight", float, key(0.1, "the KoLeo loss's weight",

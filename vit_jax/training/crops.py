@@ -80,13 +80,13 @@ CROP_TRIES = 10
 # DINOv2: RandomHorizontalFlip(p=0.5), then RandomApply([ColorJitter(
 # brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)], p=0.8), then
 # RandomGrayscale(p=0.2).
-FLIP_PROB = 0.5
-JITTER_PROB = 0.8
+FLIP_PROB = _DINO["flip_probability"]
+JITTER_PROB = _DINO["jitter_probability"]
 BRIGHTNESS = 0.4
 CONTRAST = 0.4
 SATURATION = 0.2
 HUE = 0.1
-GREY_PROB = 0.2
+GREY_PROB = _DINO["grey_probability"]
 # ITU-R 601-2 luma, as PIL's convert("L") weighs R, G, B.
 LUMA = (0.299, 0.587, 0.114)
 # DINOv2: GaussianBlur(p=1.0) on global crop 0, GaussianBlur(p=0.1) on
@@ -94,11 +94,11 @@ LUMA = (0.299, 0.587, 0.114)
 # GaussianBlur(kernel_size=9, sigma=(0.1, 2.0)); RandomSolarize(threshold=
 # 128, p=0.2) on global crop 1 only. (The released code's blur
 # probabilities differ: the module docstring.)
-GLOBAL_BLUR_PROB = (1.0, 0.1)
-LOCAL_BLUR_PROB = 0.5
+GLOBAL_BLUR_PROB = _DINO["global_blur_probability"]
+LOCAL_BLUR_PROB = _DINO["local_blur_probability"]
 BLUR_KERNEL = 9
 BLUR_SIGMA = _DINO["blur_sigma"]
-GLOBAL_SOLARIZE_PROB = (0.0, 0.2)
+GLOBAL_SOLARIZE_PROB = _DINO["global_solarize_probability"]
 # 128 on the 0-255 scale: on [0, 1], where PIL's rounding to uint8 puts it.
 SOLARIZE_THRESHOLD = 0.5
 

@@ -162,7 +162,13 @@ class SelfDistillation(base.Objective):
         global_scale=tuple(keys.dino.global_scale),
         num_local=keys.dino.local_crops, local_size=keys.dino.local_size,
         local_scale=tuple(keys.dino.local_scale),
-        blur_sigma=tuple(keys.dino.blur_sigma))
+        blur_sigma=tuple(keys.dino.blur_sigma),
+        flip_prob=keys.dino.flip_probability,
+        jitter_prob=keys.dino.jitter_probability,
+        grey_prob=keys.dino.grey_probability,
+        global_blur_prob=tuple(keys.dino.global_blur_probability),
+        local_blur_prob=keys.dino.local_blur_probability,
+        global_solarize_prob=tuple(keys.dino.global_solarize_probability))
     patches = (keys.image_size // self.model.config.patch_size) ** 2
     # The most patches a crop's mask holds: where iBOT's tokens are read.
     self.max_masked = max(int(patches * keys.dino.mask_ratio[1]), 1)
@@ -181,6 +187,13 @@ class SelfDistillation(base.Objective):
         raise errors.ConfigError(
             f"config.dino.{what} must be (low, high) with 0 <= low <= high "
             f"<= 1, got {tuple(getattr(dino, what))!r}")
+    for what in ("global_blur_probability", "global_solarize_probability"):
+      value = tuple(getattr(dino, what))
+      if len(value) != NUM_GLOBAL_CROPS or not all(
+          0 <= p <= 1 for p in value):
+        raise errors.ConfigError(
+            f"config.dino.{what} must be a probability for each of the "
+            f"{NUM_GLOBAL_CROPS} global crops, got {value!r}")
     if dino.gram_weight and dino.gram_start >= keys.total_steps:
       raise errors.ConfigError(
           f"config.dino.gram_start={dino.gram_start} is not a step of this "
