@@ -522,7 +522,7 @@ def frozen_prototypes(params, learn):
     return learn * value + (1 - learn) * jax.lax.stop_gradient(value)
 
   out = dict(params)
-  for head in ("dino_head", "ibot_head"):
+  for head in dino_lib.HEADS:
     if head in out:
       out[head] = {**out[head], **{
           name: scaled(out[head][name])

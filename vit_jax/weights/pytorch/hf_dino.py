@@ -9,6 +9,7 @@ import json
 import numpy as np
 
 from vit_jax import models, paths
+from vit_jax.models import dino as dino_lib
 from vit_jax.weights.pytorch import eva, files, layouts
 from vit_jax.weights.pytorch.hf import (
     HF_ACT,
@@ -118,7 +119,7 @@ def write_dinov3(directory, flat, function, image_size, what,
 
 # What self-distillation's pre-training adds to the backbone: its heads
 # (models/dino.py), which a Dinov2Model has no place for.
-DINO_HEADS = ("dino_head/", "ibot_head/")
+DINO_HEADS = tuple(f"{head}/" for head in dino_lib.HEADS)  # flat keys
 MASK_EMBEDDING = "mask_embedding"
 
 
