@@ -37,7 +37,8 @@ perturbs them as above, saves their params as the release's .npz files are
 their float32 outputs (upstream's computation dtype).
 
 Everything goes under --out, one folder per family (README.md there says
-what each file is), and versions.json. Written twice, the files are the
+what each file is), and versions.json (with --only, each family recorded
+gets a versions.json of its own and the others' stands). Written twice, the files are the
 same bytes: every draw is seeded, torch runs on one thread.
 """
 
@@ -96,7 +97,14 @@ HF_FAMILIES = ("hf_vit_classifier", "hf_vit_model_pooler",
                "hf_deit_with_teacher", "hf_dinov2", "hf_dinov2_registers",
                "hf_dinov2_swiglu",
                "hf_dinov3", "hf_siglip", "hf_siglip2_naflex", "hf_vit_mae",
-               "hf_vit_mae_norm_pix")
+               "hf_vit_mae_norm_pix", "hf_siglip_two_towers")
+# SiglipModel's text tower (the image tower's sizes are the others'): its
+# head projects to the image tower's width; TEXTS texts of TEXT_LENGTH
+# token ids each, against the BATCH images.
+SIGLIP_TEXT = dict(vocab_size=64, hidden_size=32, intermediate_size=64,
+                   num_hidden_layers=2, num_attention_heads=4,
+                   max_position_embeddings=16, projection_size=WIDTH)
+TEXTS = 3
 # ViTMAEForPreTraining's decoder (sizes of its own) and masking; the
 # families differ in norm_pix_loss only.
 MAE_DECODER = dict(decoder_hidden_size=32, decoder_num_hidden_layers=2,
@@ -237,6 +245,7 @@ def record_timm(family, out):
 
 def _hf_model(family):
   """(the model, what its outputs are: {output: expression})."""
+  import torch  # pylint: disable=g-import-not-at-top
   import transformers as t  # pylint: disable=g-import-not-at-top
   sizes = dict(hidden_size=WIDTH, num_hidden_layers=DEPTH,
                num_attention_heads=HEADS, intermediate_size=WIDTH * MLP_RATIO,
@@ -286,6 +295,19 @@ def _hf_model(family):
     return t.SiglipVisionModel(t.SiglipVisionConfig(**sizes)), {
         "features": "model(x).pooler_output",
         "patch_tokens": "model(x).last_hidden_state"}
+  if family == "hf_siglip_two_towers":
+    model = t.SiglipModel(t.SiglipConfig(vision_config=sizes,
+                                         text_config=SIGLIP_TEXT))
+    # SigLIP's t' = log 10 (torch's init draws it from N(0, 1)), so that
+    # the logits spread over units; b so that they are of both signs.
+    with torch.no_grad():
+      model.logit_scale.fill_(float(np.log(10.0)))
+      model.logit_bias.fill_(-1.0)
+    return model, {
+        "logits_per_image": "model(input_ids=ids, pixel_values=x)."
+                            "logits_per_image: [images, texts]",
+        "image_embeds": "model(...).image_embeds (normalised)",
+        "text_embeds": "model(...).text_embeds (normalised)"}
   if family == "hf_siglip2_naflex":
     sizes.pop("image_size")
     return t.Siglip2VisionModel(t.Siglip2VisionConfig(
@@ -322,6 +344,22 @@ def _hf_model(family):
                              "patches, in ascending noise order",
         "target": target}
   raise ValueError(family)
+
+
+def _two_towers(family, model):
+  """SiglipModel's inputs (images, token ids) and outputs (float64), as
+  _hf_model's description says."""
+  import torch  # pylint: disable=g-import-not-at-top
+  images = images_for(family, ("square",))["square"]
+  ids = np.random.default_rng(seed_of(family) + 2).integers(
+      0, SIGLIP_TEXT["vocab_size"],
+      (TEXTS, SIGLIP_TEXT["max_position_embeddings"])).astype(np.int32)
+  with torch.no_grad():
+    result = model(input_ids=torch.from_numpy(ids).long(),
+                   pixel_values=to_torch(images))
+  return ({"square/images": images, "square/token_ids": ids},
+          {f"square/{key}": as_numpy(getattr(result, key)) for key in (
+              "logits_per_image", "image_embeds", "text_embeds")})
 
 
 def _mae_sincos_tables(model):
@@ -374,6 +412,9 @@ def record_hf(family, out):
   extra = {}
   if family == "hf_siglip2_naflex":
     inputs, outputs = _siglip2_naflex(model, out)
+  elif family == "hf_siglip_two_towers":
+    inputs, outputs = _two_towers(family, model)
+    extra = {"num_text_heads": SIGLIP_TEXT["num_attention_heads"]}
   elif family in MAE_NORM_PIX_LOSS:
     inputs, outputs = _mae(family, model)
     extra = {"decoder": {key.replace("decoder_", "", 1): value
@@ -609,18 +650,18 @@ def checkout_commit(checkout):
 
 
 def versions(release):
-  # pylint: disable=g-import-not-at-top
-  import PIL
-  import safetensors
-  import timm
-  import torch
-  import torchvision
-  import transformers
-  found = {"python": platform.python_version(), "torch": torch.__version__,
-           "torchvision": torchvision.__version__, "timm": timm.__version__,
-           "transformers": transformers.__version__,
-           "safetensors": safetensors.__version__,
-           "numpy": np.__version__, "pillow": PIL.__version__}
+  """The versions of what the recording ran with; a library the families
+  recorded did not need may be absent from the environment ("absent")."""
+  import importlib  # pylint: disable=g-import-not-at-top
+  found = {"python": platform.python_version()}
+  for name, module in (("torch", "torch"), ("torchvision", "torchvision"),
+                       ("timm", "timm"), ("transformers", "transformers"),
+                       ("safetensors", "safetensors"), ("numpy", "numpy"),
+                       ("pillow", "PIL")):
+    try:
+      found[name] = importlib.import_module(module).__version__
+    except ImportError:
+      found[name] = "absent"
   if release:
     found.update(release)
   return found
@@ -664,8 +705,13 @@ def main():
                "google-research/vision_transformer": checkout_commit(
                    args.vision_transformer)}
     print("recorded", ", ".join(RELEASE_FAMILIES))
-  path = os.path.join(out, "versions.json")
   found = versions(release)
+  if only:  # The others' record stands: these families' goes beside them.
+    for family in only - set(RELEASE_FAMILIES):
+      write_json(found, os.path.join(out, family, "versions.json"))
+    print(f"wrote {out} ({datetime.date.today()})")
+    return
+  path = os.path.join(out, "versions.json")
   if release is None and os.path.exists(path):  # Keep the release's record.
     with open(path) as f:
       found.update({key: value for key, value in json.load(f).items()

@@ -41,6 +41,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from tests.test_mae_interchange import FAMILIES as MAE_FAMILIES
+from tests.test_siglip_interchange import FAMILIES as TWO_TOWER_FAMILIES
 from vit_jax import errors
 from vit_jax.data import image_files
 from vit_jax.models import naflex
@@ -311,9 +312,11 @@ def test_every_recorded_family_is_tested():
   recorded_families = sorted(
       name for name in os.listdir(FIXTURES)
       if os.path.isdir(os.path.join(FIXTURES, name)))
-  # transformers' masked autoencoders are checked by
-  # tests/test_mae_interchange.py: no classifier's reader runs them.
-  assert recorded_families == sorted([*FAMILIES, *MAE_FAMILIES])
+  # transformers' masked autoencoders and two-tower SigLIP are checked by
+  # tests/test_mae_interchange.py and tests/test_siglip_interchange.py:
+  # no classifier's reader runs them.
+  assert recorded_families == sorted([*FAMILIES, *MAE_FAMILIES,
+                                      *TWO_TOWER_FAMILIES])
   with open(os.path.join(FIXTURES, "versions.json")) as f:
     versions = json.load(f)
   for library in ("torch", "timm", "transformers", "numpy", "python",

@@ -44,6 +44,7 @@ LOGICAL_AXIS_RULES = (
     ("classes", None),  # head outputs
     ("layers", None),   # the stacked blocks of a scanned encoder
     ("prototypes", None),  # a DINO head's; FSDP splits the large matrix
+    ("vocab", None),    # a text tower's token embeddings; FSDP splits them
   # A hybrid's ResNet: its kernels' input and output channels, and its
   # GroupNorms' (the stem is data parallel, like the patch embedding).
   ("in_channels", None),

@@ -8,7 +8,13 @@ import flax
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.models import config as config_lib, mae as mae_lib, options
+from vit_jax.models import (
+  config as config_lib,
+  mae as mae_lib,
+  options,
+  text as text_lib,
+  two_towers,
+)
 from vit_jax.models.config import (
   CONFIG_FIELDS,
   POSEMB_2D_KEYS as POSEMB_2D_KEYS,  # Also read by weights/.
@@ -148,6 +154,18 @@ def masked_autoencoder_from_settings(model, mae):
       encoder, mae_lib.decoder_config(encoder, sizes), mae.mask_ratio)
   autoencoder.check_options()
   return autoencoder
+
+
+def two_towers_from_settings(model, image_text):
+  """The TwoTowers (models/two_towers.py) of typed model settings (the
+  image tower's; no classifier head) and config.image_text's (the text
+  tower's sizes)."""
+  image = create_from_settings(model, 0).config
+  sizes = text_lib.TextSizes.of(image_text)
+  towers = two_towers.TwoTowers(image, text_lib.text_config(image, sizes),
+                                sizes.vocab_size)
+  towers.check_options()
+  return towers
 
 
 def architecture_of(flat):

@@ -62,8 +62,7 @@ class HeadSizes:
   @classmethod
   def of(cls, keys):
     """The sizes config.dino's `keys` give."""
-    return cls(**{field.name: getattr(keys, SETTINGS_PREFIX + field.name)
-                  for field in dataclasses.fields(cls)})
+    return options.sizes_of(cls, keys, SETTINGS_PREFIX)
 
 
 def _torch_linear_init(key, shape, dtype=jnp.float32):

@@ -123,3 +123,16 @@ def _stem_and_patches(config, image_size, num_patches=None):
   if num_patches is None:
     num_patches = (side // config.patch_size) ** 2
   return stem, channels, num_patches
+
+
+def two_towers_flops(model, image_size, text_length, pairs, num_patches=None):
+  """The forward FLOPs of one image-text pair through a TwoTowers model
+  (models/two_towers.py): the image tower to its pooled embedding, the
+  text tower on `text_length` tokens and its head, and the pair's image's
+  logits against the `pairs` texts it is scored with."""
+  image = models.VisionTransformer(num_classes=0, config=model.config)
+  text, width = model.text, model.config.hidden_size
+  return (flops_per_image(image, image_size, num_patches=num_patches)
+          + text.num_layers * block_flops(text, text_length, 0)
+          + 2 * text.hidden_size * width
+          + 2 * pairs * width)

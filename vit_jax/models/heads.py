@@ -26,12 +26,14 @@ class ClassifierHead(nn.Module):
   pair (class head's, distillation head's); the features are the mean of
   what the two heads read. Tokens of packed sequences are read image by
   image, [N, K, ...]: each slot's class token, its patches' mean, or its
-  own probe over its patches."""
+  own probe over its patches. `pre_logits`: return what the head reads
+  and make no head (a two-tower model's image tower, models/two_towers.py,
+  whose embedding it is)."""
   num_classes: int
   config: ViTConfig
 
   @nn.compact
-  def __call__(self, tokens, both_heads=False):
+  def __call__(self, tokens, both_heads=False, pre_logits=False):
     config = self.config
     if config.classifier == "token":
       x = _class_tokens(tokens, config)
@@ -55,6 +57,8 @@ class ClassifierHead(nn.Module):
     # linear classifiers to these.
     self.sow("intermediates", "features",
              x.mean(axis=-2) if config.distill_token else x)
+    if pre_logits:
+      return x
     # A zero kernel: a fresh head predicts the same for every image.
     head = lambda name, features: nn.Dense(
         self.num_classes, dtype=config.dtype, param_dtype=config.param_dtype,

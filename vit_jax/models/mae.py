@@ -61,8 +61,7 @@ class DecoderSizes:
   @classmethod
   def of(cls, keys):
     """The sizes that config.mae's `decoder_*` keys (`keys`) give."""
-    return cls(**{field.name: getattr(keys, SETTINGS_PREFIX + field.name)
-                  for field in dataclasses.fields(cls)})
+    return options.sizes_of(cls, keys, SETTINGS_PREFIX)
 
 
 # config.mae's name of each DecoderSizes field: decoder_hidden_size, ...

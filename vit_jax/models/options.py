@@ -101,3 +101,11 @@ def problem(name, value, metadata, unset_allowed=True):
              f"in [{low}, {top}]" if top is not None else f">= {low}")
     return f"{name} must be a number {bound}, got {value!r}"
   return None
+
+
+def sizes_of(sizes, keys, prefix):
+  """The dataclass `sizes` (a part's sizes: MAE's decoder, a DINO head,
+  the text tower) whose fields a config section `keys` names prefix +
+  field (runs/settings.py derives those keys from its declaration)."""
+  return sizes(**{field.name: getattr(keys, prefix + field.name)
+                  for field in dataclasses.fields(sizes)})

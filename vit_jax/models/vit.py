@@ -55,13 +55,16 @@ class VisionTransformer(nn.Module):
                                    config=self.config)
     nn.share_scope(self, self.classify)
 
-  def __call__(self, images, *, train, both_heads=False):
+  def __call__(self, images, *, train, both_heads=False, pre_logits=False):
     """images: NHWC, or a NaFlex batch (naflex.Patches), or a packed one
     (naflex.Packed: logits [N, K, classes], a row per slot). `both_heads`:
     a model with a distillation token returns the pair (class head's,
-    distillation head's logits) rather than their mean."""
+    distillation head's logits) rather than their mean. `pre_logits`:
+    what the head reads, and no head is made (a two-tower model's image
+    tower)."""
     self.check_image_size(images)
-    return self.classify(self.encoder(images, train=train), both_heads)
+    return self.classify(self.encoder(images, train=train), both_heads,
+                         pre_logits)
 
   @nn.nowrap
   def check_options(self):

@@ -30,7 +30,12 @@ from typing import Optional
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import dino as dino_lib, mae as mae_lib, options
+from vit_jax.models import (
+  dino as dino_lib,
+  mae as mae_lib,
+  options,
+  text as text_lib,
+)
 from vit_jax.models.config import ViTConfig
 
 key = options.key
@@ -305,6 +310,39 @@ def _dino_section():
 DINO = _dino_section()
 
 
+def _image_text_section():
+  """config.image_text: SigLIP's recipe (big_vision's siglip configs),
+  then each of models/text.py's TextSizes fields as it declares it, named
+  text_<field>."""
+  fields = [
+      ("loss", str, key(
+          "sigmoid", "sigmoid (SigLIP's) or softmax (CLIP's)",
+          choices=("sigmoid", "softmax"), before=AS_DEFAULT)),
+      ("chunked", bool, key(
+          True, "the sigmoid loss a block of texts at a time, passed "
+          "round the devices (no device holds the batch x batch logits)",
+          before=AS_DEFAULT)),
+      ("tokenizer", str, key(
+          "", "a SentencePiece .model file (SigLIP's), or captions:N: N "
+          "pieces trained on the run's captions when it starts",
+          before=AS_DEFAULT)),
+      ("templates", tuple, key(
+          (), "a labelled dataset's captions: each template, {} for a "
+          "class name; each image's is drawn at its place in the stream",
+          before=AS_DEFAULT)),
+      ("class_names", tuple, key(
+          (), "each class's names for the templates, '|' between "
+          "synonyms ('seven|7')", before=AS_DEFAULT))]
+  return _section_with_sizes(
+      "ImageText", fields, text_lib.TextSizes, text_lib.SETTINGS_PREFIX,
+      "config.image_text: image-text pre-training (config.objective "
+      "\"image_text\"; training/objectives/image_text.py), SigLIP's "
+      "defaults.")
+
+
+ImageText = _image_text_section()
+
+
 @dataclasses.dataclass(frozen=True)
 class Mesh:
   """config.mesh: the device mesh's axes (sharding.py); one may be -1,
@@ -351,9 +389,10 @@ class Settings:
       "or refuse (the run stops at the first)", changeable=True,
       before=AS_DEFAULT)
   objective: str = key(
-      "classification", "what the run learns: classification, mae, dino "
-      "(self-distillation) or linear_probe (a linear head on a frozen "
-      "encoder)", choices=("classification", "mae", "dino", "linear_probe"),
+      "classification", "what the run learns: classification, mae, dino, "
+      "image_text (SigLIP) or linear_probe (a head on a frozen encoder)",
+      choices=("classification", "mae", "dino", "image_text",
+               "linear_probe"),
       before=AS_DEFAULT)
   model: Model = section(Model, "the model: name and overrides")
   loss: str = key("softmax", "softmax or sigmoid cross-entropy",
@@ -380,6 +419,7 @@ class Settings:
   distill: Distill = section(Distill, "distillation from a teacher")
   mae: MAE = section(MAE, "masked autoencoders' pre-training")
   dino: DINO = section(DINO, "self-distillation's pre-training")
+  image_text: ImageText = section(ImageText, "image-text pre-training")
   mesh: Mesh = section(Mesh, "the device mesh", changeable=True)
   seed: int = key(0, "seeds the init, the data's order, the augmentations "
                   "and dropout")

@@ -25,6 +25,7 @@ from vit_jax.weights.pytorch import (
   hf,
   hf_dino,
   mae as pytorch_mae,
+  siglip as pytorch_siglip,
   timm,
 )
 
@@ -90,6 +91,12 @@ def function_warnings(loaded, format_):
 def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
   """Writes a pretrained.Checkpoint to `out` in `format_`; returns how to
   load it, or "". `platforms`: those a StableHLO module is lowered for."""
+  if (loaded.config is not None and loaded.config.objective == "image_text"
+      and format_ not in ("hf", "npz")):
+    raise errors.InputError(
+        f"{loaded.what} is a two-tower image_text run: it exports as "
+        "--format=hf (transformers' SiglipModel) or npz (its image "
+        f"tower), not {format_}")
   if format_ == "npz":
     npz_lib.save_npz(loaded.params, out)
     return ""
@@ -117,7 +124,11 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
       loaded.config.image_size if loaded.config else None)
   if format_ == "hf":
     kind, left_out = "ViTForImageClassification", ""
-    if loaded.config is not None and loaded.config.objective == "mae":
+    if loaded.config is not None and loaded.config.objective == "image_text":
+      kind = "SiglipModel"
+      pytorch_siglip.write_two_towers(out, models.two_towers_from_settings(
+          loaded.config.model, loaded.config.image_text), loaded.towers)
+    elif loaded.config is not None and loaded.config.objective == "mae":
       kind = "ViTMAEForPreTraining"
       pytorch_mae.write_mae(out, models.masked_autoencoder_from_settings(
           loaded.config.model, loaded.config.mae), loaded.params,

@@ -118,6 +118,9 @@ class Checkpoint:
   # The input it was trained on; None: vit_jax's own, [-1, 1] (a run's, an
   # .npz's).
   normalization: files.Normalization | None = None
+  # A two-tower run's whole params (img, txt, t, b), where `params` are its
+  # image tower's: what fine-tunes, predicts and exports as a ViT.
+  towers: dict | None = None
 
 
 def local(source):
@@ -154,10 +157,13 @@ def load(source, num_heads=None):
                       normalization=found.normalization or read.normalization)
   config = Workdir(path).read_config()
   params, what = load_run(path, step)
-  # A scanned run's stacked blocks, one per layer.
+  towers = params if config.objective == "image_text" else None
+  # A scanned run's stacked blocks, one per layer; a two-tower run's image
+  # tower (under "img/", as big_vision's).
   params = flax.traverse_util.unflatten_dict(npz.to_release_layout(
       flax.traverse_util.flatten_dict(params, sep="/")), sep="/")
-  return Checkpoint(params, what, run_function(config), config=config)
+  return Checkpoint(params, what, run_function(config), config=config,
+                    towers=towers)
 
 
 def flat_keys(params):

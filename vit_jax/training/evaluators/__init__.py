@@ -3,8 +3,10 @@
 config.evaluators maps a name to one evaluator's settings:
 
   kind   "accuracy" (accuracy.py), "real" (real.py), "fewshot" (fewshot.py),
-         "knn" (knn.py: k-nearest-neighbour votes of frozen features) or
-         "loss" (loss.py: the objective's loss on held-out data)
+         "knn" (knn.py: k-nearest-neighbour votes of frozen features),
+         "loss" (loss.py: the objective's loss on held-out data) or
+         "zero_shot" (zero_shot.py: a two-tower model's classes from
+         their names)
   every  evaluate every N steps and at the last step; 0: never
   ...    the kind's own settings (its DEFAULTS), which the name prefixes
          in what it logs: "test" -> test_accuracy, "fewshot" ->
@@ -21,13 +23,21 @@ import ml_collections
 
 from vit_jax import errors
 from vit_jax.training import reporting
-from vit_jax.training.evaluators import accuracy, fewshot, knn, loss, real
+from vit_jax.training.evaluators import (
+  accuracy,
+  fewshot,
+  knn,
+  loss,
+  real,
+  zero_shot,
+)
 
 KINDS = {"accuracy": (accuracy.Accuracy, accuracy.DEFAULTS),
          "real": (real.Real, real.DEFAULTS),
          "fewshot": (fewshot.FewShot, fewshot.DEFAULTS),
          "knn": (knn.KNN, knn.DEFAULTS),
-         "loss": (loss.HeldOutLoss, loss.DEFAULTS)}
+         "loss": (loss.HeldOutLoss, loss.DEFAULTS),
+         "zero_shot": (zero_shot.ZeroShot, zero_shot.DEFAULTS)}
 
 
 class Evaluation(NamedTuple):

@@ -80,7 +80,9 @@ import jax.numpy as jnp
 
 from vit_jax import errors, models
 from vit_jax.models import flops
+from vit_jax.runs.workdir import Workdir
 from vit_jax.training import polyak
+from vit_jax.weights import pretrained
 
 
 class Objective:
@@ -189,3 +191,22 @@ class Objective:
   def flops_per_image(self, image_size, num_patches=None, slots=1):
     return flops.flops_per_image(self.model, image_size, train=True,
                                  num_patches=num_patches, slots=slots)
+
+
+def run_of(source, objective, also):
+  """(Settings, params) of `source`, a workdir (DIR or DIR:STEP) of a run
+  of config.objective `objective`: what it serves at that step (the
+  newest by default). An InputError says it is neither that nor `also`
+  (the library's directory the caller reads besides)."""
+  directory, step = pretrained.parse_source(source)
+  if not Workdir(directory).has_run():
+    raise errors.InputError(
+        f"{source} is neither a workdir of a run of config.objective="
+        f"{objective!r} nor {also} (config.json and model.safetensors)")
+  keys = Workdir(directory).read_config()
+  if keys.objective != objective:
+    raise errors.InputError(
+        f"{source} is a run of config.objective={keys.objective!r}: this "
+        f"reads a run of {objective!r}")
+  params, _ = pretrained.load_run(directory, step)
+  return keys, params

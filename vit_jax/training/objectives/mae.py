@@ -20,7 +20,6 @@ import jax.numpy as jnp
 
 from vit_jax import errors, models
 from vit_jax.models import mae as mae_lib, naflex
-from vit_jax.runs.workdir import Workdir
 from vit_jax.training.objectives import base
 from vit_jax.weights import pretrained
 from vit_jax.weights.pytorch import hf, mae as pytorch_mae
@@ -153,16 +152,7 @@ def reconstruct(source, images, noise):
   if hf.is_hf_dir(path):
     model, params, norm_pix_loss = pytorch_mae.read_mae(path)
     return reconstruct_with(model, params, images, noise, norm_pix_loss)
-  directory, step = pretrained.parse_source(source)
-  if not Workdir(directory).has_run():
-    raise errors.InputError(
-        f"{source} is neither a workdir of an MAE run nor a transformers "
-        "ViTMAEForPreTraining directory (config.json and model.safetensors)")
-  keys = Workdir(directory).read_config()
-  if keys.objective != "mae":
-    raise errors.InputError(
-        f"{source} is a run of config.objective={keys.objective!r}: "
-        "reconstruct reads a masked autoencoder's (objective 'mae')")
-  params, _ = pretrained.load_run(directory, step)
+  keys, params = base.run_of(
+      source, "mae", "a transformers ViTMAEForPreTraining directory")
   return reconstruct_with(model_of(keys), params, images, noise,
                           keys.mae.norm_pix_loss)

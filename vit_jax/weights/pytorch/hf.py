@@ -358,11 +358,10 @@ def is_siglip_tower(flat):
           and layouts.MAP_PROBE in flat)
 
 
-def write_siglip2(directory, flat, function, what):
-  """An HF transformers Siglip2VisionModel directory of a SigLIP-style
-  tower (`is_siglip_tower`): the layout SigLIP 2's NaFlex towers come in,
-  which transformers computes at any grid, its square position table
-  resized per image as ours is."""
+def refuse_unwritable_siglip(flat, function, what, target):
+  """An InputError naming what of a SigLIP-style tower (`flat`,
+  `function`) transformers' SigLIP towers do not compute, if anything:
+  a hybrid stem, registers, layer scale, ..."""
   cannot = [part for key, part in (
       ("conv_root/kernel", "a hybrid's ResNet stem"),
       ("pre_logits/kernel", "a pre-logits layer"),
@@ -376,7 +375,15 @@ def write_siglip2(directory, flat, function, what):
   cannot += files.function_cannot(function)
   if models.POSEMB_KEY not in flat:
     cannot.append("a position embedding other than 'learn'")
-  files.refuse(what, "as a Siglip2VisionModel", cannot)
+  files.refuse(what, target, cannot)
+
+
+def write_siglip2(directory, flat, function, what):
+  """An HF transformers Siglip2VisionModel directory of a SigLIP-style
+  tower (`is_siglip_tower`): the layout SigLIP 2's NaFlex towers come in,
+  which transformers computes at any grid, its square position table
+  resized per image as ours is."""
+  refuse_unwritable_siglip(flat, function, what, "as a Siglip2VisionModel")
   sizes = files.sizes(flat)
   config = {
       "architectures": ["Siglip2VisionModel"],

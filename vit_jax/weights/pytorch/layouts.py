@@ -138,6 +138,15 @@ SIGLIP_TOP = {
 }
 SIGLIP_LEAVES = {"embeddings.position_embedding.weight": POSEMB_KEY,
                  "head.probe": MAP_PROBE}
+# transformers' SigLIP text tower (SiglipTextModel, a SiglipModel's
+# `text_model.`): its blocks are the vision tower's; the token embedding,
+# the position table, the final norm and the head are the text tower's
+# (models/text.py).
+SIGLIP_TEXT_TOP = {"final_layer_norm": ("Transformer/encoder_norm", "norm"),
+                   "head": ("head", "dense")}
+SIGLIP_TEXT_LEAVES = {
+    "embeddings.token_embedding.weight": "token_embedding/embedding",
+    "embeddings.position_embedding.weight": POSEMB_KEY}
 # SigLIP 2 (NaFlex) embeds patches with a Linear over each patch flattened
 # as (row, column, channel): a convolution's kernel, reshaped.
 SIGLIP2_TOP = {**SIGLIP_TOP,
@@ -230,6 +239,10 @@ LAYOUTS = {
                    renamed={"model.layer.": "layer."}),
 }
 LAYOUTS["siglip2"] = dict(LAYOUTS["siglip"], top=SIGLIP2_TOP)
+LAYOUTS["siglip_text"] = dict(
+    blocks="encoder.layers.", block=SIGLIP_BLOCK, top=SIGLIP_TEXT_TOP,
+    leaves=SIGLIP_TEXT_LEAVES,
+    table_leaves=("embeddings.position_embedding.weight",))
 
 
 def _to_release(kind, weight, bias, num_heads):

@@ -1,0 +1,202 @@
+"""Image-text pre-training (config.objective "image_text", SigLIP's two
+towers) on the shared step: the captions each row draws, the towers at
+init, a run that classifies zero-shot, resume, a pod whose loss is
+chunked across its processes, and what the objective refuses. The losses
+themselves: tests/test_contrastive.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.siglip import digits as siglip_digits
+from tests.util import (
+  SMALL,
+  call_tool,
+  finish,
+  latest_state,
+  logged,
+  run_stopped_and_resumed,
+  run_training,
+  start_pod,
+)
+from vit_jax import errors
+from vit_jax.data import captions as captions_lib
+from vit_jax.runs import settings
+from vit_jax.training import objectives, resolve
+from vit_jax.training.objectives import image_text
+
+# configs/siglip/digits.py's captions with the tests' small image tower
+# (of one layer) on their data 4 x model 2 mesh, a text tower of one block
+# over 8 tokens (a tokenizer of 64 pieces), the chunked sigmoid loss;
+# zero-shot through the config's templates, which no caption used, at the
+# end.
+SIGLIP = {**{key: value for key, value in SMALL.items()
+             if not key.startswith("evaluators.")},
+          "model.num_layers": 1, "model.dropout_rate": 0.0,
+          "image_text.tokenizer": "captions:64",
+          "image_text.text_hidden_size": 32, "image_text.text_num_layers": 1,
+          "image_text.text_num_heads": 2, "image_text.text_mlp_dim": 64,
+          "image_text.text_vocab_size": 64, "image_text.text_length": 8,
+          "total_steps": 12, "log_every": 1, "checkpoint_every": 6,
+          "evaluators.zero_shot.every": 12}
+
+
+def siglip_config(data_dir, **overrides):
+  config = siglip_digits.get_config()
+  config.update_from_flattened_dict({**SIGLIP, "data_dir": data_dir,
+                                     **overrides})
+  return config
+
+
+def objective_of(**overrides):
+  keys = settings.of(siglip_config("", **overrides))
+  return objectives.of(keys)(keys, 10)
+
+
+@pytest.fixture(scope="module")
+def siglip_run(digits_data_dir, tmp_path_factory):
+  config = siglip_config(digits_data_dir)
+  workdir = str(tmp_path_factory.mktemp("siglip"))
+  last = run_training(config, workdir)
+  return config, workdir, last
+
+
+def test_a_siglip_run_learns_and_classifies_zero_shot(siglip_run):
+  _, workdir, last = siglip_run
+  losses = logged(workdir)
+  assert sorted(losses) == list(range(1, 13))
+  assert losses[12] < losses[1]
+  # SigLIP's start: t' = log 10, b = -10.
+  np.testing.assert_allclose(logged(workdir, "temperature")[1], 10.0,
+                             rtol=1e-6)
+  np.testing.assert_allclose(logged(workdir, "bias")[1], -10.0, rtol=1e-6)
+  accuracy = logged(workdir, "zero_shot/digits_accuracy")
+  assert list(accuracy) == [12]
+  assert 0.0 <= accuracy[12] <= 1.0
+  assert last["zero_shot/digits_accuracy"] == accuracy[12]
+
+
+def test_a_siglip_run_stopped_by_sigterm_resumes_bitwise(
+    siglip_run, tmp_path, monkeypatch):
+  """Both towers, t, b and the optimizer state; the captions drawn after
+  the restart are the ones an uninterrupted run drew."""
+  config, straight, _ = siglip_run
+  resumed = str(tmp_path)
+  run_stopped_and_resumed(config, resumed, monkeypatch, 5)
+  expected, _ = latest_state(straight, config)
+  state, _ = latest_state(resumed, config)
+  jax.tree.map(np.testing.assert_array_equal, state, expected)
+  assert logged(resumed) == logged(straight)
+  assert (logged(resumed, "zero_shot/digits_accuracy")
+          == logged(straight, "zero_shot/digits_accuracy"))
+
+
+def test_a_siglip_run_exports_a_siglip_model(siglip_run, tmp_path):
+  """`export --format=hf`: transformers' SiglipModel (the layout proven
+  against transformers' own files in tests/test_siglip_interchange.py),
+  whose logits are the run's; a format of one tower is refused."""
+  _, workdir, _ = siglip_run
+  out = str(tmp_path / "siglip")
+  status, stdout, stderr = call_tool("export", f"--workdir={workdir}",
+                                     f"--out={out}", "--format=hf")
+  assert status == 0, stderr[-3000:]
+  assert "SiglipModel" in stdout
+  objective = objective_of()
+  images = np.random.default_rng(2).uniform(-1, 1, (3, 8, 8, 3)).astype(
+      np.float32)
+  ids = objective.tokenizer.encode(["a handwritten seven", "the digit 1"])
+  ours = image_text.contrastive_logits(workdir, images, ids)
+  np.testing.assert_allclose(image_text.contrastive_logits(out, images, ids),
+                             ours, rtol=1e-5, atol=1e-5)
+  status, _, stderr = call_tool("export", f"--workdir={workdir}",
+                                f"--out={tmp_path / 'x.safetensors'}",
+                                "--format=timm")
+  assert status == 2
+  assert "exports as --format=hf" in stderr
+
+
+def test_each_row_draws_one_of_its_class_captions_by_its_place():
+  """Row r of step s draws from (seed, s, r): not from the rows around
+  it; another step draws again; every draw is one of the class's
+  captions, and over many draws every one of them comes."""
+  objective = objective_of()
+  table, counts = objective.caption_ids, objective.caption_counts
+  # Each template with the word and the numeral.
+  assert list(counts) == [2 * len(siglip_digits.TRAIN_TEMPLATES)] * 10
+  labels = jnp.asarray(np.arange(64) % 10, jnp.int32)
+  batch = {"image": jnp.zeros((64, 8, 8, 3), jnp.uint8), "label": labels,
+           "mask": jnp.ones(64)}
+  drawn = np.asarray(objective.prepare(batch, 3)["tokens"])
+  for row, label in enumerate(np.asarray(labels)):
+    assert any(np.array_equal(drawn[row], caption)
+               for caption in table[label])
+  half = {key: value[:32] for key, value in batch.items()}
+  np.testing.assert_array_equal(objective.prepare(half, 3)["tokens"],
+                                drawn[:32])
+  assert not np.array_equal(objective.prepare(batch, 4)["tokens"], drawn)
+  seen = {tuple(row) for step in range(20) for row in np.asarray(
+      objective.prepare(batch, step)["tokens"])[labels == 7]}
+  assert seen == {tuple(caption) for caption in table[7]}
+
+
+def test_the_captions_are_every_template_with_every_name():
+  assert captions_lib.of_classes(("a {}", "the {}."), ("seven|7", "x")) == [
+      ["a seven", "a 7", "the seven.", "the 7."], ["a x", "the x."]]
+
+
+def test_the_text_tower_pools_the_last_token_over_every_token():
+  """Sticky end-of-text: a text's ids, then EOS to the length; the
+  tower's embedding is its last token's, which attends to all."""
+  objective = objective_of()
+  ids = objective.tokenizer.encode(["a seven", "the digit 7"])
+  assert ids[0, -1] == objective.tokenizer.eos_id
+  params = objective.init_params(jax.random.key(0), 8)
+  embedded = objective.text_features(params, ids)
+  np.testing.assert_allclose(np.linalg.norm(embedded, axis=1), 1, rtol=1e-5)
+  changed = ids.copy()
+  changed[:, 0] = ids[:, 0] % 60 + 3
+  assert not np.allclose(objective.text_features(params, changed), embedded)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"image_text.tokenizer": ""}, "config.image_text.tokenizer is unset"),
+    ({"image_text.tokenizer": "captions:x"}, "captions:N takes a number"),
+    ({"image_text.loss": "softmax"}, "set config.image_text.chunked=False"),
+    ({"image_text.class_names": ("zero", "one")},
+     "config.image_text.class_names has 2 entries for 10 classes"),
+    ({"image_text.templates": ("a digit",)}, "must hold '{}' once"),
+    ({"image_text.text_vocab_size": 50}, "more than config.image_text."
+     "text_vocab_size=50"),
+    ({"image_text.tokenizer": "/nowhere/spiece.model"},
+     "no such tokenizer"),
+    ({"evaluators.test": {"kind": "accuracy", "every": 3}},
+     "a 'accuracy' evaluator does not apply to config.objective="
+     "'image_text'"),
+])
+def test_what_image_text_cannot_do_is_refused_naming_the_key(overrides,
+                                                             message):
+  config = siglip_config("", **overrides)
+  with pytest.raises(errors.InputError) as raised:
+    resolve.program(settings.of(config), num_classes=10)
+  assert message in str(raised.value)
+
+
+@pytest.mark.processes(2)  # A pod of two.
+def test_a_pod_of_two_trains_like_one_process(siglip_run, digits_data_dir,
+                                              tmp_path):
+  """The chunked loss's ring crosses the two processes (each holding half
+  of the batch's rows): the losses of the module's one-process run
+  (1e-6), whose ring tests/test_contrastive.py holds to the dense loss."""
+  _, workdir, _ = siglip_run
+  pod_dir = str(tmp_path / "pod")
+  flags = {**SIGLIP, "data_dir": digits_data_dir,
+           "evaluators.zero_shot.every": 0}
+  code, _, stderr = finish(start_pod(2, 4, [
+      "--config=configs/siglip/digits.py", f"--workdir={pod_dir}",
+      *[f"--config.{key}={value}" for key, value in flags.items()]]))
+  assert code == 0, stderr[-3000:]
+  single, pods = logged(workdir), logged(pod_dir)
+  assert sorted(pods) == list(range(1, 13))
+  np.testing.assert_allclose([pods[s] for s in sorted(pods)],
+                             [single[s] for s in sorted(pods)], rtol=1e-6)

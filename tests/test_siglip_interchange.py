@@ -1,0 +1,117 @@
+"""transformers' two-tower SiglipModel read and written
+(vit_jax/weights/pytorch/siglip.py), against what transformers 5.24
+computed (tests/fixtures/libraries/hf_siglip_two_towers, recorded by
+benchmarks/record_libraries.py; the README there says what each file is).
+
+The recorded model (a small random image tower as the other families',
+a text tower of width 32 over 16 tokens, every parameter perturbed) is run
+by `objectives.image_text.contrastive_logits` on the recorded images and
+token ids, in float32, and compared with the library's float64
+logits_per_image; written back, it is the very same tensors, and its
+config says what the library's said. A two-tower run of ours is written
+and read back, computing the same. No torch here.
+"""
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from safetensors.numpy import load_file
+
+from tests.util import randomize
+from vit_jax import errors
+from vit_jax.training.objectives import image_text
+from vit_jax.weights.pytorch import siglip
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "libraries")
+# The recorded families this file checks (test_recorded_libraries.py's
+# test_every_recorded_family_is_tested counts them as tested).
+FAMILIES = ("hf_siglip_two_towers",)
+FOLDER = os.path.join(FIXTURES, FAMILIES[0])
+SOURCE = os.path.join(FOLDER, "hf")
+
+
+def recorded():
+  return (load_file(os.path.join(FOLDER, "inputs.safetensors")),
+          load_file(os.path.join(FOLDER, "outputs.safetensors")))
+
+
+def relative(got, expected):
+  expected = np.asarray(expected, np.float64)
+  return float(np.abs(np.asarray(got, np.float64) - expected).max()
+               / np.abs(expected).max())
+
+
+def test_contrastive_logits_are_transformers_logits_per_image():
+  """Both towers, t and b: 1e-4 of the largest logit (float32 against
+  float64), and the embeddings likewise."""
+  inputs, outputs = recorded()
+  images, ids = inputs["square/images"], inputs["square/token_ids"]
+  logits = image_text.contrastive_logits(SOURCE, images, ids)
+  expected = outputs["square/logits_per_image"]
+  assert logits.shape == expected.shape == (2, 3)
+  assert np.ptp(expected) > 1  # pairs told apart by more than b
+  assert relative(logits, expected) < 1e-4
+  model, params = image_text.two_towers_of(SOURCE)
+  embedded = model.apply({"params": params}, images, ids, train=False)
+  assert relative(embedded.images, outputs["square/image_embeds"]) < 1e-5
+  assert relative(embedded.texts, outputs["square/text_embeds"]) < 1e-5
+
+
+def test_a_siglip_model_written_back_is_the_same_file(tmp_path):
+  read = siglip.read_two_towers(SOURCE)
+  assert read.text_length == 16
+  siglip.write_two_towers(str(tmp_path), read.model, read.params)
+  original = load_file(os.path.join(SOURCE, "model.safetensors"))
+  written = load_file(str(tmp_path / "model.safetensors"))
+  assert sorted(written) == sorted(original)
+  for name, value in original.items():
+    assert written[name].dtype == value.dtype, name
+    np.testing.assert_array_equal(written[name], value, err_msg=name)
+  with open(os.path.join(SOURCE, "config.json")) as f:
+    theirs = json.load(f)
+  with open(tmp_path / "config.json") as f:
+    ours = json.load(f)
+  assert ours["model_type"] == theirs["model_type"] == "siglip"
+  for tower in ("vision_config", "text_config"):
+    shared = set(ours[tower]) & set(theirs[tower]) - {"model_type"}
+    assert len(shared) >= 7, shared
+    assert {key: ours[tower][key] for key in shared} == {
+        key: theirs[tower][key] for key in shared}, tower
+
+
+def test_a_two_tower_model_of_ours_writes_and_reads_back(tmp_path):
+  """Scanned towers (their blocks stacked) and random weights: the
+  SiglipModel written computes what the model did."""
+  read = siglip.read_two_towers(SOURCE)
+  model = read.model.clone(
+      config=dataclasses.replace(read.model.config, scan_layers=True),
+      text=dataclasses.replace(read.model.text, scan_layers=True))
+  images = jnp.zeros((1, 32, 32, 3))
+  ids = jnp.zeros((1, 16), jnp.int32)
+  params = randomize(nn.meta.unbox(model.init(
+      jax.random.key(1), images, ids, train=False)["params"]), seed=3)
+  siglip.write_two_towers(str(tmp_path), model, params)
+  inputs, _ = recorded()
+  ours = model.apply({"params": params}, inputs["square/images"],
+                     inputs["square/token_ids"], train=False).logits()
+  back = image_text.contrastive_logits(str(tmp_path),
+                                       inputs["square/images"],
+                                       inputs["square/token_ids"])
+  np.testing.assert_allclose(back, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_a_two_tower_model_without_a_map_head_is_refused(tmp_path):
+  read = siglip.read_two_towers(SOURCE)
+  model = read.model.clone(config=dataclasses.replace(read.model.config,
+                                                      classifier="gap"))
+  params = dict(read.params)
+  params["img"] = {key: value for key, value in params["img"].items()
+                   if key != "MAPHead_0"}
+  with pytest.raises(errors.InputError, match="MAP head"):
+    siglip.write_two_towers(str(tmp_path), model, params)

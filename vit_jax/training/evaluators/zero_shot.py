@@ -1,0 +1,85 @@
+"""Zero-shot classification by a two-tower model (config.objective
+"image_text"), as CLIP and big_vision's discriminative classifier
+evaluate one.
+
+Each class's captions (its names, '|' between synonyms, in each of the
+templates; data/captions.py) go through the text tower; their normalised
+embeddings are averaged and normalised again: the class's embedding. An
+image is classified as the class whose embedding is nearest its own
+(the largest dot product; the learned scale and bias change no ranking).
+Ties go to the lower class.
+
+Settings (config.evaluators.NAME): datasets, a dict of TFDS name -> the
+split classified; templates, "{}" where the name goes (templates the
+training captions never used make the test zero-shot); class_names,
+each class's names, () for config.image_text.class_names. Logs
+NAME/<dataset>_accuracy.
+"""
+
+import jax
+import numpy as np
+
+from vit_jax import errors, sharding
+from vit_jax.data import captions as captions_lib
+from vit_jax.training.evaluators import batches
+
+DEFAULTS = dict(datasets={}, templates=(), class_names=())
+
+
+class ZeroShot(batches.FeatureEvaluator):
+
+  kind = "zero_shot"
+
+  def __init__(self, name, settings, run, program):
+    super().__init__(name, settings, run, program)
+    objective = run.parts.objective
+    self.tokenizer = objective.tokenizer
+    mesh = program.batch_sharding.mesh
+    self.embed_texts = jax.jit(
+        sharding.constrained(objective.text_features, mesh),
+        in_shardings=(program.state_shardings.params,
+                      sharding.replicated(mesh)),
+        out_shardings=sharding.replicated(mesh))
+    self.class_names = (tuple(settings.class_names)
+                        or tuple(run.settings.image_text.class_names))
+    for dataset in settings.datasets:  # Before the run trains.
+      try:
+        captions_lib.check(settings.templates, self.class_names,
+                           run.sources(dataset).num_classes,
+                           f"config.evaluators.{name}")
+      except errors.InputError as e:
+        raise errors.ConfigError(str(e)) from None
+
+  @classmethod
+  def check(cls, settings, data):
+    if not settings.datasets:
+      raise errors.InputError("a zero_shot evaluator needs datasets: {TFDS "
+                              "name: split}")
+    for dataset, split in settings.datasets.items():
+      batches.check_split(data, dataset, split)
+    if not settings.templates:
+      raise errors.InputError("a zero_shot evaluator needs templates, '{}' "
+                              "where the class name goes")
+
+  def classifier(self, params):
+    """[classes, D]: each class's captions' mean embedding, normalised."""
+    captions = captions_lib.of_classes(self.settings.templates,
+                                       self.class_names)
+    texts = [text for texts in captions for text in texts]
+    embedded = np.asarray(self.embed_texts(params,
+                                           self.tokenizer.encode(texts)))
+    ends = np.cumsum([len(texts) for texts in captions])
+    means = np.stack([embedded[end - len(texts):end].mean(axis=0)
+                      for end, texts in zip(ends, captions)])
+    return means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True),
+                              1e-12)
+
+  def __call__(self, params):
+    metrics = {}
+    for dataset, split in self.settings.datasets.items():
+      classes = self.classifier(params)
+      features, labels = self.collect(params, dataset, split)
+      predicted = np.argmax(features @ classes.T, axis=1)
+      metrics[f"{self.name}/{dataset}_accuracy"] = float(
+          np.mean(predicted == labels))
+    return metrics

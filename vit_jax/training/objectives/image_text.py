@@ -1,0 +1,201 @@
+"""Image-text pre-training: SigLIP's two towers and sigmoid loss (Zhai et
+al., ICCV 2023), or CLIP's softmax loss; config.objective "image_text",
+config.image_text's keys; the model is models/two_towers.py's, the losses
+training/contrastive.py's.
+
+The texts: a labelled dataset's images are captioned from templates and
+class names (config.image_text.templates, class_names; data/captions.py):
+each class's captions are tokenised once, when the run is built, and the
+step draws one of them for each image from the run's seed, the step and
+the image's row of the global batch (its place in the data's stream), so a
+resumed run, or one on another mesh, captions what an uninterrupted one
+captioned. The tokenizer is a SentencePiece model file, or one trained on
+the run's captions when it starts (tokenizer "captions:N": the same
+captions give the same model).
+
+`contrastive_logits(source, images, token_ids)` runs a source's two
+towers (a workdir of an image_text run, or transformers' SiglipModel
+directory) on images and token ids, so its numbers can be compared with
+another library's.
+
+The loss of a micro-batch pairs its images with its texts only: every
+other row of the micro-batch is a negative (big_vision's trainer takes the
+whole batch; set config.accum_steps to 1 to match it). A row whose image
+did not decode weighs nothing and is no negative.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax import errors, models
+from vit_jax.data import captions as captions_lib, tokenizer as tokenizer_lib
+from vit_jax.models import flops, naflex
+from vit_jax.training import contrastive
+from vit_jax.training.objectives import base
+from vit_jax.weights import pretrained
+from vit_jax.weights.pytorch import siglip as pytorch_siglip
+
+# Folded into the run's seed for the captions' draws: a stream of their own.
+CAPTION_STREAM = 0x63617074  # "capt"
+TRAINED_TOKENIZER = "captions:"
+
+
+def model_of(keys):
+  """The TwoTowers of a run's Settings `keys`: config.model's image tower
+  and config.image_text's text tower."""
+  return models.two_towers_from_settings(keys.model, keys.image_text)
+
+
+def tokenizer_of(keys):
+  """config.image_text's tokenizer, at its text length: read from its
+  file, or trained on the run's captions."""
+  spec, length = keys.image_text.tokenizer, keys.image_text.text_length
+  if spec.startswith(TRAINED_TOKENIZER):
+    texts = [text for texts in captions_lib.of_classes(
+        keys.image_text.templates, keys.image_text.class_names)
+             for text in texts]
+    pieces = int(spec[len(TRAINED_TOKENIZER):])
+    return tokenizer_lib.Tokenizer(tokenizer_lib.train(texts, pieces),
+                                   length)
+  return tokenizer_lib.Tokenizer.read(spec, length)
+
+
+class ImageText(base.Objective):
+  """Two towers trained on pairs: the module docstring."""
+
+  name = "image_text"
+  evaluator_kinds = ("zero_shot", "knn", "fewshot")
+
+  def __init__(self, keys, num_classes, frozen=None):
+    del frozen
+    super().__init__(model_of(keys), keys.seed)
+    settings = keys.image_text
+    self.loss_kind, self.chunked = settings.loss, settings.chunked
+    self.batch_size = keys.batch_size // keys.accum_steps
+    try:
+      captions_lib.check(settings.templates, settings.class_names,
+                         num_classes, "config.image_text")
+    except errors.InputError as e:
+      raise errors.ConfigError(str(e)) from None
+    self.tokenizer = tokenizer_of(keys)
+    if self.tokenizer.vocab_size > settings.text_vocab_size:
+      raise errors.ConfigError(
+          f"config.image_text.tokenizer has {self.tokenizer.vocab_size} "
+          f"pieces, more than config.image_text.text_vocab_size="
+          f"{settings.text_vocab_size}: raise it to at least that")
+    ids, counts = captions_lib.table(self.tokenizer, captions_lib.of_classes(
+        settings.templates, settings.class_names))
+    self.caption_ids, self.caption_counts = ids, counts
+
+  @classmethod
+  def check(cls, keys):
+    settings = keys.image_text
+    if not settings.tokenizer:
+      raise errors.ConfigError(
+          "config.image_text.tokenizer is unset: give a SentencePiece "
+          f".model file, or {TRAINED_TOKENIZER}N to train N pieces on the "
+          "run's captions")
+    if settings.tokenizer.startswith(TRAINED_TOKENIZER):
+      count = settings.tokenizer[len(TRAINED_TOKENIZER):]
+      if not count.isdigit() or int(count) < 4:
+        raise errors.ConfigError(
+            f"config.image_text.tokenizer={settings.tokenizer!r}: "
+            f"{TRAINED_TOKENIZER}N takes a number of pieces N >= 4")
+    if settings.loss == "softmax" and settings.chunked:
+      raise errors.ConfigError(
+          "config.image_text.chunked applies to the sigmoid loss: CLIP's "
+          "softmax normalises over every text at once; set "
+          "config.image_text.chunked=False")
+    cls.refuse_set("config.objective='image_text'",
+                   "pairs square images with texts, one image a row", (
+        ("config.model.mpp", keys.model.mpp, False),
+        ("config.distill.teacher", keys.distill.teacher, ""),
+        ("config.naflex.packing", keys.naflex.packing, False),
+        ("config.mixup.prob", keys.mixup.prob, 0.0),
+        ("config.cutmix.prob", keys.cutmix.prob, 0.0),
+        ("config.label_smoothing", keys.label_smoothing, 0.0)))
+
+  @classmethod
+  def paths(cls, keys):
+    spec = keys.image_text.tokenizer
+    if spec.startswith(TRAINED_TOKENIZER):
+      return ()
+    return ((spec, "config.image_text.tokenizer"),)
+
+  def init_params(self, rng, image_size):
+    images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+    token_ids = jnp.zeros((1, self.tokenizer.length), jnp.int32)
+    return self.model.init(rng, images, token_ids, train=False)["params"]
+
+  def features(self, params, images):
+    """The images' normalised embeddings."""
+    return self.model.apply({"params": params}, images,
+                            method=self.model.embed_images)
+
+  def text_features(self, params, token_ids):
+    """The texts' normalised embeddings [N, D] of token ids [N, length]."""
+    return self.model.apply({"params": params}, token_ids,
+                            method=self.model.embed_texts)
+
+  def prepare(self, batch, step):
+    """The images, and each one's caption's token ids: row r of step s's
+    batch draws among its class's captions from (seed, CAPTION_STREAM, s,
+    r)."""
+    labels = batch["label"]
+    key = self.stream(CAPTION_STREAM, step)
+    draws = jax.vmap(lambda row: jax.random.uniform(
+        jax.random.fold_in(key, row)))(jnp.arange(labels.shape[0]))
+    counts = jnp.asarray(self.caption_counts)[labels]
+    choice = jnp.minimum((draws * counts).astype(jnp.int32), counts - 1)
+    token_ids = jnp.asarray(self.caption_ids)[labels, choice]
+    return {**{key: batch[key] for key in ("image", "mask", "grid")
+               if key in batch}, "tokens": token_ids}
+
+  def loss(self, params, micro, weights, key):
+    embedded = self.model.apply(
+        {"params": params}, naflex.inputs_of(micro), micro["tokens"],
+        train=True, rngs={"dropout": key})
+    valid = micro["mask"]
+    if self.loss_kind == "softmax":
+      per_image = contrastive.softmax_losses(
+          embedded.images, embedded.texts, embedded.scale, valid)
+    else:
+      losses = (contrastive.chunked_sigmoid_losses if self.chunked
+                else contrastive.sigmoid_losses)
+      per_image = losses(embedded.images, embedded.texts, embedded.scale,
+                         embedded.bias, valid)
+    share = weights.sum()  # of the batch: the parts add up to its mean
+    return (weights * per_image).sum(), {
+        "temperature": share * embedded.scale, "bias": share * embedded.bias}
+
+  def flops_per_image(self, image_size, num_patches=None, slots=1):
+    """Both towers' training step, and the image's logits against every
+    text of its micro-batch."""
+    del slots
+    return flops.two_towers_flops(
+        self.model, image_size, self.tokenizer.length, self.batch_size,
+        num_patches) * flops.TRAIN_FORWARDS
+
+
+def two_towers_of(source):
+  """(TwoTowers model, its params) of `source`: a workdir of an
+  image_text run (DIR or DIR:STEP; what it serves), or transformers'
+  SiglipModel directory, local, a URL or hf://ORG/NAME
+  (weights/pytorch/siglip.py)."""
+  path = pretrained.local(source).path
+  if pytorch_siglip.is_two_towers(path):
+    read = pytorch_siglip.read_two_towers(path)
+    return read.model, read.params
+  keys, params = base.run_of(source, "image_text",
+                             "a transformers SiglipModel directory")
+  return model_of(keys), params
+
+
+def contrastive_logits(source, images, token_ids):
+  """[images, texts] float32: t * <image, text> + b of every image (NHWC,
+  in [-1, 1]) against every text (token ids [texts, length], the
+  source's length) by the two towers of `source` (`two_towers_of`):
+  transformers' SiglipModel(...).logits_per_image for its directory."""
+  model, params = two_towers_of(source)
+  return model.apply({"params": params}, images, token_ids,
+                     train=False).logits()

@@ -1,0 +1,149 @@
+"""transformers' two-tower SigLIP (`SiglipModel`: `vision_model.`,
+`text_model.`, `logit_scale`, `logit_bias`), read whole into
+models/two_towers.py's TwoTowers and written back.
+
+The image tower reads as hf.py reads a SigLIP vision tower (alone, the
+SigLIP families of tests/test_recorded_libraries.py); the text tower is
+layouts.py's "siglip_text"; logit_scale and logit_bias are t' and b. The
+text length is the position table's (`max_position_embeddings`): the
+checkpoint's texts are padded to it. Both towers compute transformers'
+function of the file's config (GELU, LayerNorm epsilon), which must be
+one for the two.
+"""
+
+import json
+from typing import Any, NamedTuple
+
+import flax
+import flax.linen
+import jax
+import numpy as np
+
+from vit_jax import errors, models, paths
+from vit_jax.models import text as text_lib, two_towers
+from vit_jax.weights import npz
+from vit_jax.weights.pytorch import files, hf, layouts
+
+TEXT_PREFIX, VISION_PREFIX = "text_model.", "vision_model."
+LOGITS = {"logit_scale": "t", "logit_bias": "b"}
+
+
+class TwoTowersRead(NamedTuple):
+  model: two_towers.TwoTowers
+  params: Any  # {"img", "txt", "t", "b"}
+  text_length: int
+  normalization: files.Normalization
+
+
+def is_two_towers(directory):
+  """Whether `directory` is an HF directory of a SiglipModel (both
+  towers)."""
+  if not hf.is_hf_dir(directory):
+    return False
+  config = files.read_json(paths.join(directory, hf.HF_CONFIG))
+  return config.get("model_type") == "siglip" and "text_config" in config
+
+
+def read_two_towers(directory):
+  """The SiglipModel in `directory` (`is_two_towers`) as a TwoTowersRead."""
+  image = hf.read_hf(directory)  # Its vision tower, alone.
+  _, tensors = hf.read_tensors(directory)
+  config = files.read_json(paths.join(directory, hf.HF_CONFIG))
+  text = config["text_config"]
+  act = text.get("hidden_act", "gelu_pytorch_tanh")
+  epsilon = float(text.get("layer_norm_eps", 1e-6))
+  if (hf.HF_GELU.get(act), epsilon) != (image.function["gelu"],
+                                        image.function["layer_norm_epsilon"]):
+    raise errors.InputError(
+        f"{directory}: the text tower computes {act} with LayerNorm epsilon "
+        f"{epsilon}, the image tower otherwise: vit_jax's two towers share "
+        "one function")
+  text_tensors = {key[len(TEXT_PREFIX):]: value
+                  for key, value in tensors.items()
+                  if key.startswith(TEXT_PREFIX)}
+  heads = int(text.get("num_attention_heads", 12))
+  text_flat = layouts.to_release(text_tensors, "siglip_text", heads)
+  image_params = flax.traverse_util.unflatten_dict(image.flat, sep="/")
+  # The params say final_norm (an fc_norm or none).
+  image_model, _ = models.from_params(
+      {**image_params, "head": _no_head(image.flat)},
+      **{key: value for key, value in image.function.items()
+         if key != "final_norm"})
+  table = text_flat[models.POSEMB_KEY]
+  sizes = text_lib.TextSizes(
+      hidden_size=table.shape[-1],
+      num_layers=layouts.num_layers_of(text_tensors, "siglip_text"),
+      num_heads=heads, mlp_dim=int(text_tensors[
+          "encoder.layers.0.mlp.fc1.weight"].shape[0]),
+      vocab_size=int(text_flat["token_embedding/embedding"].shape[0]),
+      length=int(table.shape[1]))
+  model = two_towers.TwoTowers(
+      image_model.config, text_lib.text_config(image_model.config, sizes),
+      sizes.vocab_size)
+  params = {"img": image_params,
+            "txt": flax.traverse_util.unflatten_dict(text_flat, sep="/"),
+            **{ours: np.asarray(tensors[theirs], np.float32).reshape(1)
+               for theirs, ours in LOGITS.items()}}
+  return TwoTowersRead(model, params, sizes.length, image.normalization)
+
+
+def _no_head(flat):
+  width = flat["embedding/kernel"].shape[-1]
+  return {"kernel": np.zeros((width, 0), np.float32),
+          "bias": np.zeros((0,), np.float32)}
+
+
+def write_two_towers(directory, model, params):
+  """A SiglipModel directory of a TwoTowers `model` with `params` whose
+  image tower transformers' SigLIP computes (hf.write_siglip2 says
+  which; its position table a square)."""
+  image, text = (npz.unscan_blocks(flax.traverse_util.flatten_dict(
+      jax.tree.map(np.asarray, flax.linen.meta.unbox(params[tower])),
+      sep="/"))
+                  for tower in ("img", "txt"))
+  function = {key: getattr(model.config, key)
+              for key in models.FUNCTION_OPTIONS}
+  what, target = "the two-tower model", "as a SiglipModel"
+  if not hf.is_siglip_tower(image):
+    raise errors.InputError(
+        f"{what} cannot be written {target}: its image tower must pool "
+        "with a MAP head and no class token (config.model.classifier "
+        "'map')")
+  hf.refuse_unwritable_siglip(image, function, what, target)
+  sizes = files.sizes(image)
+  posemb = image[models.POSEMB_KEY]
+  side = models.grid_side(posemb.shape[1], models.POSEMB_KEY)
+  text_config = model.text
+  shared = {"hidden_act": hf.HF_ACT[function["gelu"]],
+            "layer_norm_eps": function["layer_norm_epsilon"],
+            "attention_dropout": 0.0}
+  config = {
+      "architectures": ["SiglipModel"], "model_type": "siglip",
+      "vision_config": {
+          "model_type": "siglip_vision_model",
+          "hidden_size": sizes["hidden_size"],
+          "intermediate_size": sizes["mlp_dim"],
+          "num_hidden_layers": sizes["num_layers"],
+          "num_attention_heads": sizes["num_heads"], "num_channels": 3,
+          "image_size": side * sizes["patch_size"],
+          "patch_size": sizes["patch_size"], **shared},
+      "text_config": {
+          "model_type": "siglip_text_model",
+          "hidden_size": text_config.hidden_size,
+          "intermediate_size": text_config.mlp_dim,
+          "num_hidden_layers": text_config.num_layers,
+          "num_attention_heads": text_config.num_heads,
+          "vocab_size": model.vocab_size,
+          "max_position_embeddings": int(
+              text[models.POSEMB_KEY].shape[1]),
+          "projection_size": model.config.hidden_size, **shared},
+  }
+  tensors = {VISION_PREFIX + name.replace("in_proj.", "in_proj_"): value
+             for name, value in layouts.from_release(image, "siglip").items()}
+  tensors.update({TEXT_PREFIX + name: value for name, value in
+                  layouts.from_release(text, "siglip_text").items()})
+  tensors.update({theirs: np.asarray(params[ours], np.float32).reshape(1)
+                  for theirs, ours in LOGITS.items()})
+  files.write_safetensors(tensors, paths.join(directory, hf.HF_WEIGHTS))
+  paths.write_atomically(paths.join(directory, hf.HF_CONFIG),
+                         json.dumps(config, indent=2))
