@@ -23,7 +23,12 @@ Claims (--claims, comma-separated; default all):
              k-NN and 10-shot accuracy at the end against the initial
              model's (the same run for 2 steps at learning rate 0), its
              first and last DINO loss, then fine-tuned from 10 labels a
-             digit against the same from scratch (configs/dino/digits.py).
+             digit against the same from scratch (configs/dino/digits.py);
+  siglip     two towers on the digits captioned from templates: zero-shot
+             test accuracy through unseen templates and through the
+             training ones at step 500 and at the end, then its image
+             tower fine-tuned from 10 labels a digit against the same from
+             scratch (configs/siglip/digits.py).
 The regularisation claim has its own benchmark, benchmarks/regularisation.py.
 
 Each command runs in a process of its own (`python -m vit_jax.main ...`),
@@ -42,7 +47,8 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLAIMS = ("digits", "finetune", "transfer", "distill", "mae", "dino")
+CLAIMS = ("digits", "finetune", "transfer", "distill", "mae", "dino",
+          "siglip")
 
 
 def main_run(workdir, config, *overrides):
@@ -142,6 +148,20 @@ def measure(claims, seed, scratch):
           os.path.join(here, "dino", stage), f"configs/dino/digits.py:{stage}",
           seeded, *([f"--config.init_from={pretrain}"]
                     if stage == "finetune" else [])))
+  if "siglip" in claims:
+    pretrain = os.path.join(here, "siglip", "pretrain")
+    rows = main_run(pretrain, "configs/siglip/digits.py", seeded)
+    for name in ("zero_shot", "seen_templates"):
+      metric = f"{name}/digits_accuracy"
+      scored = {row["step"]: row[metric] for row in rows if metric in row}
+      got[f"siglip_{name}_500"] = scored[500]
+      got[f"siglip_{name}"] = scored[max(scored)]
+    for stage in ("finetune", "scratch"):
+      got[f"siglip_{stage}"] = accuracy(main_run(
+          os.path.join(here, "siglip", stage),
+          f"configs/siglip/digits.py:{stage}", seeded,
+          *([f"--config.init_from={pretrain}"] if stage == "finetune"
+            else [])))
   return got
 
 
@@ -180,6 +200,12 @@ def main():
     gaps = [r["dino_finetune"] - r["dino_scratch"] for r in results]
     print(f"dino: fine-tune minus scratch, smallest {min(gaps):+.4f}, mean "
           f"{statistics.mean(gaps):+.4f}")
+  if "siglip" in claims:
+    print("siglip: zero-shot through unseen templates, smallest "
+          f"{min(r['siglip_zero_shot'] for r in results):.4f}")
+    gaps = [r["siglip_finetune"] - r["siglip_scratch"] for r in results]
+    print(f"siglip: fine-tune minus scratch, smallest {min(gaps):+.4f}, "
+          f"mean {statistics.mean(gaps):+.4f}")
   print(f"runs in {scratch}")
 
 

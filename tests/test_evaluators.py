@@ -201,7 +201,7 @@ def test_fewshot_evaluator_on_digits(digits_data_dir):
 
 @pytest.mark.parametrize("entry,message", [
     (dict(kind="top5", every=1), "kind must be one of accuracy, real, "
-     "fewshot, knn, loss, got 'top5'"),
+     "fewshot, knn, loss, zero_shot, retrieval, got 'top5'"),
     (dict(kind="accuracy", every=-1, split="test"), "every must be an "
      "integer >= 0"),
     (dict(kind="accuracy", every=1, splt="test"), "has no setting splt"),

@@ -108,14 +108,15 @@ def decode_blocks(shares, block_size, decode, index):
                             deterministic=True)
 
 
-def named(batches, what, policy):
-  """`batches` (numpy, with "index" and "mask") without "index", naming the
-  first SHOWN broken examples in a warning, or raising an InputError at the
-  first one where `policy` is "refuse". Padding rows (index -1) are not
-  examples. `what` names the split: "digits train"."""
+def named(batches, what, policy, keep_index=False):
+  """`batches` (numpy, with "index" and "mask") without "index" (unless
+  `keep_index`: evaluation's, where an evaluator needs each example's
+  place), naming the first SHOWN broken examples in a warning, or raising
+  an InputError at the first one where `policy` is "refuse". Padding rows
+  (index -1) are not examples. `what` names the split: "digits train"."""
   shown = 0
   for batch in batches:
-    index = batch.pop("index")
+    index = batch["index"] if keep_index else batch.pop("index")
     broken = index[(batch["mask"] == 0) & (index >= 0)]
     if broken.size and policy == "refuse":
       raise errors.InputError(

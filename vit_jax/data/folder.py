@@ -335,10 +335,10 @@ class Folder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     super()._download_and_prepare(dl_manager, download_config)
     # Into the directory that TFDS renames into place when it is done
     # (local or a URL): no reader sees it before it is whole.
-    _write_lines(paths.join(self.data_dir, BROKEN_FILES),
+    write_lines(paths.join(self.data_dir, BROKEN_FILES),
                  [(relative, reason) for relative, reason in
                   sorted(self._broken)])
-    _write_lines(paths.join(self.data_dir, FILES), self.builder_config.files)
+    write_lines(paths.join(self.data_dir, FILES), self.builder_config.files)
 
   def _generate_examples(self, examples):
     for relative, label in examples:
@@ -406,7 +406,7 @@ def changed_files(builder, contents):
   return changes
 
 
-def _write_lines(path, rows):
+def write_lines(path, rows):
   """Rows of fields as tab-separated lines, names as their bytes (a file
   name need not be UTF-8)."""
   paths.path(path).write_bytes("".join(

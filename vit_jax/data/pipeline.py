@@ -55,13 +55,18 @@ WHOLE_SPLIT = -1
 # Folded into an example's seed for packing's draws (its resolution, the
 # patches it drops).
 SIDE_DRAW, DROP_DRAW = 0x73696465, 0x64726f70  # "side", "drop"
+# And for the caption drawn among an image's (image-text training).
+CAPTION_DRAW = 0x63617074  # "capt"
+# A dataset of captions alone has no labels: what evaluation's rows carry.
+NO_LABEL = -1
 
 
 def train_dataset(source, split, *, batch_size, image_size,
                   augmentation=preprocess.Augmentation(), seed=0,
                   start_step=0, shares=(0,), num_shares=1,
                   shuffle_records=SHUFFLE_RECORDS,
-                  naflex=None, packing=None) -> "tf.data.Dataset":
+                  naflex=None, packing=None,
+                  tokenize=None) -> "tf.data.Dataset":
   """Infinite, reproducible stream of this process's rows of every batch.
 
   The global batch of `batch_size` examples is `num_shares` equal blocks,
@@ -84,6 +89,12 @@ def train_dataset(source, split, *, batch_size, image_size,
   [rows, max_num_patches, 2] their places in the grid and "tokens" int32
   [rows] their count, for packing.packed to pack.
 
+  With `tokenize` (numpy bytes [rows] -> int32 [rows, length]: a
+  tokenizer's, data/tokenizer.py), each image's caption, one of its
+  record's drawn from the example's seed, is tokenised in the pipeline:
+  "tokens" int32 [rows, length] in place of "label" (image-text
+  training; the source must have captions).
+
   An ArrayRecord split is read at random (module docstring): the blocks
   only say which rows of each batch are the process's, and the batches do
   not depend on `num_shares`. A TFRecord split is streamed: block s of
@@ -101,6 +112,16 @@ def train_dataset(source, split, *, batch_size, image_size,
   """
   block = _block_size(batch_size, image_size, shares, num_shares)
   source.num_examples(split)  # A missing split's error.
+  if tokenize and source.captions is None:
+    raise errors.InputError(
+        f"dataset {source.name!r} has no captions (a \"captions\" or "
+        "\"caption\" feature) to train two towers on: caption its labels "
+        "with config.image_text.templates and class_names")
+  if not tokenize and source.label is None:
+    raise errors.InputError(
+        f"dataset {source.name!r} has captions but no labels: train two "
+        "towers on them (config.objective 'image_text', its templates "
+        "empty)")
   if random_access.readable(source):
     # Read at random: the rows are the process's, whatever the shares.
     records = random_access.Records(source, split)
@@ -121,16 +142,29 @@ def train_dataset(source, split, *, batch_size, image_size,
                                           augmentation.names, example_seed,
                                           image_size)
     if packing:
-      return packable(image, example_seed) | {
-          "label": source.label(record[1])}
+      return packable(image, example_seed) | target(record[1], example_seed)
     if naflex:
       pixels, grid = preprocess.naflex_patches(image, *naflex)
       return {"image": pixels, "grid": grid,
-              "label": source.label(record[1])}
+              **target(record[1], example_seed)}
     image = preprocess.resize(image, image_size)
     return {"image": preprocess.randaugment(image, augmentation,
                                             example_seed),
-            "label": source.label(record[1])}
+            **target(record[1], example_seed)}
+
+  def target(example, example_seed):
+    """{"label": its class}, or {"caption": one of its captions, drawn by
+    the example's seed; "" where it has none}."""
+    if not tokenize:
+      return {"label": source.label(example)}
+    captions = source.captions(example)
+    count = tf.shape(captions)[0]
+    draw = tf.random.stateless_uniform(
+        [], tf.random.experimental.stateless_fold_in(example_seed,
+                                                     CAPTION_DRAW),
+        0, tf.maximum(count, 1), tf.int32)
+    return {"caption": tf.concat([captions, [""]], 0)[
+        tf.minimum(draw, count)]}
 
   def packable(image, example_seed):
     # Draws of their own, folded off the example's seed, so that turning
@@ -157,9 +191,27 @@ def train_dataset(source, split, *, batch_size, image_size,
     return {"image": pixels, "grid": grid, "positions": positions,
             "tokens": tokens}
 
-  return _prefetched(broken_records.decode_blocks(
+  batches = broken_records.decode_blocks(
       [rows], block * len(shares), train_example,
-      index=lambda key, position, record: record[0]))
+      index=lambda key, position, record: record[0])
+  if tokenize:
+    batches = batches.map(_tokenized(tokenize))
+  return _prefetched(batches)
+
+
+def _tokenized(tokenize):
+  """A batch with its "caption" strings tokenised by `tokenize` into
+  "tokens" (in Python: a SentencePiece model is no TensorFlow op)."""
+
+  def tokenized(batch):
+    batch = dict(batch)
+    captions = batch.pop("caption")
+    tokens = tf.numpy_function(tokenize, [captions], tf.int32,
+                               stateful=False)
+    tokens.set_shape([captions.shape[0], None])
+    return {**batch, "tokens": tokens}
+
+  return tokenized
 
 
 def _streamed_rows(source, split, seed, start_step, block, shares,
@@ -255,7 +307,8 @@ def eval_dataset(source, split, *, batch_size, image_size, shares=(0,),
   def slim(index, example):
     # What evaluation reads of a record, in shapes that padding can take.
     return index, {"image": example[source.image_key],
-                   "label": source.label(example),
+                   "label": (source.label(example) if source.label
+                             else tf.constant(NO_LABEL, tf.int32)),
                    **(extras(example) if extras else {})}
 
   def eval_example(index, record):

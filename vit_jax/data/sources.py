@@ -2,6 +2,7 @@
 
 A dataset is a TFDS name, one shipped with vit_jax ("digits"),
 "folder:PATH", a folder of images laid out by class (vit_jax/data/folder.py),
+"captions:PATH", a folder of captioned images (vit_jax/data/captioned.py),
 or "vtab:TASK", a VTAB-1k task (a TFDS dataset and the label the task reads
 from it, vit_jax/data/vtab_tasks.py). Shipped datasets and folders are
 prepared into `data_dir` on first use; nothing is ever downloaded.
@@ -23,11 +24,18 @@ import os
 from typing import Callable
 
 import jax
+import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
 from vit_jax import errors, paths
-from vit_jax.data import broken_records, digits, folder, vtab_tasks
+from vit_jax.data import (
+  broken_records,
+  captioned,
+  digits,
+  folder,
+  vtab_tasks,
+)
 from vit_jax.data.lazy_tensorflow import tf
 
 # Builders of ours, prepared on first use instead of by `tfds build`; not
@@ -41,6 +49,11 @@ FOLDER_PREFIX = folder.PREFIX
 
 
 VTAB_PREFIX = "vtab:"
+# "captions:PATH": a folder's captioned images (data/captioned.py).
+CAPTIONS_PREFIX = captioned.PREFIX
+# A dataset's texts, for image-text training: a sequence of texts (a
+# captioned folder's, coco_captions-like) or one.
+CAPTION_FEATURES = ("captions", "caption")
 
 
 # What shipped and folder datasets are prepared as: read at random, each
@@ -73,6 +86,10 @@ def get_builder(dataset: str, data_dir: str | None,
   if dataset.startswith(FOLDER_PREFIX):
     config = folder_config or folder.make_config(dataset[len(FOLDER_PREFIX):])
     return _folder_builder(config, data_dir, file_format)
+  if dataset.startswith(CAPTIONS_PREFIX):
+    return _folder_builder(
+        captioned.make_config(dataset[len(CAPTIONS_PREFIX):]), data_dir,
+        file_format, captioned.Captioned)
   builder = _builder(dataset, data_dir)
   if builder.is_prepared():
     return builder
@@ -87,15 +104,15 @@ def get_builder(dataset: str, data_dir: str | None,
   return _builder(dataset, data_dir)
 
 
-def _folder_builder(config, data_dir, file_format):
+def _folder_builder(config, data_dir, file_format, kind=folder.Folder):
   # Named by a fingerprint of the folder's files: a changed folder is a new
   # config, prepared afresh, and never the stale copy of an earlier one.
-  builder = folder.Folder(config=config, data_dir=data_dir)
+  builder = kind(config=config, data_dir=data_dir)
   if builder.is_prepared():
     return builder
-  _prepare_here(folder.Folder(config=config, data_dir=data_dir,
-                              file_format=file_format))
-  builder = folder.Folder(config=config, data_dir=data_dir)
+  _prepare_here(kind(config=config, data_dir=data_dir,
+                     file_format=file_format))
+  builder = kind(config=config, data_dir=data_dir)
   broken = folder.broken_files(builder)
   if broken and jax.process_index() == 0:
     print(describe_broken(broken, builder), flush=True)
@@ -249,6 +266,10 @@ class Source:
   image_key: str = "image"
   fix_image: Callable | None = None  # encoded image -> encoded image
   multi_label: bool = False
+  # TFDS example -> tf.string [texts]: its captions, where it has any
+  # (CAPTION_FEATURES); a dataset of captions alone has no classes
+  # (num_classes 0, label None).
+  captions: Callable | None = None
 
   def num_examples(self, split: str) -> int:
     """Examples in `split`, which may be a slice such as "train[:90%]"; an
@@ -284,6 +305,9 @@ def lookup(dataset: str, data_dir: str | None, folder_config=None) -> Source:
   builder = get_builder(dataset, data_dir, folder_config=folder_config)
   features = builder.info.features
   key = LABEL_FEATURES.get(builder.name, "label")
+  texts = _captions(features)
+  if texts and key not in features:
+    return Source(dataset, builder, 0, None, captions=texts)
   if key not in features and MULTI_LABEL_FEATURE in features and (
       _is_class_set(features[MULTI_LABEL_FEATURE])):
     num_classes = features[MULTI_LABEL_FEATURE].feature.num_classes
@@ -295,7 +319,35 @@ def lookup(dataset: str, data_dir: str | None, folder_config=None) -> Source:
         f"dataset {dataset!r} has no {key!r} feature (nor a "
         f"{MULTI_LABEL_FEATURE!r} set of classes) to train on; its features "
         f"are {sorted(features.keys())}")
-  return Source(dataset, builder, features[key].num_classes, _feature(key))
+  return Source(dataset, builder, features[key].num_classes, _feature(key),
+                captions=texts)
+
+
+def _captions(features):
+  """TFDS example -> tf.string [texts] of a dataset's caption feature, or
+  None where it has none."""
+  for key in CAPTION_FEATURES:
+    if key in features:
+      if isinstance(features[key], tfds.features.Sequence):
+        return lambda example, key=key: example[key]
+      return lambda example, key=key: tf.reshape(example[key], [1])
+  return None
+
+
+def captions_in(source, split):
+  """[[caption, ...], ...]: each record's captions, by its place in
+  `split` (what evaluation's "index" says), its image not decoded."""
+  feature = next(key for key in CAPTION_FEATURES
+                 if key in source.builder.info.features)
+  skip = {source.image_key: tfds.decode.SkipDecoding()}
+  if source.builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD:
+    records = source.builder.as_data_source(split=split, decoders=skip)
+    rows = (records[i] for i in range(len(records)))
+  else:
+    rows = tfds.as_numpy(source.builder.as_dataset(split=split,
+                                                   decoders=skip))
+  return [[text.decode("utf-8") for text in np.atleast_1d(row[feature])]
+          for row in rows]
 
 
 def _feature(key):

@@ -65,6 +65,12 @@ class Tokenizer:
     return ids
 
 
+  def encode_bytes(self, texts):
+    """`encode` of UTF-8 texts as bytes (numpy's, TensorFlow's strings):
+    what the input pipeline tokenises its captions with."""
+    return self.encode([text.decode("utf-8", "replace") for text in texts])
+
+
 def train(texts, vocab_size):
   """A SentencePiece model (BPE, its bytes) trained on `texts`; the same
   texts give the same model."""

@@ -328,7 +328,7 @@ def _image_text_section():
           before=AS_DEFAULT)),
       ("templates", tuple, key(
           (), "a labelled dataset's captions: each template, {} for a "
-          "class name; each image's is drawn at its place in the stream",
+          "class name; (): a captioned dataset's own captions",
           before=AS_DEFAULT)),
       ("class_names", tuple, key(
           (), "each class's names for the templates, '|' between "

@@ -170,7 +170,8 @@ def train_batches(run, start_step):
       image_size=keys.image_size, augmentation=run.augmentation,
       seed=keys.seed, start_step=first, shares=process_shares,
       num_shares=keys.input_shares, naflex=run.naflex,
-      packing=packs).as_numpy_iterator()
+      packing=packs, tokenize=run.parts.objective.tokenize()
+  ).as_numpy_iterator()
   batches = broken_records.named(batches, f"{keys.dataset} {keys.train_split}",
                                  keys.broken_images)
   if packs:

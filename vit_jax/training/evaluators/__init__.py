@@ -4,9 +4,10 @@ config.evaluators maps a name to one evaluator's settings:
 
   kind   "accuracy" (accuracy.py), "real" (real.py), "fewshot" (fewshot.py),
          "knn" (knn.py: k-nearest-neighbour votes of frozen features),
-         "loss" (loss.py: the objective's loss on held-out data) or
+         "loss" (loss.py: the objective's loss on held-out data),
          "zero_shot" (zero_shot.py: a two-tower model's classes from
-         their names)
+         their names) or "retrieval" (retrieval.py: its recall of
+         texts from images and images from texts)
   every  evaluate every N steps and at the last step; 0: never
   ...    the kind's own settings (its DEFAULTS), which the name prefixes
          in what it logs: "test" -> test_accuracy, "fewshot" ->
@@ -29,6 +30,7 @@ from vit_jax.training.evaluators import (
   knn,
   loss,
   real,
+  retrieval,
   zero_shot,
 )
 
@@ -37,7 +39,8 @@ KINDS = {"accuracy": (accuracy.Accuracy, accuracy.DEFAULTS),
          "fewshot": (fewshot.FewShot, fewshot.DEFAULTS),
          "knn": (knn.KNN, knn.DEFAULTS),
          "loss": (loss.HeldOutLoss, loss.DEFAULTS),
-         "zero_shot": (zero_shot.ZeroShot, zero_shot.DEFAULTS)}
+         "zero_shot": (zero_shot.ZeroShot, zero_shot.DEFAULTS),
+         "retrieval": (retrieval.Retrieval, retrieval.DEFAULTS)}
 
 
 class Evaluation(NamedTuple):

@@ -35,7 +35,7 @@ class Batches:
           naflex=self._run.naflex)
     for batch in broken_records.named(self._rows.as_numpy_iterator(),
                                       f"{source.name} {self._split}",
-                                      keys.broken_images):
+                                      keys.broken_images, keep_index=True):
       yield sharding.to_global(batch, sharded)
 
 
@@ -59,6 +59,17 @@ def jit(program, fn, with_frozen=False):
                  in_shardings=(program.state_shardings.params,
                                program.batch_sharding)
                  + ((program.frozen.shardings,) if with_frozen else ()),
+                 out_shardings=sharding.replicated(mesh))
+
+
+def jit_texts(program, objective):
+  """A two-tower objective's text_features(params, token ids) compiled for
+  the run's params' shardings, the ids and the embeddings replicated (the
+  zero-shot and retrieval evaluators')."""
+  mesh = program.batch_sharding.mesh
+  return jax.jit(sharding.constrained(objective.text_features, mesh),
+                 in_shardings=(program.state_shardings.params,
+                               sharding.replicated(mesh)),
                  out_shardings=sharding.replicated(mesh))
 
 
@@ -91,7 +102,8 @@ class FeatureEvaluator:
     def features(params, batch):
       return {"features": run.parts.objective.features(
                   params, naflex.inputs_of(batch)),
-              "label": batch["label"], "mask": batch["mask"]}
+              "label": batch["label"], "mask": batch["mask"],
+              "index": batch["index"]}
 
     self.features = jit(program, features)
     self._batches = {}  # (dataset, split): Batches
@@ -117,19 +129,23 @@ class FeatureEvaluator:
                                               dataset, split)
     return self._batches[dataset, split]
 
-  def collect(self, params, dataset, split, most=None):
+  def collect(self, params, dataset, split, most=None, with_index=False):
     """(features, labels) of the examples of `split`, in the order the
-    evaluation batches bring them; the first `most` where given."""
-    features, labels, count = [], [], 0
+    evaluation batches bring them; the first `most` where given; and,
+    `with_index`, each one's place in the split."""
+    features, labels, places, count = [], [], [], 0
     for batch in self.split_batches(dataset, split):
       out = self.features(params, batch)
       keep = np.asarray(out["mask"]) > 0
       features.append(np.asarray(out["features"])[keep])
       labels.append(np.asarray(out["label"])[keep])
+      places.append(np.asarray(out["index"])[keep])
       count += int(keep.sum())
       # Every process sees the same replicated mask, so all stop at the
       # same batch and their collectives stay in step.
       if most is not None and count >= most:
         break
-    return (np.concatenate(features)[:most],
-            np.concatenate(labels)[:most])
+    found = (np.concatenate(features)[:most], np.concatenate(labels)[:most])
+    if with_index:
+      return (*found, np.concatenate(places)[:most])
+    return found

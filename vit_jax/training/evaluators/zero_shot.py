@@ -16,10 +16,9 @@ each class's names, () for config.image_text.class_names. Logs
 NAME/<dataset>_accuracy.
 """
 
-import jax
 import numpy as np
 
-from vit_jax import errors, sharding
+from vit_jax import errors
 from vit_jax.data import captions as captions_lib
 from vit_jax.training.evaluators import batches
 
@@ -32,14 +31,8 @@ class ZeroShot(batches.FeatureEvaluator):
 
   def __init__(self, name, settings, run, program):
     super().__init__(name, settings, run, program)
-    objective = run.parts.objective
-    self.tokenizer = objective.tokenizer
-    mesh = program.batch_sharding.mesh
-    self.embed_texts = jax.jit(
-        sharding.constrained(objective.text_features, mesh),
-        in_shardings=(program.state_shardings.params,
-                      sharding.replicated(mesh)),
-        out_shardings=sharding.replicated(mesh))
+    self.tokenizer = run.parts.objective.tokenizer
+    self.embed_texts = batches.jit_texts(program, run.parts.objective)
     self.class_names = (tuple(settings.class_names)
                         or tuple(run.settings.image_text.class_names))
     for dataset in settings.datasets:  # Before the run trains.

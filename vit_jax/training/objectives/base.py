@@ -32,6 +32,10 @@ own under training/objectives/, and says it through these methods:
   features(params, images)
                         [N, D]: what the few-shot evaluator fits a ridge
                         regression on and the k-NN evaluator votes with
+  tokenize()            what the input pipeline tokenises each image's
+                        caption with (numpy bytes [rows] -> int32 [rows,
+                        length]), where the objective reads the
+                        dataset's captions; None (the default): labels
   evaluator_kinds       the evaluator kinds (training/evaluators) whose
                         numbers mean something for it
   check_run(keys, evaluations)
@@ -167,6 +171,9 @@ class Objective:
   def teach(self, held, micro):
     del held
     return micro
+
+  def tokenize(self):
+    return None
 
   def init_carry(self, params):
     del params

@@ -3,8 +3,12 @@ al., ICCV 2023), or CLIP's softmax loss; config.objective "image_text",
 config.image_text's keys; the model is models/two_towers.py's, the losses
 training/contrastive.py's.
 
-The texts: a labelled dataset's images are captioned from templates and
-class names (config.image_text.templates, class_names; data/captions.py):
+The texts: a captioned dataset's (data/captioned.py's folders, TFDS
+datasets with a "captions" feature), one of each image's drawn and
+tokenised in the input pipeline (data/pipeline.py), where
+config.image_text.templates is empty; or a labelled dataset's images
+captioned from templates and class names (config.image_text.templates,
+class_names; data/captions.py):
 each class's captions are tokenised once, when the run is built, and the
 step draws one of them for each image from the run's seed, the step and
 the image's row of the global batch (its place in the data's stream), so a
@@ -64,7 +68,7 @@ class ImageText(base.Objective):
   """Two towers trained on pairs: the module docstring."""
 
   name = "image_text"
-  evaluator_kinds = ("zero_shot", "knn", "fewshot")
+  evaluator_kinds = ("zero_shot", "retrieval", "knn", "fewshot")
 
   def __init__(self, keys, num_classes, frozen=None):
     del frozen
@@ -72,20 +76,24 @@ class ImageText(base.Objective):
     settings = keys.image_text
     self.loss_kind, self.chunked = settings.loss, settings.chunked
     self.batch_size = keys.batch_size // keys.accum_steps
-    try:
-      captions_lib.check(settings.templates, settings.class_names,
-                         num_classes, "config.image_text")
-    except errors.InputError as e:
-      raise errors.ConfigError(str(e)) from None
+    self.templates = settings.templates
+    if self.templates:
+      try:
+        captions_lib.check(settings.templates, settings.class_names,
+                           num_classes, "config.image_text")
+      except errors.InputError as e:
+        raise errors.ConfigError(str(e)) from None
     self.tokenizer = tokenizer_of(keys)
     if self.tokenizer.vocab_size > settings.text_vocab_size:
       raise errors.ConfigError(
           f"config.image_text.tokenizer has {self.tokenizer.vocab_size} "
           f"pieces, more than config.image_text.text_vocab_size="
           f"{settings.text_vocab_size}: raise it to at least that")
-    ids, counts = captions_lib.table(self.tokenizer, captions_lib.of_classes(
-        settings.templates, settings.class_names))
-    self.caption_ids, self.caption_counts = ids, counts
+    self.caption_ids = self.caption_counts = None
+    if self.templates:
+      self.caption_ids, self.caption_counts = captions_lib.table(
+          self.tokenizer, captions_lib.of_classes(settings.templates,
+                                                  settings.class_names))
 
   @classmethod
   def check(cls, keys):
@@ -96,6 +104,11 @@ class ImageText(base.Objective):
           f".model file, or {TRAINED_TOKENIZER}N to train N pieces on the "
           "run's captions")
     if settings.tokenizer.startswith(TRAINED_TOKENIZER):
+      if not settings.templates:
+        raise errors.ConfigError(
+            f"config.image_text.tokenizer={settings.tokenizer!r} trains on "
+            "the captions of config.image_text.templates, which is empty: "
+            "give a SentencePiece .model file for a captioned dataset")
       count = settings.tokenizer[len(TRAINED_TOKENIZER):]
       if not count.isdigit() or int(count) < 4:
         raise errors.ConfigError(
@@ -114,6 +127,17 @@ class ImageText(base.Objective):
         ("config.mixup.prob", keys.mixup.prob, 0.0),
         ("config.cutmix.prob", keys.cutmix.prob, 0.0),
         ("config.label_smoothing", keys.label_smoothing, 0.0)))
+
+  @classmethod
+  def reads_labels(cls, keys):
+    """Where it captions labels from templates; a captioned dataset's
+    texts are its own."""
+    return bool(keys.image_text.templates)
+
+  def tokenize(self):
+    """The input pipeline tokenises a captioned dataset's captions; a
+    labelled one's are drawn in the step."""
+    return None if self.templates else self.tokenizer.encode_bytes
 
   @classmethod
   def paths(cls, keys):
@@ -138,18 +162,20 @@ class ImageText(base.Objective):
                             method=self.model.embed_texts)
 
   def prepare(self, batch, step):
-    """The images, and each one's caption's token ids: row r of step s's
-    batch draws among its class's captions from (seed, CAPTION_STREAM, s,
-    r)."""
+    """The images, and each one's caption's token ids: the input
+    pipeline's, or, captioning labels, row r of step s's batch draws among
+    its class's captions from (seed, CAPTION_STREAM, s, r)."""
+    kept = {key: batch[key] for key in ("image", "mask", "grid")
+            if key in batch}
+    if "tokens" in batch:
+      return {**kept, "tokens": batch["tokens"]}
     labels = batch["label"]
     key = self.stream(CAPTION_STREAM, step)
     draws = jax.vmap(lambda row: jax.random.uniform(
         jax.random.fold_in(key, row)))(jnp.arange(labels.shape[0]))
     counts = jnp.asarray(self.caption_counts)[labels]
     choice = jnp.minimum((draws * counts).astype(jnp.int32), counts - 1)
-    token_ids = jnp.asarray(self.caption_ids)[labels, choice]
-    return {**{key: batch[key] for key in ("image", "mask", "grid")
-               if key in batch}, "tokens": token_ids}
+    return {**kept, "tokens": jnp.asarray(self.caption_ids)[labels, choice]}
 
   def loss(self, params, micro, weights, key):
     embedded = self.model.apply(
