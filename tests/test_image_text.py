@@ -4,6 +4,9 @@ init, a run that classifies zero-shot, resume, a pod whose loss is
 chunked across its processes, and what the objective refuses. The losses
 themselves: tests/test_contrastive.py."""
 
+import os
+
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,8 +26,10 @@ from tests.util import (
 from vit_jax import errors
 from vit_jax.data import captions as captions_lib
 from vit_jax.runs import settings
-from vit_jax.training import objectives, resolve
+from vit_jax.training import objectives, resolve, step
 from vit_jax.training.objectives import image_text
+from vit_jax.weights import npz, pretrained
+from vit_jax.weights.pytorch import siglip
 
 # configs/siglip/digits.py's captions with the tests' small image tower
 # (of one layer) on their data 4 x model 2 mesh, a text tower of one block
@@ -200,3 +205,57 @@ def test_a_pod_of_two_trains_like_one_process(siglip_run, digits_data_dir,
   assert sorted(pods) == list(range(1, 13))
   np.testing.assert_allclose([pods[s] for s in sorted(pods)],
                              [single[s] for s in sorted(pods)], rtol=1e-6)
+
+
+# The recorded SiglipModel's sizes (tests/test_siglip_interchange.py): a
+# run of them starts from it.
+RECORDED = {"image_size": 32, "model.patch_size": 8, "model.hidden_size": 48,
+            "model.num_layers": 2, "model.num_heads": 4, "model.mlp_dim": 96,
+            "model.gelu": "tanh", "model.layer_norm_epsilon": 1e-6,
+            "image_text.text_hidden_size": 32,
+            "image_text.text_num_layers": 2, "image_text.text_num_heads": 4,
+            "image_text.text_mlp_dim": 64, "image_text.text_vocab_size": 64,
+            "image_text.text_length": 16}
+SIGLIP_MODEL = os.path.join(os.path.dirname(__file__), "fixtures",
+                            "libraries", "hf_siglip_two_towers", "hf")
+SIGLIP_TOWER = os.path.join(os.path.dirname(__file__), "fixtures",
+                            "libraries", "hf_siglip", "hf")
+
+
+def initial_params_of(**overrides):
+  keys = settings.of(siglip_config("", **{**RECORDED, **overrides}))
+  fitted = resolve.program(keys, num_classes=10)
+  program = step.build(fitted.settings, fitted.mesh, fitted.parts)
+  return step.initial_params(program, fitted.settings)
+
+
+def flat(tree):
+  return flax.traverse_util.flatten_dict(flax.core.unfreeze(tree), sep="/")
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_a_two_tower_run_starts_from_a_siglip_model(scan):
+  """Both towers, t and b as transformers' SiglipModel holds them, into
+  scanned blocks or not."""
+  params = initial_params_of(**{"init_from": SIGLIP_MODEL,
+                                "model.scan_layers": scan})
+  expected = siglip.read_two_towers(SIGLIP_MODEL).params
+  if scan:
+    params = {**params, **{tower: flax.traverse_util.unflatten_dict(
+        npz.unscan_blocks(flat(params[tower])), sep="/")
+                           for tower in ("img", "txt")}}
+  assert flat(params).keys() == flat(expected).keys()
+  for key, value in flat(expected).items():
+    np.testing.assert_array_equal(flat(params)[key], value, err_msg=key)
+
+
+def test_lit_starts_its_image_tower_from_a_vit():
+  """init_from a ViT (a SigLIP vision tower alone): the image tower is
+  its, the text tower fresh; config.optimizer.frozen='img/.*' locks it."""
+  params = initial_params_of(init_from=SIGLIP_TOWER)
+  tower = pretrained.load(SIGLIP_TOWER).params
+  for key, value in flat(tower).items():
+    np.testing.assert_array_equal(flat(params["img"])[key], value,
+                                  err_msg=key)
+  assert all(isinstance(leaf, jax.ShapeDtypeStruct)
+             for leaf in jax.tree.leaves(params["txt"]))

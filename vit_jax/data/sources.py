@@ -327,18 +327,23 @@ def _captions(features):
   """TFDS example -> tf.string [texts] of a dataset's caption feature, or
   None where it has none."""
   for key in CAPTION_FEATURES:
-    if key in features:
-      if isinstance(features[key], tfds.features.Sequence):
-        return lambda example, key=key: example[key]
+    if key not in features:
+      continue
+    feature = features[key]
+    if not isinstance(feature, tfds.features.Sequence):
       return lambda example, key=key: tf.reshape(example[key], [1])
+    if isinstance(feature.feature, tfds.features.FeaturesDict):
+      # coco_captions': a sequence of {"id", "text"}.
+      return lambda example, key=key: example[key]["text"]
+    return lambda example, key=key: example[key]
   return None
 
 
 def captions_in(source, split):
   """[[caption, ...], ...]: each record's captions, by its place in
   `split` (what evaluation's "index" says), its image not decoded."""
-  feature = next(key for key in CAPTION_FEATURES
-                 if key in source.builder.info.features)
+  features = source.builder.info.features
+  feature = next(key for key in CAPTION_FEATURES if key in features)
   skip = {source.image_key: tfds.decode.SkipDecoding()}
   if source.builder.info.file_format == tfds.core.FileFormat.ARRAY_RECORD:
     records = source.builder.as_data_source(split=split, decoders=skip)
@@ -346,8 +351,11 @@ def captions_in(source, split):
   else:
     rows = tfds.as_numpy(source.builder.as_dataset(split=split,
                                                    decoders=skip))
-  return [[text.decode("utf-8") for text in np.atleast_1d(row[feature])]
-          for row in rows]
+  def texts(value):
+    return value["text"] if isinstance(value, dict) else value
+
+  return [[text.decode("utf-8") for text in np.atleast_1d(texts(
+      row[feature]))] for row in rows]
 
 
 def _feature(key):

@@ -80,11 +80,16 @@ def num_classes(keys, override=0):
                           ).num_classes
   if name in UNLISTED_NUM_CLASSES:
     return UNLISTED_NUM_CLASSES[name]
+  if keys.dataset.startswith(sources.CAPTIONS_PREFIX):
+    return 0  # Captions, no classes (two towers: no classifier head).
   try:
     import tensorflow_datasets as tfds
-    builder = tfds.builder(name)
-    return builder.info.features[
-        sources.LABEL_FEATURES.get(name, "label")].num_classes
+    features = tfds.builder(name).info.features
+    label = sources.LABEL_FEATURES.get(name, "label")
+    if label not in features and any(
+        key in features for key in sources.CAPTION_FEATURES):
+      return 0
+    return features[label].num_classes
   except Exception as e:  # TFDS raises many kinds for an unknown name.
     raise errors.ConfigError(
         f"cannot tell how many classes config.dataset={keys.dataset!r} "
@@ -230,8 +235,8 @@ def build_step(keys, devices, classes, unroll=False, frozen=None):
   for it already."""
   fitted = resolve.program(keys, devices, classes, frozen)
   program = step_lib.build(fitted.settings, fitted.mesh, fitted.parts, unroll)
-  return program, fitting.batch_shapes(fitted.settings, program.model,
-                                       program.batch_sharding)
+  return program, fitting.batch_shapes(
+      fitted.settings, fitted.parts.objective, program.batch_sharding)
 
 
 def bytes_per_device(shapes):
@@ -446,7 +451,7 @@ def plan_slice(keys, tpu_slice, classes, overhead, dcn_bits_per_chip=None):
   fitted = resolve.program(keys, devices, classes)
   program = fitted.program or step_lib.build(fitted.settings, fitted.mesh,
                                              fitted.parts)
-  batch = fitting.batch_shapes(fitted.settings, program.model,
+  batch = fitting.batch_shapes(fitted.settings, fitted.parts.objective,
                                program.batch_sharding)
   if fitted.program is None:  # Its remat policy needed no compile to choose.
     compiled, needed, seconds = fitting.compile_step(program, batch)

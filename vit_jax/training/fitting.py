@@ -72,10 +72,12 @@ def describe_tried(tried):
                    "temporaries" for policy, needed in tried)
 
 
-def batch_shapes(keys, model, batch_sharding):
+def batch_shapes(keys, objective, batch_sharding):
   """The global batch of a run's settings `keys` as the input pipeline
   feeds it: uint8 images, or where config.naflex sets a budget, uint8
-  patches and their grids, or packed sequences of them."""
+  patches and their grids, or packed sequences of them; and what the
+  `objective` learns from (its `targets`: labels, or captions' tokens)."""
+  model = objective.model
   def struct(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
   batch_size, image_size = keys.batch_size, keys.image_size
@@ -90,7 +92,8 @@ def batch_shapes(keys, model, batch_sharding):
     images = {"image": struct((batch_size, naflex.max_num_patches,
                                naflex.patch_values), jnp.uint8),
               "grid": struct((batch_size, 2), jnp.int32)}
-  return {**images, "label": struct((batch_size,), jnp.int32),
+  return {**images, **{name: struct(*spec) for name, spec in
+                       objective.targets(batch_size).items()},
           "mask": struct((batch_size,), jnp.float32)}
 
 

@@ -173,7 +173,7 @@ def fit(checked, mesh, num_classes, frozen=None):
       return Fitted(keys, mesh, built, None, None, (), 0.0)
     program = step.build(keys, mesh, built)
     compiled, needed, took = fitting.compile_step(program, fitting.batch_shapes(
-        keys, built.model, program.batch_sharding))
+        keys, built.objective, program.batch_sharding))
     seconds += took
     if compiled is not None:
       break

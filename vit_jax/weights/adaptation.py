@@ -113,3 +113,33 @@ def resize_table(table, length):
 
 def _cannot_interpolate(shape):
   return f"cannot interpolate {npz.POSEMB_KEY!r} of shape {tuple(shape)}"
+
+
+def adapt_two_towers(towers, init_params):
+  """A two-tower model's params (models/two_towers.py: img, txt, t, b) made
+  to fit another's, `init_params`: the image tower as `adapt` fits a ViT
+  (a new resolution's position table interpolated); the text tower, t
+  and b as they are, their shapes the model's (an InputError names the
+  first that differs). Either may be scanned."""
+  out = {"img": adapt(towers["img"], init_params["img"])}
+  text = flax.core.unfreeze(init_params["txt"])
+  dst = flax.traverse_util.flatten_dict(text, sep="/")
+  scanned = any(key.startswith(npz.SCANNED_BLOCK) for key in dst)
+  dst = npz.unscan_blocks(dst)
+  src = npz.unscan_blocks(flax.traverse_util.flatten_dict(
+      flax.core.unfreeze(towers["txt"]), sep="/"))
+  src.update(t=towers["t"], b=towers["b"])
+  dst.update(t=init_params["t"], b=init_params["b"])
+  kept = {}
+  for key, target in dst.items():
+    value = np.asarray(src[key]) if key in src else None
+    if value is None or value.shape != tuple(target.shape):
+      raise errors.InputError(
+          f"{key!r} has shape {None if value is None else value.shape} in "
+          f"the checkpoint but the model wants {tuple(target.shape)}: a "
+          "two-tower checkpoint's text tower is taken as it is")
+    kept[key] = value.astype(target.dtype)
+  out.update(t=kept.pop("t"), b=kept.pop("b"))
+  out["txt"] = flax.traverse_util.unflatten_dict(
+      npz.scan_blocks(kept) if scanned else kept, sep="/")
+  return out

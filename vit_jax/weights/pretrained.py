@@ -35,7 +35,7 @@ from vit_jax.models import naflex as naflex_lib
 from vit_jax.runs import checkpoints, settings
 from vit_jax.runs.workdir import Workdir
 from vit_jax.weights import adaptation, hub, npz
-from vit_jax.weights.pytorch import files, hf, timm
+from vit_jax.weights.pytorch import files, hf, siglip as pytorch_siglip, timm
 
 
 def parse_source(source):
@@ -151,10 +151,14 @@ def load(source, num_heads=None):
   if path.endswith(".safetensors") or hf.is_hf_dir(path):
     read = (timm.read_timm(path, num_heads)
             if path.endswith(".safetensors") else hf.read_hf(path))
+    towers = None
+    if pytorch_siglip.is_two_towers(path):
+      towers = pytorch_siglip.read_two_towers(path).params
     return Checkpoint(flax.traverse_util.unflatten_dict(read.flat, sep="/"),
                       found.what or path, read.function, read.class_names,
                       image_size=read.image_size,
-                      normalization=found.normalization or read.normalization)
+                      normalization=found.normalization or read.normalization,
+                      towers=towers)
   config = Workdir(path).read_config()
   params, what = load_run(path, step)
   towers = params if config.objective == "image_text" else None
@@ -317,6 +321,12 @@ def initial_params(source, param_shapes, num_heads, dataset=None):
     logging.info("init_from: %s, %d params", loaded.what,
                  sum(np.size(x) for x in jax.tree.leaves(loaded.params)))
     params = loaded.params
+    if set(param_shapes) >= {"img", "txt"}:  # Two towers (image_text).
+      if loaded.towers is not None:
+        return adaptation.adapt_two_towers(loaded.towers, param_shapes)
+      # A ViT's: the image tower (LiT's start), the rest fresh.
+      return {**param_shapes,
+              "img": adaptation.adapt(params, param_shapes["img"])}
     if (loaded.config is not None and dataset is not None
         and loaded.config.dataset != dataset):
       params = {key: value for key, value in params.items()

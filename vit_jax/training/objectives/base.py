@@ -32,6 +32,10 @@ own under training/objectives/, and says it through these methods:
   features(params, images)
                         [N, D]: what the few-shot evaluator fits a ridge
                         regression on and the k-NN evaluator votes with
+  targets(batch_size)   {name: (shape, dtype)}: what the input pipeline
+                        feeds it to learn from beside the images (a
+                        batch's labels, by default; planning compiles
+                        with them)
   tokenize()            what the input pipeline tokenises each image's
                         caption with (numpy bytes [rows] -> int32 [rows,
                         length]), where the objective reads the
@@ -174,6 +178,9 @@ class Objective:
 
   def tokenize(self):
     return None
+
+  def targets(self, batch_size):
+    return {"label": ((batch_size,), jnp.int32)}
 
   def init_carry(self, params):
     del params

@@ -28,6 +28,8 @@ whole batch; set config.accum_steps to 1 to match it). A row whose image
 did not decode weighs nothing and is no negative.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -83,17 +85,25 @@ class ImageText(base.Objective):
                            num_classes, "config.image_text")
       except errors.InputError as e:
         raise errors.ConfigError(str(e)) from None
-    self.tokenizer = tokenizer_of(keys)
-    if self.tokenizer.vocab_size > settings.text_vocab_size:
-      raise errors.ConfigError(
-          f"config.image_text.tokenizer has {self.tokenizer.vocab_size} "
-          f"pieces, more than config.image_text.text_vocab_size="
-          f"{settings.text_vocab_size}: raise it to at least that")
+    self.keys = keys
     self.caption_ids = self.caption_counts = None
     if self.templates:
       self.caption_ids, self.caption_counts = captions_lib.table(
           self.tokenizer, captions_lib.of_classes(settings.templates,
                                                   settings.class_names))
+
+  @functools.cached_property
+  def tokenizer(self):
+    """config.image_text's tokenizer, read (or trained) where first
+    needed: a plan compiles the step without it."""
+    tokenizer = tokenizer_of(self.keys)
+    vocab = self.keys.image_text.text_vocab_size
+    if tokenizer.vocab_size > vocab:
+      raise errors.ConfigError(
+          f"config.image_text.tokenizer has {tokenizer.vocab_size} pieces, "
+          f"more than config.image_text.text_vocab_size={vocab}: raise it "
+          "to at least that")
+    return tokenizer
 
   @classmethod
   def check(cls, keys):
@@ -139,6 +149,13 @@ class ImageText(base.Objective):
     labelled one's are drawn in the step."""
     return None if self.templates else self.tokenizer.encode_bytes
 
+  def targets(self, batch_size):
+    """Labels to caption, or the pipeline's tokens of captions."""
+    if self.templates:
+      return super().targets(batch_size)
+    return {"tokens": ((batch_size, self.keys.image_text.text_length),
+                       jnp.int32)}
+
   @classmethod
   def paths(cls, keys):
     spec = keys.image_text.tokenizer
@@ -148,7 +165,7 @@ class ImageText(base.Objective):
 
   def init_params(self, rng, image_size):
     images = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
-    token_ids = jnp.zeros((1, self.tokenizer.length), jnp.int32)
+    token_ids = jnp.zeros((1, self.keys.image_text.text_length), jnp.int32)
     return self.model.init(rng, images, token_ids, train=False)["params"]
 
   def features(self, params, images):
@@ -199,7 +216,8 @@ class ImageText(base.Objective):
     text of its micro-batch."""
     del slots
     return flops.two_towers_flops(
-        self.model, image_size, self.tokenizer.length, self.batch_size,
+        self.model, image_size, self.keys.image_text.text_length,
+        self.batch_size,
         num_patches) * flops.TRAIN_FORWARDS
 
 
