@@ -234,7 +234,7 @@ def test_the_encoder_costs_the_kept_patches_only():
      "config.evaluators.test: a 'accuracy' evaluator does not apply to "
      "config.objective='mae', which takes ['loss', 'fewshot', 'knn']"),
     ({"objective": "simclr"}, "config.objective must be one of "
-     "['classification', 'mae', 'dino', 'linear_probe'], got 'simclr'"),
+     "['classification', 'mae', 'dino', 'image_text', 'linear_probe'], got 'simclr'"),
 ])
 def test_what_mae_cannot_do_is_refused_naming_the_key(overrides, message):
   config = small_config("", **MAE)

@@ -361,7 +361,8 @@ class Mesh:
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """The whole config, typed and checked."""
-  dataset: str = key("", "a TFDS name, digits, folder:PATH or vtab:TASK")
+  dataset: str = key("", "a TFDS name, digits, folder:PATH, captions:PATH "
+                      "or vtab:TASK")
   data_dir: str = key("", "where TFDS datasets are prepared; '': TFDS's "
                       "default (or $TFDS_DATA_DIR)", changeable=True)
   train_split: str = key("train", "the TFDS split trained on (slices such "

@@ -200,7 +200,7 @@ def check_values(keys):
   they give (Checked)."""
   if not keys.dataset:
     raise errors.ConfigError("config.dataset is empty: name a TFDS dataset, "
-                             "'digits' or folder:PATH")
+                             "'digits', folder:PATH or captions:PATH")
   try:
     preprocess.check_crop_fraction(keys.eval_crop_fraction)
     augmentation = preprocess.augmentation(keys.augment, keys.randaugment)
