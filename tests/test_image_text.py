@@ -4,6 +4,7 @@ init, a run that classifies zero-shot, resume, a pod whose loss is
 chunked across its processes, and what the objective refuses. The losses
 themselves: tests/test_contrastive.py."""
 
+import json
 import os
 
 import flax
@@ -25,6 +26,7 @@ from tests.util import (
 )
 from vit_jax import errors
 from vit_jax.data import captions as captions_lib
+from vit_jax.data.lazy_tensorflow import tf
 from vit_jax.runs import settings
 from vit_jax.training import objectives, resolve, step
 from vit_jax.training.objectives import image_text
@@ -259,3 +261,41 @@ def test_lit_starts_its_image_tower_from_a_vit():
                                   err_msg=key)
   assert all(isinstance(leaf, jax.ShapeDtypeStruct)
              for leaf in jax.tree.leaves(params["txt"]))
+
+
+def test_predict_classifies_zero_shot_by_class_names(siglip_run, tmp_path):
+  """`predict --class_names`: each class's caption (one template, one
+  name) embedded, the logits those of contrastive_logits on the same
+  captions; the top class and SigLIP's probability, sigmoid(logit)."""
+  _, workdir, _ = siglip_run
+  names = list(siglip_digits.WORDS[:4])
+  images = np.random.default_rng(4).integers(0, 255, (3, 8, 8, 3), np.uint8)
+  classifier = image_text.ZeroShotClassifier(workdir, names, ("this is {}",))
+  assert classifier.image_size == 8
+  logits = classifier.logits(images)
+  objective = objective_of()
+  ids = objective.tokenizer.encode([f"this is {name}" for name in names])
+  np.testing.assert_allclose(
+      logits, image_text.contrastive_logits(workdir, images, ids),
+      rtol=1e-5, atol=1e-5)
+  files = []
+  for i, image in enumerate(images):
+    path = tmp_path / f"{i}.png"
+    path.write_bytes(tf.io.encode_png(image).numpy())
+    files.append(str(path))
+  status, stdout, stderr = call_tool(
+      "predict", f"--workdir={workdir}", f"--class_names={','.join(names)}",
+      "--templates=this is {}", "--top=1", "--json", *files)
+  assert status == 0, stderr[-3000:]
+  rows = [json.loads(line) for line in stdout.splitlines()]
+  for row, expected in zip(rows, logits):
+    (top,) = row["top"]
+    assert top["name"] == names[int(np.argmax(expected))]
+    np.testing.assert_allclose(top["probability"],
+                               1 / (1 + np.exp(-expected.max())), rtol=1e-5)
+
+
+def test_a_siglip_model_without_a_tokenizer_asks_for_one(tmp_path):
+  with pytest.raises(errors.InputError, match="give its SentencePiece "
+                     "model with --tokenizer"):
+    image_text.ZeroShotClassifier(SIGLIP_MODEL, ["a", "b"], ("{}",))

@@ -2,6 +2,7 @@
 python -m vit_jax.predict --from=FILE.stablehlo --images=PATH,...
 python -m vit_jax.predict --from=SOURCE --features [--json] IMAGES
 python -m vit_jax.predict ... --max_num_patches=N IMAGES
+python -m vit_jax.predict --workdir=DIR --class_names=cat,dog [--templates=...] IMAGES
 
 The top classes of a trained model on your images, with probabilities.
 Images (PNG, JPEG, GIF, BMP files, folders of them, or glob patterns; also
@@ -21,6 +22,11 @@ position embedding resized to its grid (vit_jax/models/naflex.py); with
 run evaluates. A NaFlex or packed run of ours is read so without them, at
 its config.naflex.max_num_patches, as its evaluation read its images;
 each flag given overrides its part (--max_num_patches=0: square).
+With --class_names, a two-tower source (an image_text run, transformers'
+SiglipModel) classifies zero-shot: each class's captions (--templates
+with its names, '|' between synonyms) through the text tower, averaged;
+the probability shown is SigLIP's, sigmoid(t * cosine + b), each class's
+on its own (docs/image_text.md).
 """
 
 if __name__ == "__main__":
@@ -28,6 +34,7 @@ if __name__ == "__main__":
   from vit_jax import cli
   cli.prepare()
 
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import app, flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from vit_jax import cli, errors, paths as paths_lib
@@ -35,6 +42,7 @@ from vit_jax.analysis import classify, features
 from vit_jax.cli import shared_flags
 from vit_jax.data import image_files
 from vit_jax.models import naflex
+from vit_jax.training.objectives import image_text
 from vit_jax.weights import function_exports
 
 shared_flags.define_model_source("run")
@@ -45,6 +53,13 @@ flags.DEFINE_integer("batch_size", 64, "Images per forward pass.",
                      lower_bound=1)
 flags.DEFINE_bool("json", False, "One JSON object per image instead of "
                   "text.")
+flags.DEFINE_list("class_names", [], "Zero-shot: the classes to tell "
+                  "apart by a two-tower source's text tower ('|' between a "
+                  "class's synonyms).")
+flags.DEFINE_list("templates", ["a photo of a {}."], "Zero-shot: the "
+                  "captions of each class, {} where its name goes.")
+flags.DEFINE_string("tokenizer", "", "Zero-shot: the SentencePiece model "
+                    "of a SiglipModel directory that holds none.")
 flags.DEFINE_bool("features", False, "The features the head reads (the "
                   "pooled output, as a headless tower gives it) instead of "
                   "classes; --top and --labels are then unused.")
@@ -64,6 +79,13 @@ def main(argv):
     raise errors.InputError(
         "--max_num_patches: an export takes square images at its "
         "resolution; give the model's checkpoint with --from instead")
+  if f.class_names:
+    probabilities = zero_shot(source, files)
+    tops = classify.top_classes(probabilities, f.top, f.class_names)
+    for path, top in zip(files, tops):
+      print(classify.as_json(path, top) if f.json
+            else classify.as_text(path, top))
+    return
   if f.features:
     show = features.as_json if f.json else features.as_text
     rows, grids = features_of(source, files)
@@ -119,6 +141,17 @@ def features_of(source, files):
   inputs = model_inputs(files, inference)
   return (features.features(inference, inputs, f.batch_size),
           grids_of(inputs, files))
+
+
+def zero_shot(source, files):
+  """SigLIP's probability of each class of --class_names for each image,
+  [N, classes], by the two towers of `source`."""
+  f = flags.FLAGS
+  classifier = image_text.ZeroShotClassifier(source, f.class_names,
+                                             f.templates, f.tokenizer)
+  logits = classifier.logits(image_files.from_files(files,
+                                                    classifier.image_size))
+  return 1 / (1 + np.exp(-logits))
 
 
 def grids_of(inputs, files):

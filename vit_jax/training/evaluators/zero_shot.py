@@ -21,6 +21,7 @@ import numpy as np
 from vit_jax import errors
 from vit_jax.data import captions as captions_lib
 from vit_jax.training.evaluators import batches
+from vit_jax.training.objectives import image_text
 
 DEFAULTS = dict(datasets={}, templates=(), class_names=())
 
@@ -54,23 +55,12 @@ class ZeroShot(batches.FeatureEvaluator):
       raise errors.InputError("a zero_shot evaluator needs templates, '{}' "
                               "where the class name goes")
 
-  def classifier(self, params):
-    """[classes, D]: each class's captions' mean embedding, normalised."""
-    captions = captions_lib.of_classes(self.settings.templates,
-                                       self.class_names)
-    texts = [text for texts in captions for text in texts]
-    embedded = np.asarray(self.embed_texts(params,
-                                           self.tokenizer.encode(texts)))
-    ends = np.cumsum([len(texts) for texts in captions])
-    means = np.stack([embedded[end - len(texts):end].mean(axis=0)
-                      for end, texts in zip(ends, captions)])
-    return means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True),
-                              1e-12)
-
   def __call__(self, params):
     metrics = {}
     for dataset, split in self.settings.datasets.items():
-      classes = self.classifier(params)
+      classes = image_text.class_embeddings(
+          lambda ids: self.embed_texts(params, ids), self.tokenizer,
+          self.settings.templates, self.class_names)
       features, labels = self.collect(params, dataset, split)
       predicted = np.argmax(features @ classes.T, axis=1)
       metrics[f"{self.name}/{dataset}_accuracy"] = float(

@@ -30,12 +30,15 @@ did not decode weighs nothing and is no negative.
 
 import functools
 
+import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from vit_jax import errors, models
+from vit_jax import errors, models, paths
 from vit_jax.data import captions as captions_lib, tokenizer as tokenizer_lib
 from vit_jax.models import flops, naflex
+from vit_jax.runs.workdir import Workdir
 from vit_jax.training import contrastive
 from vit_jax.training.objectives import base
 from vit_jax.weights import pretrained
@@ -233,6 +236,75 @@ def two_towers_of(source):
   keys, params = base.run_of(source, "image_text",
                              "a transformers SiglipModel directory")
   return model_of(keys), params
+
+
+def class_embeddings(embed_texts, tokenizer, templates, class_names):
+  """[classes, D]: each class's captions (every template with every one of
+  its names, data/captions.py) through `embed_texts` (token ids [n,
+  length] -> normalised embeddings [n, D]), averaged and normalised
+  again: what zero-shot classification compares images with."""
+  captions = captions_lib.of_classes(templates, class_names)
+  texts = [text for texts in captions for text in texts]
+  embedded = np.asarray(embed_texts(tokenizer.encode(texts)), np.float32)
+  ends = np.cumsum([len(texts) for texts in captions])
+  means = np.stack([embedded[end - len(texts):end].mean(axis=0)
+                    for end, texts in zip(ends, captions)])
+  return means / np.maximum(np.linalg.norm(means, axis=1, keepdims=True),
+                            1e-12)
+
+
+# The tokenizer file a transformers SiglipModel directory may hold beside
+# its weights (its tokenizer's save_pretrained writes spiece.model).
+TOKENIZER_FILES = ("spiece.model", "tokenizer.model")
+
+
+def tokenizer_for(source, length, given=""):
+  """The tokenizer of two-tower `source` at `length` tokens: `given` (a
+  SentencePiece file), else a workdir's run's (config.image_text's), else
+  the file a SiglipModel directory holds (TOKENIZER_FILES)."""
+  if given:
+    return tokenizer_lib.Tokenizer.read(given, length)
+  path = pretrained.local(source).path
+  if pytorch_siglip.is_two_towers(path):
+    for name in TOKENIZER_FILES:
+      if paths.path(paths.join(path, name)).exists():
+        return tokenizer_lib.Tokenizer.read(paths.join(path, name), length)
+    raise errors.InputError(
+        f"{source} holds no tokenizer ({' or '.join(TOKENIZER_FILES)}): "
+        "give its SentencePiece model with --tokenizer")
+  directory, _ = pretrained.parse_source(source)
+  return tokenizer_of(Workdir(directory).read_config())
+
+
+class ZeroShotClassifier:
+  """A two-tower source's zero-shot classifier of `class_names` (each
+  class's captions, `templates` with its names, through the text tower:
+  `class_embeddings`). `logits(images)`: [images, classes], t * cosine +
+  b, whose sigmoid is SigLIP's probability that an image shows a class.
+  `image_size`: the side its image tower was trained at. `tokenizer`: a
+  SentencePiece file, where the source holds none (`tokenizer_for`)."""
+
+  def __init__(self, source, class_names, templates, tokenizer=""):
+    self.model, self.params = two_towers_of(source)
+    image = flax.traverse_util.flatten_dict(self.params["img"], sep="/")
+    table = np.shape(image[models.POSEMB_KEY])[1] - models.posemb_prefix(
+        image)
+    self.image_size = models.grid_side(table, models.POSEMB_KEY) * np.shape(
+        image["embedding/kernel"])[0]
+    length = np.shape(self.params["txt"]["Transformer"]["posembed_input"][
+        "pos_embedding"])[1]
+    embed = jax.jit(lambda params, ids: self.model.apply(
+        {"params": params}, ids, method=self.model.embed_texts))
+    self.classes = class_embeddings(
+        lambda ids: embed(self.params, ids),
+        tokenizer_for(source, length, tokenizer), templates, class_names)
+
+  def logits(self, images):
+    embedded = np.asarray(jax.jit(lambda params, images: self.model.apply(
+        {"params": params}, images, method=self.model.embed_images))(
+            self.params, images))
+    scale = np.exp(np.asarray(self.params["t"])[0])
+    return embedded @ self.classes.T * scale + np.asarray(self.params["b"])[0]
 
 
 def contrastive_logits(source, images, token_ids):
