@@ -97,7 +97,8 @@ HF_FAMILIES = ("hf_vit_classifier", "hf_vit_model_pooler",
                "hf_deit_with_teacher", "hf_dinov2", "hf_dinov2_registers",
                "hf_dinov2_swiglu",
                "hf_dinov3", "hf_siglip", "hf_siglip2_naflex", "hf_vit_mae",
-               "hf_vit_mae_norm_pix", "hf_siglip_two_towers")
+               "hf_vit_mae_norm_pix", "hf_siglip_two_towers",
+               "hf_siglip2_two_towers")
 # SiglipModel's text tower (the image tower's sizes are the others'): its
 # head projects to the image tower's width; TEXTS texts of TEXT_LENGTH
 # token ids each, against the BATCH images.
@@ -308,6 +309,20 @@ def _hf_model(family):
                             "logits_per_image: [images, texts]",
         "image_embeds": "model(...).image_embeds (normalised)",
         "text_embeds": "model(...).text_embeds (normalised)"}
+  if family == "hf_siglip2_two_towers":
+    sizes.pop("image_size")
+    model = t.Siglip2Model(t.Siglip2Config(
+        vision_config=dict(sizes, num_patches=(SIDE // PATCH) ** 2),
+        text_config=SIGLIP_TEXT))
+    with torch.no_grad():  # As hf_siglip_two_towers'.
+      model.logit_scale.fill_(float(np.log(10.0)))
+      model.logit_bias.fill_(-1.0)
+    return model, {
+        "logits_per_image": "model(input_ids=ids, pixel_values=patches, "
+                            "pixel_attention_mask=mask, spatial_shapes="
+                            "grids).logits_per_image: [images, texts]",
+        "image_embeds": "model(...).image_embeds (normalised)",
+        "text_embeds": "model(...).text_embeds (normalised)"}
   if family == "hf_siglip2_naflex":
     sizes.pop("image_size")
     return t.Siglip2VisionModel(t.Siglip2VisionConfig(
@@ -347,19 +362,33 @@ def _hf_model(family):
 
 
 def _two_towers(family, model):
-  """SiglipModel's inputs (images, token ids) and outputs (float64), as
-  _hf_model's description says."""
+  """SiglipModel's or Siglip2Model's inputs (images or NaFlex patches,
+  token ids) and outputs (float64), as _hf_model's description says."""
   import torch  # pylint: disable=g-import-not-at-top
   images = images_for(family, ("square",))["square"]
   ids = np.random.default_rng(seed_of(family) + 2).integers(
       0, SIGLIP_TEXT["vocab_size"],
       (TEXTS, SIGLIP_TEXT["max_position_embeddings"])).astype(np.int32)
-  with torch.no_grad():
-    result = model(input_ids=torch.from_numpy(ids).long(),
-                   pixel_values=to_torch(images))
-  return ({"square/images": images, "square/token_ids": ids},
-          {f"square/{key}": as_numpy(getattr(result, key)) for key in (
-              "logits_per_image", "image_embeds", "text_embeds")})
+  texts = torch.from_numpy(ids).long()
+  if family == "hf_siglip_two_towers":
+    inputs = {"square/images": images, "square/token_ids": ids}
+    with torch.no_grad():
+      result = model(input_ids=texts, pixel_values=to_torch(images))
+  else:  # NaFlex: a 4 x 4 grid and a 2 x 6 one (4 padding patches).
+    grids = np.array([[4, 4], [2, 6]], np.int64)
+    patches = np.random.default_rng(seed_of(family) + 3).uniform(
+        -1, 1, (BATCH, 16, PATCH * PATCH * 3)).astype(np.float32)
+    mask = (np.arange(16)[None] < grids.prod(1)[:, None]).astype(np.int32)
+    patches = patches * mask[..., None]
+    inputs = {"square/patches": patches, "square/grids": grids.astype(
+        np.int32), "square/mask": mask, "square/token_ids": ids}
+    with torch.no_grad():
+      result = model(input_ids=texts,
+                     pixel_values=torch.from_numpy(patches).double(),
+                     pixel_attention_mask=torch.from_numpy(mask),
+                     spatial_shapes=torch.from_numpy(grids))
+  return inputs, {f"square/{key}": as_numpy(getattr(result, key)) for key in (
+      "logits_per_image", "image_embeds", "text_embeds")}
 
 
 def _mae_sincos_tables(model):
@@ -412,7 +441,7 @@ def record_hf(family, out):
   extra = {}
   if family == "hf_siglip2_naflex":
     inputs, outputs = _siglip2_naflex(model, out)
-  elif family == "hf_siglip_two_towers":
+  elif family in ("hf_siglip_two_towers", "hf_siglip2_two_towers"):
     inputs, outputs = _two_towers(family, model)
     extra = {"num_text_heads": SIGLIP_TEXT["num_attention_heads"]}
   elif family in MAE_NORM_PIX_LOSS:

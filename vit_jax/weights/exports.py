@@ -125,9 +125,13 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
   if format_ == "hf":
     kind, left_out = "ViTForImageClassification", ""
     if loaded.config is not None and loaded.config.objective == "image_text":
-      kind = "SiglipModel"
-      pytorch_siglip.write_two_towers(out, models.two_towers_from_settings(
-          loaded.config.model, loaded.config.image_text), loaded.towers)
+      # A NaFlex run's towers as SigLIP 2's, which read images so.
+      naflex = bool(loaded.config.naflex.max_num_patches)
+      kind = "Siglip2Model" if naflex else "SiglipModel"
+      pytorch_siglip.write_two_towers(
+          out, models.two_towers_from_settings(
+              loaded.config.model, loaded.config.image_text),
+          loaded.towers, "siglip2" if naflex else "siglip")
     elif loaded.config is not None and loaded.config.objective == "mae":
       kind = "ViTMAEForPreTraining"
       pytorch_mae.write_mae(out, models.masked_autoencoder_from_settings(

@@ -1,4 +1,5 @@
-"""transformers' two-tower SigLIP (`SiglipModel`: `vision_model.`,
+"""transformers' two-tower SigLIP (`SiglipModel`, and SigLIP 2's
+`Siglip2Model`, whose image tower is NaFlex's: `vision_model.`,
 `text_model.`, `logit_scale`, `logit_bias`), read whole into
 models/two_towers.py's TwoTowers and written back.
 
@@ -25,6 +26,12 @@ from vit_jax.weights import npz
 from vit_jax.weights.pytorch import files, hf, layouts
 
 TEXT_PREFIX, VISION_PREFIX = "text_model.", "vision_model."
+# model_type -> (the class, its towers' model_types, the image tower's
+# layout: SigLIP 2 embeds flattened patches with a Linear).
+KINDS = {"siglip": ("SiglipModel", "siglip_vision_model",
+                    "siglip_text_model", "siglip"),
+         "siglip2": ("Siglip2Model", "siglip2_vision_model",
+                     "siglip2_text_model", "siglip2")}
 LOGITS = {"logit_scale": "t", "logit_bias": "b"}
 
 
@@ -36,16 +43,17 @@ class TwoTowersRead(NamedTuple):
 
 
 def is_two_towers(directory):
-  """Whether `directory` is an HF directory of a SiglipModel (both
-  towers)."""
+  """Whether `directory` is an HF directory of a SiglipModel or a
+  Siglip2Model (both towers)."""
   if not hf.is_hf_dir(directory):
     return False
   config = files.read_json(paths.join(directory, hf.HF_CONFIG))
-  return config.get("model_type") == "siglip" and "text_config" in config
+  return config.get("model_type") in KINDS and "text_config" in config
 
 
 def read_two_towers(directory):
-  """The SiglipModel in `directory` (`is_two_towers`) as a TwoTowersRead."""
+  """The SiglipModel or Siglip2Model in `directory` (`is_two_towers`) as a
+  TwoTowersRead."""
   image = hf.read_hf(directory)  # Its vision tower, alone.
   _, tensors = hf.read_tensors(directory)
   config = files.read_json(paths.join(directory, hf.HF_CONFIG))
@@ -93,17 +101,19 @@ def _no_head(flat):
           "bias": np.zeros((0,), np.float32)}
 
 
-def write_two_towers(directory, model, params):
-  """A SiglipModel directory of a TwoTowers `model` with `params` whose
-  image tower transformers' SigLIP computes (hf.write_siglip2 says
-  which; its position table a square)."""
+def write_two_towers(directory, model, params, kind="siglip"):
+  """A SiglipModel (`kind` "siglip") or Siglip2Model ("siglip2")
+  directory of a TwoTowers `model` with `params` whose image tower
+  transformers' SigLIP computes (hf.write_siglip2 says which; its
+  position table a square)."""
+  architecture, vision_type, text_type, layout = KINDS[kind]
   image, text = (npz.unscan_blocks(flax.traverse_util.flatten_dict(
       jax.tree.map(np.asarray, flax.linen.meta.unbox(params[tower])),
       sep="/"))
                   for tower in ("img", "txt"))
   function = {key: getattr(model.config, key)
               for key in models.FUNCTION_OPTIONS}
-  what, target = "the two-tower model", "as a SiglipModel"
+  what, target = "the two-tower model", f"as a {architecture}"
   if not hf.is_siglip_tower(image):
     raise errors.InputError(
         f"{what} cannot be written {target}: its image tower must pool "
@@ -117,18 +127,21 @@ def write_two_towers(directory, model, params):
   shared = {"hidden_act": hf.HF_ACT[function["gelu"]],
             "layer_norm_eps": function["layer_norm_epsilon"],
             "attention_dropout": 0.0}
+  # SigLIP 2's table is resized to each image's grid: its size, not an
+  # image size, says it.
+  grid = ({"num_patches": side * side} if kind == "siglip2" else
+          {"image_size": side * sizes["patch_size"]})
   config = {
-      "architectures": ["SiglipModel"], "model_type": "siglip",
+      "architectures": [architecture], "model_type": kind,
       "vision_config": {
-          "model_type": "siglip_vision_model",
+          "model_type": vision_type,
           "hidden_size": sizes["hidden_size"],
           "intermediate_size": sizes["mlp_dim"],
           "num_hidden_layers": sizes["num_layers"],
           "num_attention_heads": sizes["num_heads"], "num_channels": 3,
-          "image_size": side * sizes["patch_size"],
-          "patch_size": sizes["patch_size"], **shared},
+          **grid, "patch_size": sizes["patch_size"], **shared},
       "text_config": {
-          "model_type": "siglip_text_model",
+          "model_type": text_type,
           "hidden_size": text_config.hidden_size,
           "intermediate_size": text_config.mlp_dim,
           "num_hidden_layers": text_config.num_layers,
@@ -139,7 +152,7 @@ def write_two_towers(directory, model, params):
           "projection_size": model.config.hidden_size, **shared},
   }
   tensors = {VISION_PREFIX + name.replace("in_proj.", "in_proj_"): value
-             for name, value in layouts.from_release(image, "siglip").items()}
+             for name, value in layouts.from_release(image, layout).items()}
   tensors.update({TEXT_PREFIX + name: value for name, value in
                   layouts.from_release(text, "siglip_text").items()})
   tensors.update({theirs: np.asarray(params[ours], np.float32).reshape(1)
