@@ -134,12 +134,16 @@ def test_a_two_tower_run_trains_on_a_captioned_folder(captioned_root,
          "evaluators.seen_templates.every": 0})
   config.evaluators["retrieval"] = {
       "kind": "retrieval", "every": 4,
-      "datasets": {f"captions:{captioned_root}": "test"}}
+      "datasets": {f"captions:{captioned_root}": "test", "digits": "test"},
+      "templates": ("this is {}",)}
   last = run_training(config, str(tmp_path / "run"))
   assert sorted(logged(str(tmp_path / "run"))) == [1, 2, 3, 4]
   assert 0 <= last["zero_shot/digits_accuracy"] <= 1
-  name = f"retrieval/captions:{captioned_root}_image_to_text_r@10"
-  assert 0 < last[name] <= 1
+  for dataset in (f"captions:{captioned_root}", "digits"):
+    for direction in ("image_to_text", "text_to_image"):
+      recalls = [last[f"retrieval/{dataset}_{direction}_r@{k}"]
+                 for k in (1, 5, 10)]
+      assert 0 <= recalls[0] <= recalls[1] <= recalls[2] <= 1
 
 
 def test_recall_counts_a_row_found_when_a_relevant_column_is_in_its_top_k():

@@ -12,7 +12,8 @@ text finds its image when one of the images it belongs to is among the
 k nearest it. Ties go to the earlier text or image.
 
 Settings (config.evaluators.NAME): datasets, a dict of TFDS name -> the
-split searched; ks (1, 5, 10). Logs NAME/<dataset>_image_to_text_r@<k>
+split searched; ks (1, 5, 10); for a labelled split, templates and
+class_names (() for config.image_text's). Logs NAME/<dataset>_image_to_text_r@<k>
 and NAME/<dataset>_text_to_image_r@<k>.
 """
 
@@ -22,7 +23,7 @@ from vit_jax import errors
 from vit_jax.data import captions as captions_lib, sources
 from vit_jax.training.evaluators import batches
 
-DEFAULTS = dict(datasets={}, ks=(1, 5, 10))
+DEFAULTS = dict(datasets={}, ks=(1, 5, 10), templates=(), class_names=())
 # Texts embedded at once: one compiled shape for every split.
 TEXT_BATCH = 256
 
@@ -45,6 +46,19 @@ class Retrieval(batches.FeatureEvaluator):
     self.tokenizer = run.parts.objective.tokenizer
     self.embed_texts = batches.jit_texts(program, run.parts.objective)
     self._texts = {}  # dataset, split: (token ids, owner of each text)
+    keys = run.settings.image_text
+    self.templates = tuple(settings.templates) or tuple(keys.templates)
+    self.class_names = (tuple(settings.class_names)
+                        or tuple(keys.class_names))
+    for dataset in settings.datasets:  # Before the run trains.
+      source = run.sources(dataset)
+      if source.captions is None:
+        try:
+          captions_lib.check(self.templates, self.class_names,
+                             source.num_classes,
+                             f"config.evaluators.{name}")
+        except errors.InputError as e:
+          raise errors.ConfigError(str(e)) from None
 
   @classmethod
   def check(cls, settings, data):
@@ -69,8 +83,7 @@ class Retrieval(batches.FeatureEvaluator):
                   for _ in texts]
         by_class = False
       else:
-        keys = self.run.settings.image_text
-        captions = captions_lib.of_classes(keys.templates, keys.class_names)
+        captions = captions_lib.of_classes(self.templates, self.class_names)
         texts = [text for texts in captions for text in texts]
         owners = [label for label, texts in enumerate(captions)
                   for _ in texts]
