@@ -12,7 +12,7 @@ from sklearn import datasets
 
 from configs.siglip import digits as siglip_digits
 from tests.test_image_text import siglip_config
-from tests.util import logged, run_training
+from tests.util import check_config, logged, run_training
 from vit_jax import errors
 from vit_jax.data import (
   captioned,
@@ -84,6 +84,15 @@ def test_a_bad_line_is_named_by_file_and_line(tmp_path, line, message):
   with pytest.raises(errors.InputError,
                      match=f"train.jsonl, line 2: .*{message}"):
     captioned.make_config(str(tmp_path))
+
+
+def test_a_run_without_templates_on_a_dataset_without_captions_is_refused(
+    digits_data_dir):
+  config = siglip_config(digits_data_dir, **{
+      "image_text.templates": (),
+      "image_text.tokenizer": "/nowhere/spiece.model"})
+  with pytest.raises(errors.ConfigError, match="digits has no captions"):
+    check_config(config)
 
 
 def batches_of(root, data_dir, count, **overrides):

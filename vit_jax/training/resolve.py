@@ -330,6 +330,12 @@ def check_data(checked, data):
           f"{keys.dataset} is multi-label (each image a set of classes): "
           f"train it with config.loss='sigmoid', one binary problem a class")
     data().num_examples(keys.train_split)
+    if objectives.of(keys).reads_captions(keys) and data().captions is None:
+      raise errors.ConfigError(
+          f"{keys.dataset} has no captions (a \"captions\" or \"caption\" "
+          "feature; a captions:PATH folder) to train two towers on: "
+          "caption its labels with config.image_text.templates and "
+          "class_names")
     if data().num_classes < 2 and labels:
       raise errors.ConfigError(
           f"{keys.dataset} has {data().num_classes} class: a classifier "

@@ -56,6 +56,8 @@ and, before a run is built, as class methods on its Settings:
                         (shapes, shardings, params()) over the run's mesh
   reads_labels(keys)    whether it learns from the dataset's labels (a
                         dataset of one class is refused where it does)
+  reads_captions(keys)  whether it learns from the dataset's captions (a
+                        dataset without is refused where it does)
 
 State beside the params, where an objective keeps any (running
 statistics, a centre), and what a run serves (is evaluated and exported
@@ -129,6 +131,12 @@ class Objective:
     """Whether it learns from the dataset's labels."""
     del keys
     return True
+
+  @classmethod
+  def reads_captions(cls, keys):
+    """Whether it learns from the dataset's captions."""
+    del keys
+    return False
 
   def check_run(self, keys, evaluations):
     """ConfigErrors of what the built model and the evaluators allow: an

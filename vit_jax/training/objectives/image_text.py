@@ -147,6 +147,10 @@ class ImageText(base.Objective):
     texts are its own."""
     return bool(keys.image_text.templates)
 
+  @classmethod
+  def reads_captions(cls, keys):
+    return not keys.image_text.templates
+
   def tokenize(self):
     """The input pipeline tokenises a captioned dataset's captions; a
     labelled one's are drawn in the step."""
