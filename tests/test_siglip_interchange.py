@@ -29,6 +29,7 @@ from tests.util import randomize
 from vit_jax import errors
 from vit_jax.models import naflex
 from vit_jax.training.objectives import image_text
+from vit_jax.weights import big_vision
 from vit_jax.weights.pytorch import siglip
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "libraries")
@@ -36,11 +37,14 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "libraries")
 # test_every_recorded_family_is_tested counts them as tested), and the
 # model_type each is written back as.
 FAMILIES = {"hf_siglip_two_towers": "siglip",
-            "hf_siglip2_two_towers": "siglip2"}
+            "hf_siglip2_two_towers": "siglip2",
+            "big_vision_siglip": "big_vision"}
 SOURCE = os.path.join(FIXTURES, "hf_siglip_two_towers", "hf")
 
 
 def source_of(family):
+  if FAMILIES[family] == "big_vision":
+    return os.path.join(FIXTURES, family, "model.npz")
   return os.path.join(FIXTURES, family, "hf")
 
 
@@ -77,7 +81,21 @@ def test_contrastive_logits_are_transformers_logits_per_image(family):
   assert relative(embedded.texts, outputs["square/text_embeds"]) < 1e-5
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+def test_big_visions_two_tower_npz_written_back_is_the_same_file(tmp_path):
+  source = source_of("big_vision_siglip")
+  read = big_vision.read(source)
+  assert read.text_length == 16
+  out = str(tmp_path / "back.npz")
+  big_vision.write(out, read.model, read.params)
+  with np.load(source) as original, np.load(out) as written:
+    assert sorted(written.files) == sorted(original.files)
+    for name in original.files:
+      np.testing.assert_array_equal(written[name], original[name],
+                                    err_msg=name)
+
+
+@pytest.mark.parametrize("family", [family for family, kind in
+                                    FAMILIES.items() if kind != "big_vision"])
 def test_a_siglip_model_written_back_is_the_same_file(tmp_path, family):
   source = source_of(family)
   read = siglip.read_two_towers(source)

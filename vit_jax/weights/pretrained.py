@@ -34,7 +34,7 @@ from vit_jax import errors, models, paths, serving
 from vit_jax.models import naflex as naflex_lib
 from vit_jax.runs import checkpoints, settings
 from vit_jax.runs.workdir import Workdir
-from vit_jax.weights import adaptation, hub, npz
+from vit_jax.weights import adaptation, big_vision, hub, npz
 from vit_jax.weights.pytorch import files, hf, siglip as pytorch_siglip, timm
 
 
@@ -145,9 +145,11 @@ def load(source, num_heads=None):
                            hf.is_hf_dir(path)):
     raise errors.InputError(f"{source!r}: only a workdir has steps")
   if path.endswith(".npz"):
-    params = npz.load_npz(path)
+    params = npz.load_npz(path)  # A two-tower file's image tower.
+    towers = (big_vision.read(path).params
+              if big_vision.is_two_towers(path) else None)
     return Checkpoint(params, found.what or path,
-                      _function(flat_keys(params)))
+                      _function(flat_keys(params)), towers=towers)
   if path.endswith(".safetensors") or hf.is_hf_dir(path):
     read = (timm.read_timm(path, num_heads)
             if path.endswith(".safetensors") else hf.read_hf(path))

@@ -13,16 +13,11 @@ one for the two.
 """
 
 import json
-from typing import Any, NamedTuple
 
-import flax
-import flax.linen
-import jax
 import numpy as np
 
 from vit_jax import errors, models, paths
-from vit_jax.models import text as text_lib, two_towers
-from vit_jax.weights import npz
+from vit_jax.weights import towers
 from vit_jax.weights.pytorch import files, hf, layouts
 
 TEXT_PREFIX, VISION_PREFIX = "text_model.", "vision_model."
@@ -32,14 +27,6 @@ KINDS = {"siglip": ("SiglipModel", "siglip_vision_model",
                     "siglip_text_model", "siglip"),
          "siglip2": ("Siglip2Model", "siglip2_vision_model",
                      "siglip2_text_model", "siglip2")}
-LOGITS = {"logit_scale": "t", "logit_bias": "b"}
-
-
-class TwoTowersRead(NamedTuple):
-  model: two_towers.TwoTowers
-  params: Any  # {"img", "txt", "t", "b"}
-  text_length: int
-  normalization: files.Normalization
 
 
 def is_two_towers(directory):
@@ -70,35 +57,10 @@ def read_two_towers(directory):
                   for key, value in tensors.items()
                   if key.startswith(TEXT_PREFIX)}
   heads = int(text.get("num_attention_heads", 12))
-  text_flat = layouts.to_release(text_tensors, "siglip_text", heads)
-  image_params = flax.traverse_util.unflatten_dict(image.flat, sep="/")
-  # The params say final_norm (an fc_norm or none).
-  image_model, _ = models.from_params(
-      {**image_params, "head": _no_head(image.flat)},
-      **{key: value for key, value in image.function.items()
-         if key != "final_norm"})
-  table = text_flat[models.POSEMB_KEY]
-  sizes = text_lib.TextSizes(
-      hidden_size=table.shape[-1],
-      num_layers=layouts.num_layers_of(text_tensors, "siglip_text"),
-      num_heads=heads, mlp_dim=int(text_tensors[
-          "encoder.layers.0.mlp.fc1.weight"].shape[0]),
-      vocab_size=int(text_flat["token_embedding/embedding"].shape[0]),
-      length=int(table.shape[1]))
-  model = two_towers.TwoTowers(
-      image_model.config, text_lib.text_config(image_model.config, sizes),
-      sizes.vocab_size)
-  params = {"img": image_params,
-            "txt": flax.traverse_util.unflatten_dict(text_flat, sep="/"),
-            **{ours: np.asarray(tensors[theirs], np.float32).reshape(1)
-               for theirs, ours in LOGITS.items()}}
-  return TwoTowersRead(model, params, sizes.length, image.normalization)
-
-
-def _no_head(flat):
-  width = flat["embedding/kernel"].shape[-1]
-  return {"kernel": np.zeros((width, 0), np.float32),
-          "bias": np.zeros((0,), np.float32)}
+  return towers.assemble(
+      image.flat, image.function,
+      layouts.to_release(text_tensors, "siglip_text", heads),
+      tensors["logit_scale"], tensors["logit_bias"], image.normalization)
 
 
 def write_two_towers(directory, model, params, kind="siglip"):
@@ -107,10 +69,7 @@ def write_two_towers(directory, model, params, kind="siglip"):
   transformers' SigLIP computes (hf.write_siglip2 says which; its
   position table a square)."""
   architecture, vision_type, text_type, layout = KINDS[kind]
-  image, text = (npz.unscan_blocks(flax.traverse_util.flatten_dict(
-      jax.tree.map(np.asarray, flax.linen.meta.unbox(params[tower])),
-      sep="/"))
-                  for tower in ("img", "txt"))
+  image, text = towers.flat_towers(params)
   function = {key: getattr(model.config, key)
               for key in models.FUNCTION_OPTIONS}
   what, target = "the two-tower model", f"as a {architecture}"
@@ -155,8 +114,8 @@ def write_two_towers(directory, model, params, kind="siglip"):
              for name, value in layouts.from_release(image, layout).items()}
   tensors.update({TEXT_PREFIX + name: value for name, value in
                   layouts.from_release(text, "siglip_text").items()})
-  tensors.update({theirs: np.asarray(params[ours], np.float32).reshape(1)
-                  for theirs, ours in LOGITS.items()})
+  tensors.update({"logit_scale": np.asarray(params["t"], np.float32).reshape(1),
+                  "logit_bias": np.asarray(params["b"], np.float32).reshape(1)})
   files.write_safetensors(tensors, paths.join(directory, hf.HF_WEIGHTS))
   paths.write_atomically(paths.join(directory, hf.HF_CONFIG),
                          json.dumps(config, indent=2))
