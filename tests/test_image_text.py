@@ -100,9 +100,10 @@ def test_a_siglip_run_stopped_by_sigterm_resumes_bitwise(
 
 
 def test_a_siglip_run_exports_a_siglip_model(siglip_run, tmp_path):
-  """`export --format=hf`: transformers' SiglipModel (the layout proven
-  against transformers' own files in tests/test_siglip_interchange.py),
-  whose logits are the run's; a format of one tower is refused."""
+  """`export --format=hf`: transformers' SiglipModel, and the default npz,
+  big_vision's two towers (the layouts proven against the libraries' own
+  files in tests/test_siglip_interchange.py), whose logits are the run's;
+  a format of one tower is refused."""
   _, workdir, _ = siglip_run
   out = str(tmp_path / "siglip")
   status, stdout, stderr = call_tool("export", f"--workdir={workdir}",
@@ -121,6 +122,12 @@ def test_a_siglip_run_exports_a_siglip_model(siglip_run, tmp_path):
                                 "--format=timm")
   assert status == 2
   assert "exports as --format=hf" in stderr
+  status, stdout, stderr = call_tool("export", f"--workdir={workdir}",
+                                     f"--out={tmp_path / 'towers.npz'}")
+  assert status == 0, stderr[-3000:]
+  np.testing.assert_allclose(
+      image_text.contrastive_logits(str(tmp_path / "towers.npz"), images,
+                                    ids), ours, rtol=1e-5, atol=1e-5)
 
 
 def test_each_row_draws_one_of_its_class_captions_by_its_place():

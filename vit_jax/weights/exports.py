@@ -16,6 +16,7 @@ import numpy as np
 from vit_jax import errors, models, paths
 from vit_jax.data import image_files
 from vit_jax.weights import (
+  big_vision,
   function_exports,
   npz as npz_lib,
   pretrained,
@@ -91,12 +92,17 @@ def function_warnings(loaded, format_):
 def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
   """Writes a pretrained.Checkpoint to `out` in `format_`; returns how to
   load it, or "". `platforms`: those a StableHLO module is lowered for."""
-  if (loaded.config is not None and loaded.config.objective == "image_text"
-      and format_ not in ("hf", "npz")):
-    raise errors.InputError(
-        f"{loaded.what} is a two-tower image_text run: it exports as "
-        "--format=hf (transformers' SiglipModel) or npz (its image "
-        f"tower), not {format_}")
+  if loaded.towers is not None and loaded.config is not None:
+    if format_ not in ("hf", "npz"):
+      raise errors.InputError(
+          f"{loaded.what} is a two-tower image_text run: it exports as "
+          "--format=hf (transformers' SiglipModel) or npz (big_vision's "
+          f"two towers), not {format_}")
+    if format_ == "npz":  # Both towers, as big_vision's SigLIP files.
+      big_vision.write(out, models.two_towers_from_settings(
+          loaded.config.model, loaded.config.image_text), loaded.towers)
+      return ("big_vision's two towers; its image tower alone is any "
+              "reader's of an .npz")
   if format_ == "npz":
     npz_lib.save_npz(loaded.params, out)
     return ""
