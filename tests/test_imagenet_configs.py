@@ -18,6 +18,7 @@ from tests.test_table2 import (  # noqa: F401
 from tests.util import check_config, run_training
 from vit_jax.data import sources
 from vit_jax.runs import settings
+from vit_jax.training import resolve
 from vit_jax.weights import pretrained
 
 # ImageNet-1k's train split less the 1% held out: TFDS rounds 1,281,167 x
@@ -224,3 +225,27 @@ def test_mae_pretraining_runs_two_steps_on_its_crops(tmp_path):
     evaluator.split = small_split(evaluator.split)
   result = run_training(config, str(tmp_path))
   assert result["minival_loss"] > 0
+
+
+@pytest.mark.parametrize("model, width, depth", [("B/16", 768, 12),
+                                                 ("So400m/14", 1152, 27)])
+def test_siglip_configs_are_the_papers(model, width, depth):
+  """configs/siglip/pretrain.py: SigLIP's batch, rate, decay, b2 and
+  length, both towers of the model's size, the chunked sigmoid loss, at
+  full size, its program built (what vit_jax.plan compiles; no data
+  read)."""
+  from configs.siglip import pretrain  # pylint: disable=g-import-not-at-top
+  config = pretrain.get_config(model)
+  assert config.objective == "image_text" and config.batch_size == 32_768
+  assert config.total_steps * 32_768 >= 9_000_000_000
+  assert (config.optimizer.learning_rate, config.optimizer.weight_decay,
+          config.optimizer.b2) == (1e-3, 1e-4, 0.95)
+  assert (config.image_text.loss, config.image_text.chunked) == (
+      "sigmoid", True)
+  assert (config.image_text.text_hidden_size,
+          config.image_text.text_num_layers) == (width, depth)
+  assert (config.image_text.text_length, config.image_size) == (64, 224)
+  assert config.model.classifier == "map"
+  assert config.mesh.fsdp == 16
+  config.mesh.fsdp = 8  # The tests' 8 devices.
+  resolve.program(settings.of(config), num_classes=0)
