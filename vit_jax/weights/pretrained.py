@@ -119,7 +119,8 @@ class Checkpoint:
   # .npz's).
   normalization: files.Normalization | None = None
   # A two-tower run's whole params (img, txt, t, b), where `params` are its
-  # image tower's: what fine-tunes, predicts and exports as a ViT.
+  # image tower's: what fine-tunes, predicts and exports as a ViT (a
+  # two-tower file's: `two_towers_in`).
   towers: dict | None = None
 
 
@@ -146,21 +147,15 @@ def load(source, num_heads=None):
     raise errors.InputError(f"{source!r}: only a workdir has steps")
   if path.endswith(".npz"):
     params = npz.load_npz(path)  # A two-tower file's image tower.
-    towers = (big_vision.read(path).params
-              if big_vision.is_two_towers(path) else None)
     return Checkpoint(params, found.what or path,
-                      _function(flat_keys(params)), towers=towers)
+                      _function(flat_keys(params)))
   if path.endswith(".safetensors") or hf.is_hf_dir(path):
     read = (timm.read_timm(path, num_heads)
             if path.endswith(".safetensors") else hf.read_hf(path))
-    towers = None
-    if pytorch_siglip.is_two_towers(path):
-      towers = pytorch_siglip.read_two_towers(path).params
     return Checkpoint(flax.traverse_util.unflatten_dict(read.flat, sep="/"),
                       found.what or path, read.function, read.class_names,
                       image_size=read.image_size,
-                      normalization=found.normalization or read.normalization,
-                      towers=towers)
+                      normalization=found.normalization or read.normalization)
   config = Workdir(path).read_config()
   params, what = load_run(path, step)
   towers = params if config.objective == "image_text" else None
@@ -306,6 +301,19 @@ def load_run(workdir, step=None):
   return params, f"{workdir} step {step} ({what})"
 
 
+def two_towers_in(source):
+  """Both towers' params of a two-tower file (transformers' SiglipModel or
+  Siglip2Model directory, big_vision's two-tower .npz), or None for any
+  other source; read only where a two-tower run starts from one (a
+  classifier reads the image tower alone, `load`)."""
+  path, _ = parse_source(local(source).path)
+  if pytorch_siglip.is_two_towers(path):
+    return pytorch_siglip.read_two_towers(path).params
+  if big_vision.is_two_towers(path):
+    return big_vision.read(path).params
+  return None
+
+
 def initial_params(source, param_shapes, num_heads, dataset=None):
   """Loads `source` and adapts it to a model with `num_heads` heads whose
   params have the shapes (jax.ShapeDtypeStructs) `param_shapes`, for a run
@@ -324,8 +332,9 @@ def initial_params(source, param_shapes, num_heads, dataset=None):
                  sum(np.size(x) for x in jax.tree.leaves(loaded.params)))
     params = loaded.params
     if set(param_shapes) >= {"img", "txt"}:  # Two towers (image_text).
-      if loaded.towers is not None:
-        return adaptation.adapt_two_towers(loaded.towers, param_shapes)
+      towers = loaded.towers or two_towers_in(source)
+      if towers is not None:
+        return adaptation.adapt_two_towers(towers, param_shapes)
       # A ViT's: the image tower (LiT's start), the rest fresh.
       return {**param_shapes,
               "img": adaptation.adapt(params, param_shapes["img"])}
