@@ -5,7 +5,7 @@ import jax
 import numpy as np
 
 from vit_jax import errors, sharding
-from vit_jax.data import broken_records, pipeline
+from vit_jax.data import broken_records, captions as captions_lib, pipeline
 from vit_jax.models import naflex
 
 
@@ -71,6 +71,24 @@ def jit_texts(program, objective):
                  in_shardings=(program.state_shardings.params,
                                sharding.replicated(mesh)),
                  out_shardings=sharding.replicated(mesh))
+
+
+def class_captions(name, settings, run, datasets):
+  """(templates, class names) of a two-tower evaluator `name` (zero_shot,
+  retrieval): its settings', else config.image_text's; checked against the
+  classes of each of `datasets` (a ConfigError naming the evaluator)
+  before the run trains."""
+  keys = run.settings.image_text
+  templates = tuple(settings.templates) or tuple(keys.templates)
+  class_names = tuple(settings.class_names) or tuple(keys.class_names)
+  for dataset in datasets:
+    try:
+      captions_lib.check(templates, class_names,
+                         run.sources(dataset).num_classes,
+                         f"config.evaluators.{name}")
+    except errors.InputError as e:
+      raise errors.ConfigError(str(e)) from None
+  return templates, class_names
 
 
 def sum_over(step, params, batches):

@@ -46,19 +46,9 @@ class Retrieval(batches.FeatureEvaluator):
     self.tokenizer = run.parts.objective.tokenizer
     self.embed_texts = batches.jit_texts(program, run.parts.objective)
     self._texts = {}  # dataset, split: (token ids, owner of each text)
-    keys = run.settings.image_text
-    self.templates = tuple(settings.templates) or tuple(keys.templates)
-    self.class_names = (tuple(settings.class_names)
-                        or tuple(keys.class_names))
-    for dataset in settings.datasets:  # Before the run trains.
-      source = run.sources(dataset)
-      if source.captions is None:
-        try:
-          captions_lib.check(self.templates, self.class_names,
-                             source.num_classes,
-                             f"config.evaluators.{name}")
-        except errors.InputError as e:
-          raise errors.ConfigError(str(e)) from None
+    self.templates, self.class_names = batches.class_captions(
+        name, settings, run, [dataset for dataset in settings.datasets
+                              if run.sources(dataset).captions is None])
 
   @classmethod
   def check(cls, settings, data):

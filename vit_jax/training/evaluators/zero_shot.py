@@ -19,7 +19,6 @@ NAME/<dataset>_accuracy.
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.data import captions as captions_lib
 from vit_jax.training.evaluators import batches
 from vit_jax.training.objectives import image_text
 
@@ -34,15 +33,8 @@ class ZeroShot(batches.FeatureEvaluator):
     super().__init__(name, settings, run, program)
     self.tokenizer = run.parts.objective.tokenizer
     self.embed_texts = batches.jit_texts(program, run.parts.objective)
-    self.class_names = (tuple(settings.class_names)
-                        or tuple(run.settings.image_text.class_names))
-    for dataset in settings.datasets:  # Before the run trains.
-      try:
-        captions_lib.check(settings.templates, self.class_names,
-                           run.sources(dataset).num_classes,
-                           f"config.evaluators.{name}")
-      except errors.InputError as e:
-        raise errors.ConfigError(str(e)) from None
+    self.templates, self.class_names = batches.class_captions(
+        name, settings, run, settings.datasets)
 
   @classmethod
   def check(cls, settings, data):
@@ -60,7 +52,7 @@ class ZeroShot(batches.FeatureEvaluator):
     for dataset, split in self.settings.datasets.items():
       classes = image_text.class_embeddings(
           lambda ids: self.embed_texts(params, ids), self.tokenizer,
-          self.settings.templates, self.class_names)
+          self.templates, self.class_names)
       features, labels = self.collect(params, dataset, split)
       predicted = np.argmax(features @ classes.T, axis=1)
       metrics[f"{self.name}/{dataset}_accuracy"] = float(
