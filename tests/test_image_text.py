@@ -24,7 +24,7 @@ from tests.util import (
   run_training,
   start_pod,
 )
-from vit_jax import errors
+from vit_jax import errors, serving
 from vit_jax.data import captions as captions_lib
 from vit_jax.data.lazy_tensorflow import tf
 from vit_jax.runs import settings
@@ -300,6 +300,39 @@ def test_predict_classifies_zero_shot_by_class_names(siglip_run, tmp_path):
     assert top["name"] == names[int(np.argmax(expected))]
     np.testing.assert_allclose(top["probability"],
                                1 / (1 + np.exp(-expected.max())), rtol=1e-5)
+
+
+def test_a_zero_shot_classifier_exports_and_serves(siglip_run, tmp_path):
+  """`export --class_names --format=stablehlo`: the classes' embeddings
+  baked in, serving.py (JAX and numpy only) gives the classifier's logits
+  and SigLIP's probabilities, the class names in its signature; what does
+  not export so is refused in one line."""
+  _, workdir, _ = siglip_run
+  names = list(siglip_digits.WORDS[:3])
+  out = str(tmp_path / "zero_shot.stablehlo")
+  status, stdout, stderr = call_tool(
+      "export", f"--workdir={workdir}", "--format=stablehlo", f"--out={out}",
+      f"--class_names={','.join(names)}", "--templates=this is {},a {}")
+  assert status == 0, stderr[-3000:]
+  assert "zero-shot over 3 classes" in stdout
+  served = serving.load(out)
+  assert served.class_names == names and served.image_size == 8
+  images = np.random.default_rng(5).integers(0, 255, (5, 8, 8, 3), np.uint8)
+  expected = image_text.ZeroShotClassifier(
+      workdir, names, ("this is {}", "a {}")).logits(images)
+  out_of = served(images)
+  np.testing.assert_allclose(out_of["logits"], expected, rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_allclose(out_of["probabilities"],
+                             1 / (1 + np.exp(-expected)), rtol=1e-5)
+  np.testing.assert_allclose(np.linalg.norm(out_of["pre_logits"], axis=1), 1,
+                             rtol=1e-5)
+  assert "sigmoid" in served.signature["outputs"]["probabilities"]["meaning"]
+  status, _, stderr = call_tool(
+      "export", f"--workdir={workdir}", "--format=hf",
+      f"--out={tmp_path / 'hf'}", "--class_names=a,b")
+  assert status == 2 and stderr.strip().splitlines()[-1].startswith(
+      "error: --class_names: a zero-shot classifier exports as a function")
 
 
 def test_a_siglip_model_without_a_tokenizer_asks_for_one(tmp_path):

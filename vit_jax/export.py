@@ -20,6 +20,13 @@ directory, a timm .safetensors).
   onnx  the same function as an ONNX model (through jax2onnx: pip install
         'vit_jax[onnx]'), for ONNX Runtime and the like.
 
+With --class_names (and --templates), a two-tower source (an image_text
+run, transformers' SiglipModel, big_vision's two towers) exports as a
+zero-shot classifier, stablehlo or onnx: its classes' captions are
+embedded by the text tower here, once, and baked in beside the image
+tower, so a server needs neither the text tower nor a tokenizer; its
+probabilities are SigLIP's sigmoid, each class's on its own.
+
 --input_mean and --input_std fold a model's own input normalisation into
 its patch embedding, so that it takes vit_jax's images ([-1, 1]): for a
 model trained on (pixels / 255 - mean) / std, such as timm's ImageNet-
@@ -37,6 +44,7 @@ from jax import export as jax_export  # pylint: disable=g-import-not-at-top,wron
 from vit_jax import cli, errors, paths
 from vit_jax.cli import shared_flags
 from vit_jax.runs import workdir
+from vit_jax.training.objectives import image_text
 from vit_jax.weights import exports, pretrained
 
 shared_flags.define_model_source("export", verb_from="convert")
@@ -49,6 +57,7 @@ flags.DEFINE_string("labels", "", "A text file of class names, one per line, "
 flags.DEFINE_list("platforms", [], "What a stablehlo export runs on: cpu, "
                   "tpu, cuda, rocm (default: cpu, and this machine's "
                   "platform if another).")
+shared_flags.define_zero_shot("export a classifier of")
 flags.mark_flag_as_required("out")
 
 
@@ -63,17 +72,43 @@ def main(argv):
   paths.check_reachable(f.out, "--out", writes=True)
   exports.check_out_place(f.format, f.out)
   workdir.check_output(f.out, "--out")
+  platforms = f.platforms or default_platforms()
+  if f.class_names:
+    write_zero_shot(platforms)
+    return
   loaded = pretrained.load(shared_flags.source_from_flags(), f.num_heads)
   given = shared_flags.normalization_from_flags()
   if given:
     loaded = exports.fold_input_normalization(loaded, given.mean, given.std)
   for warning in exports.function_warnings(loaded, f.format):
     logging.warning(warning)
-  how = exports.write(loaded, f.format, f.out, f.labels,
-                      f.platforms or default_platforms())
+  how = exports.write(loaded, f.format, f.out, f.labels, platforms)
   print(f"wrote {paths.shown(f.out)} ({f.format}) from {loaded.what}")
   if how:
     print(how)
+
+
+def write_zero_shot(platforms):
+  """The export of --class_names: a two-tower source's zero-shot
+  classifier, as a function."""
+  f = flags.FLAGS
+  if f.format not in exports.FUNCTIONS:
+    raise errors.InputError(
+        f"--class_names: a zero-shot classifier exports as a function "
+        f"(--format={' or '.join(exports.FUNCTIONS)}), not "
+        f"--format={f.format}, which writes the towers themselves")
+  if f.labels or f.input_mean:
+    raise errors.InputError(
+        "--class_names names the classes; --labels and --input_mean do not "
+        "apply to a zero-shot classifier")
+  classifier = image_text.ZeroShotClassifier(
+      shared_flags.source_from_flags(), f.class_names, f.templates,
+      f.tokenizer)
+  function = classifier.function()
+  how = exports.write_function(function, f.format, f.out,
+                               classifier.class_names, platforms)
+  print(f"wrote {paths.shown(f.out)} ({f.format}) from {function.what}")
+  print(how)
 
 
 def default_platforms():

@@ -53,13 +53,7 @@ flags.DEFINE_integer("batch_size", 64, "Images per forward pass.",
                      lower_bound=1)
 flags.DEFINE_bool("json", False, "One JSON object per image instead of "
                   "text.")
-flags.DEFINE_list("class_names", [], "Zero-shot: the classes to tell "
-                  "apart by a two-tower source's text tower ('|' between a "
-                  "class's synonyms).")
-flags.DEFINE_list("templates", ["a photo of a {}."], "Zero-shot: the "
-                  "captions of each class, {} where its name goes.")
-flags.DEFINE_string("tokenizer", "", "Zero-shot: the SentencePiece model "
-                    "of a SiglipModel directory that holds none.")
+shared_flags.define_zero_shot("classify images into")
 flags.DEFINE_bool("features", False, "The features the head reads (the "
                   "pooled output, as a headless tower gives it) instead of "
                   "classes; --top and --labels are then unused.")

@@ -81,6 +81,18 @@ def define_model_source(verb, verb_from="use"):
       "give both --input_mean and --input_std, or neither")
 
 
+def define_zero_shot(verb):
+  """--class_names, --templates and --tokenizer: a two-tower source's
+  zero-shot classifier (image_text.ZeroShotClassifier)."""
+  flags.DEFINE_list("class_names", [], f"Zero-shot: {verb} the classes "
+                    "a two-tower source's text tower tells apart ('|' "
+                    "between a class's synonyms).")
+  flags.DEFINE_list("templates", ["a photo of a {}."], "Zero-shot: the "
+                    "captions of each class, {} where its name goes.")
+  flags.DEFINE_string("tokenizer", "", "Zero-shot: the SentencePiece model "
+                      "of a SiglipModel directory that holds none.")
+
+
 def source_from_flags():
   """The source (pretrained.load's) that define_model_source's flags name."""
   f = flags.FLAGS

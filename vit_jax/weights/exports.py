@@ -97,7 +97,8 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
       raise errors.InputError(
           f"{loaded.what} is a two-tower image_text run: it exports as "
           "--format=hf (transformers' SiglipModel) or npz (big_vision's "
-          f"two towers), not {format_}")
+          f"two towers), or as a zero-shot classifier of --class_names "
+          f"(--format={format_} --class_names=NAME,...)")
     if format_ == "npz":  # Both towers, as big_vision's SigLIP files.
       big_vision.write(out, models.two_towers_from_settings(
           loaded.config.model, loaded.config.image_text), loaded.towers)
@@ -107,19 +108,8 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
     npz_lib.save_npz(loaded.params, out)
     return ""
   if format_ in FUNCTIONS:
-    inference = pretrained.inference_of(loaded)
-    names = class_names(loaded, labels_file)
-    if format_ == "stablehlo":
-      function_exports.write_stablehlo(inference, out, names, platforms)
-      # serving.py, copied alone, reads local files.
-      copy, where = _copied_here(out, "gsutil cp")
-      return (f"{copy}run it with vit_jax/serving.py (JAX and numpy only): "
-              f"serving.load({where!r}), or python -m vit_jax.predict "
-              f"--from={paths.shown(out)} IMAGES")
-    function_exports.write_onnx(inference, out, names)
-    return ("run it with ONNX Runtime: input 'pixels', uint8 [batch, "
-            f"{inference.image_size}, {inference.image_size}, 3]; outputs "
-            f"{', '.join(function_exports.OUTPUTS)}")
+    return write_function(pretrained.inference_of(loaded), format_, out,
+                          class_names(loaded, labels_file), platforms)
   flat = flax.traverse_util.flatten_dict(loaded.params, sep="/")
   dino = loaded.config is not None and loaded.config.objective == "dino"
   mask = None
@@ -166,6 +156,24 @@ def write(loaded, format_, out, labels_file="", platforms=("cpu",)):
             f".from_pretrained({where!r}){left_out}")
   return "load it in PyTorch with:\n" + timm.write_timm(
       out, flat, loaded.function, loaded.what, image_size)
+
+
+def write_function(model, format_, out, names=None, platforms=("cpu",)):
+  """Writes `model` (a function_exports.Function, or a classifier's
+  pretrained.Inference) to `out` as `format_`, one of FUNCTIONS, its
+  classes called `names`; returns how to run it."""
+  function = function_exports.function_of(model)
+  if format_ == "stablehlo":
+    function_exports.write_stablehlo(function, out, names, platforms)
+    # serving.py, copied alone, reads local files.
+    copy, where = _copied_here(out, "gsutil cp")
+    return (f"{copy}run it with vit_jax/serving.py (JAX and numpy only): "
+            f"serving.load({where!r}), or python -m vit_jax.predict "
+            f"--from={paths.shown(out)} IMAGES")
+  function_exports.write_onnx(function, out, names)
+  return ("run it with ONNX Runtime: input 'pixels', uint8 [batch, "
+          f"{function.image_size}, {function.image_size}, 3]; outputs "
+          f"{', '.join(function.outputs)}")
 
 
 def _copied_here(out, command):

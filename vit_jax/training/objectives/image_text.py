@@ -41,7 +41,7 @@ from vit_jax.models import flops, naflex
 from vit_jax.runs.workdir import Workdir
 from vit_jax.training import contrastive
 from vit_jax.training.objectives import base
-from vit_jax.weights import big_vision, pretrained
+from vit_jax.weights import big_vision, function_exports, pretrained
 from vit_jax.weights.pytorch import siglip as pytorch_siglip
 
 # Folded into the run's seed for the captions' draws: a stream of their own.
@@ -290,9 +290,13 @@ class ZeroShotClassifier:
   `class_embeddings`). `logits(images)`: [images, classes], t * cosine +
   b, whose sigmoid is SigLIP's probability that an image shows a class.
   `image_size`: the side its image tower was trained at. `tokenizer`: a
-  SentencePiece file, where the source holds none (`tokenizer_for`)."""
+  SentencePiece file, where the source holds none (`tokenizer_for`).
+  `function()`: the same as an export's function (vit_jax.export
+  --class_names), the class embeddings baked in."""
 
   def __init__(self, source, class_names, templates, tokenizer=""):
+    self.source = source
+    self.class_names = list(class_names)
     self.model, self.params = two_towers_of(source)
     image = flax.traverse_util.flatten_dict(self.params["img"], sep="/")
     table = np.shape(image[models.POSEMB_KEY])[1] - models.posemb_prefix(
@@ -306,13 +310,47 @@ class ZeroShotClassifier:
     self.classes = class_embeddings(
         lambda ids: embed(self.params, ids),
         tokenizer_for(source, length, tokenizer), templates, class_names)
+    self.templates = list(templates)
+
+  def _weights(self):
+    """What the image side reads: the image tower, t, b and the classes."""
+    return {"img": self.params["img"], "t": self.params["t"],
+            "b": self.params["b"], "classes": self.classes}
+
+  def _infer(self, weights, images):
+    """(logits, image embeddings, sigmoid probabilities) of `images`."""
+    towers = {key: weights[key] for key in ("img", "t", "b")}  # No text.
+    embedded = self.model.apply({"params": towers}, images,
+                                method=self.model.embed_images)
+    logits = (embedded @ weights["classes"].T * jnp.exp(weights["t"][0])
+              + weights["b"][0])
+    return logits, embedded, jax.nn.sigmoid(logits)
 
   def logits(self, images):
-    embedded = np.asarray(jax.jit(lambda params, images: self.model.apply(
-        {"params": params}, images, method=self.model.embed_images))(
-            self.params, images))
-    scale = np.exp(np.asarray(self.params["t"])[0])
-    return embedded @ self.classes.T * scale + np.asarray(self.params["b"])[0]
+    return np.asarray(jax.jit(self._infer)(self._weights(), images)[0])
+
+  def function(self):
+    """The classifier as vit_jax.export writes it (a
+    function_exports.Function): uint8 pixels at image_size in; the
+    logits, the image embedding and SigLIP's probabilities out."""
+    weights = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32),
+                           self._weights())
+    return function_exports.Function(
+        functools.partial(self._infer, weights), weights, self.image_size,
+        1.0, f"{self.source}, zero-shot over {len(self.class_names)} "
+        f"classes through {len(self.templates)} templates",
+        outputs=dict(ZERO_SHOT_OUTPUTS))
+
+
+# What an export of a ZeroShotClassifier gives (function_exports.OUTPUTS:
+# a classifier's).
+ZERO_SHOT_OUTPUTS = {
+    "logits": "float32 [batch, classes]: t * cosine(image, class) + b, the "
+              "class's text embedding the mean of its captions'",
+    "pre_logits": "float32 [batch, width]: the image embedding, unit length",
+    "probabilities": "float32 [batch, classes]: the sigmoid of the logits, "
+                     "each class's on its own (SigLIP's)",
+}
 
 
 def contrastive_logits(source, images, token_ids):
