@@ -15,13 +15,13 @@ median, the seeds' accuracies, and the final train loss.
 """
 
 import os
-import statistics
 import sys
 import tempfile
 
 from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import seeded_rows  # pylint: disable=wrong-import-position
 
 flags.DEFINE_integer("seeds", 3, "Seeds per row.")
 flags.DEFINE_string("train_split", "train[:300]", "What the model fits.")
@@ -47,23 +47,10 @@ def rows():
 
 
 def accuracy(overrides, seed, data_dir):
-  from configs import digits  # pylint: disable=g-import-not-at-top
-  from vit_jax.training import (
-    loop,  # pylint: disable=g-import-not-at-top
-    resolve,  # pylint: disable=g-import-not-at-top
-  )
-  config = digits.get_config()
-  config.update_from_flattened_dict({
-      "data_dir": data_dir, "seed": seed,
-      "train_split": FLAGS.train_split, "total_steps": FLAGS.steps,
+  return seeded_rows.digits_score({
+      "data_dir": data_dir, "seed": seed, "train_split": FLAGS.train_split,
       "model.dropout_rate": FLAGS.dropout,
-      "optimizer.weight_decay": FLAGS.weight_decay,
-      "evaluators.test.every": FLAGS.steps,
-      "checkpoint_every": FLAGS.steps, "log_every": FLAGS.steps,
-      **overrides})
-  with tempfile.TemporaryDirectory() as workdir:
-    results = loop.train_and_evaluate(resolve.run(config, workdir))
-  return float(results["test_accuracy"]), float(results["train_loss"])
+      "optimizer.weight_decay": FLAGS.weight_decay, **overrides}, FLAGS.steps)
 
 
 def main(argv):
@@ -73,13 +60,9 @@ def main(argv):
   print(f"digits {FLAGS.train_split}, {FLAGS.steps} steps, dropout "
         f"{FLAGS.dropout}, weight decay {FLAGS.weight_decay}; test accuracy "
         f"over seeds 0..{FLAGS.seeds - 1}")
-  for name, overrides in rows().items():
-    scores = [accuracy(overrides, seed, data_dir)
-              for seed in range(FLAGS.seeds)]
-    accuracies = [a for a, _ in scores]
-    print(f"{name:12s} median {statistics.median(accuracies):.4f} | "
-          f"seeds {' '.join(f'{a:.4f}' for a in accuracies)} | train loss "
-          f"{' '.join(f'{loss:.3f}' for _, loss in scores)}", flush=True)
+  table = rows()
+  seeded_rows.report(table, lambda name, seed: accuracy(table[name], seed,
+                                                        data_dir), FLAGS.seeds)
 
 
 if __name__ == "__main__":

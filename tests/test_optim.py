@@ -1,5 +1,6 @@
 """Schedules and optimizers of Tables 3 and 4."""
 
+import dataclasses
 import re
 
 import jax.numpy as jnp
@@ -205,3 +206,243 @@ def test_frozen_parameters_are_bitwise_unchanged_and_hold_no_state(
 def test_bad_per_parameter_settings_are_named(setting, message):
   with pytest.raises(errors.InputError, match=message):
     optimizer_lib.create(config(**setting), 10, 2)
+
+
+# Muon (training/muon.py) and warmup-stable-decay.
+
+MLP_KERNEL = "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"
+
+
+def nested(flat):
+  """{"a/b": x} -> {"a": {"b": x}}."""
+  import flax  # pylint: disable=g-import-not-at-top
+  return flax.traverse_util.unflatten_dict(flat, sep="/")
+
+
+def muon_updates(opt, grads, params, steps=3):
+  """The updates of `steps` steps of create(opt) on the same `grads`."""
+  tx, _ = optimizer_lib.create(opt, total_steps=10)
+  state, updates = tx.init(params), []
+  for _ in range(steps):
+    update, state = tx.update(grads, state, params)
+    updates.append(update)
+  return updates
+
+
+@pytest.mark.parametrize("rms", [0.2, 0.0])
+def test_muon_on_a_matrix_is_optax_contrib_muon(rms):
+  """A block's MLP kernel: our update, step after step, is optax.contrib.
+  muon's (Nesterov momentum 0.95, Newton-Schulz, its shape scaling, decay
+  of the kernel) at either scaling."""
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.normal(size=(16, 24)), jnp.float32)
+  g = jnp.asarray(rng.normal(size=(16, 24)), jnp.float32)
+  ours = muon_updates(config(name="muon", learning_rate=0.1,
+                             weight_decay=0.01, muon_consistent_rms=rms),
+                      nested({MLP_KERNEL: g}), nested({MLP_KERNEL: w}))
+  schedule = optimizer_lib.learning_rate_schedule(0.1, 10, 0, "linear")
+  tx = optax.contrib.muon(schedule, weight_decay=0.01,
+                          consistent_rms=rms or None)
+  state = tx.init({"w": w})
+  for update in ours:
+    theirs, state = tx.update({"w": g}, state, {"w": w})
+    np.testing.assert_allclose(update["Transformer"]["encoderblock_0"][
+        "MlpBlock_3"]["Dense_0"]["kernel"], theirs["w"], rtol=1e-6,
+                               atol=1e-7)
+
+
+def orthogonalised(x, dims):
+  from optax.contrib import _muon  # pylint: disable=g-import-not-at-top
+  return _muon.orthogonalize_via_newton_schulz(
+      x, jnp.asarray(_muon._DEFAULT_NS_COEFFS), dimension_numbers=dims)
+
+
+@pytest.mark.parametrize("scanned", [False, True])
+def test_muon_orthogonalises_each_attention_projection_on_its_own(scanned):
+  """query, key and value [width, heads, head_dim] are three matrices of
+  width x (heads * head_dim), each orthogonalised alone (per head with
+  muon_per_head); not one fused qkv matrix. A scanned stack's leading
+  layer axis is a batch: each layer's matrix alone. Embeddings, norms,
+  biases and the head go to AdamW."""
+  from optax.contrib import MuonDimensionNumbers  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  block = "Transformer/encoderblock/" if scanned else (
+      "Transformer/encoderblock_0/")
+  lead = (2,) if scanned else ()
+  shape = (*lead, 16, 4, 8)
+  names = [f"{block}MultiHeadDotProductAttention_1/{p}/kernel"
+           for p in ("query", "key", "value")]
+  grads = {name: jnp.asarray(rng.normal(size=shape), jnp.float32)
+           for name in names}
+  grads.update({"head/kernel": jnp.ones((32, 10)),
+                "embedding/kernel": jnp.ones((2, 2, 3, 32)),
+                f"{block}LayerNorm_0/scale": jnp.ones((*lead, 16))})
+  params = {name: jnp.zeros_like(g) for name, g in grads.items()}
+  opt = config(name="muon", learning_rate=1.0, muon_consistent_rms=0.0)
+  for per_head in (False, True):
+    (update,) = muon_updates(dataclasses.replace(opt, muon_per_head=per_head),
+                             nested(grads), nested(params), steps=1)
+    flat = flatten(update)
+    axis = len(lead)
+    dims = MuonDimensionNumbers(
+        reduction_axis=axis,
+        output_axis=axis + 2 if per_head else (axis + 1, axis + 2))
+    # Nesterov's first step: (beta * mu + (1 - beta) g) bias-corrected is g.
+    joint = orthogonalised(jnp.concatenate([grads[n] for n in names],
+                                           axis=-2), dims)
+    scale = np.sqrt(max(1, 8 / 16) if per_head else max(1, 32 / 16))
+    for i, name in enumerate(names):
+      expected = -orthogonalised(grads[name], dims) * scale
+      np.testing.assert_allclose(flat[name], expected, rtol=2e-5, atol=2e-6)
+      if not per_head:  # A fused qkv, one width x 3 width matrix: differs.
+        one_of_three = -joint[..., 4 * i:4 * (i + 1), :] * scale
+        assert np.abs(flat[name] - one_of_three).max() > 0.05
+    if scanned:  # Each layer alone: not the stack as one matrix.
+      stacked = -orthogonalised(grads[names[0]], MuonDimensionNumbers(
+          reduction_axis=(0, 1), output_axis=(2, 3))) * scale
+      assert np.abs(flat[names[0]] - stacked).max() > 0.05
+  assert not muon_labels(params)["head/kernel"] == "muon"
+  assert {muon_labels(params)[name] for name in grads} == {
+      "muon" if name in names else "adam" for name in grads} == {"muon",
+                                                                   "adam"}
+
+
+def flatten(tree):
+  import flax  # pylint: disable=g-import-not-at-top
+  return flax.traverse_util.flatten_dict(tree, sep="/")
+
+
+def muon_labels(flat_params):
+  from vit_jax.training import muon  # pylint: disable=g-import-not-at-top
+  return flatten(muon.labels(nested(flat_params),
+                             optimizer_lib.parameter_name))
+
+
+def test_muon_sends_every_matrix_of_the_blocks_and_nothing_else():
+  """Of a MAP-headed ViT's params: the blocks' attention and MLP kernels to
+  Muon; the patch embedding, position embedding, norms, biases, the MAP
+  head and the classifier to AdamW."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import linen as nn  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  model = models.create("Ti/4", 10, hidden_size=32, num_layers=2,
+                        num_heads=4, mlp_dim=64, classifier="map")
+  params = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False))["params"]
+  labels = muon_labels(flatten(nn.meta.unbox(params)))
+  muon = sorted(name for name, label in labels.items() if label == "muon")
+  assert muon == sorted(
+      f"Transformer/encoderblock_{i}/{part}/kernel" for i in range(2)
+      for part in ("MlpBlock_3/Dense_0", "MlpBlock_3/Dense_1",
+                   *(f"MultiHeadDotProductAttention_1/{p}" for p in
+                     ("query", "key", "value", "out"))))
+
+
+@pytest.mark.parametrize("shape", ["linear", "1-sqrt"])
+def test_wsd_holds_the_peak_then_decays_its_last_fraction(shape):
+  schedule = optimizer_lib.learning_rate_schedule(
+      1e-3, total_steps=100, warmup_steps=10, decay="wsd", wsd_fraction=0.2,
+      wsd_shape=shape)
+  np.testing.assert_allclose(schedule(5), 5e-4, rtol=1e-6)
+  for step in (10, 50, 80):
+    assert schedule(step) == np.float32(1e-3)  # Bitwise the peak.
+  assert int(optimizer_lib.stable_end(100, 10, 0.2)) == 80
+  middle = {"linear": 0.5, "1-sqrt": 1 - np.sqrt(0.5)}[shape]
+  np.testing.assert_allclose(schedule(90), 1e-3 * middle, rtol=1e-5)
+  np.testing.assert_allclose(schedule(100), 0.0, atol=1e-12)
+  # A longer run: the same rate, bitwise, at every step before the decay.
+  longer = optimizer_lib.learning_rate_schedule(
+      1e-3, total_steps=1000, warmup_steps=10, decay="wsd",
+      wsd_fraction=0.2, wsd_shape=shape)
+  steps = jnp.arange(81)
+  np.testing.assert_array_equal(schedule(steps), longer(steps))
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_muon_trains_alike_on_one_device_and_on_fsdp_by_model(
+    digits_data_dir, scan):
+  """A step of Muon (per head) on the digits model: the params' change is
+  the one device's, within 1e-6, on fsdp 4 x model 2 where every block
+  matrix is split both ways (Newton-Schulz on sharded matrices). Without
+  a key bias: its gradient is rounding noise (softmax ignores it), which
+  Adam scales up to full steps that differ by sharding."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from tests.util import program_of, small_config, train_steps  # pylint: disable=g-import-not-at-top
+  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  cfg = small_config(digits_data_dir, **{
+      "optimizer.name": "muon", "optimizer.muon_per_head": True,
+      "optimizer.learning_rate": 0.02, "optimizer.warmup_steps": 0,
+      "model.dropout_rate": 0.0, "model.scan_layers": scan,
+      "model.key_bias": False,
+      "mesh.data": 1, "mesh.fsdp": 4, "mesh.model": 2,
+      "mesh.fsdp_min_bytes": 1})
+  changes = []
+  for mesh in (sharding.make_mesh({"data": 1, "fsdp": 1, "model": 1},
+                                  jax.devices()[:1]), None):
+    program = program_of(cfg, mesh=mesh)
+    state = program.init(jax.random.key(0))
+    before = jax.device_get(state.params)
+    _, state = train_steps(program, state, cfg, 1)
+    changes.append(jax.tree.map(lambda new, old: new - old,
+                                jax.device_get(state.params), before))
+    if mesh is None:  # The sharded run split a block's matrix both ways.
+      spec = flatten(program.state_shardings.params)[
+          ("Transformer/encoderblock" + ("" if scan else "_0"))
+          + "/MultiHeadDotProductAttention_1/query/kernel"].spec
+      assert "fsdp" in spec and "model" in spec
+  moved = max(np.abs(x).max() for x in jax.tree.leaves(changes[0]))
+  assert moved > 1e-3
+  for (path, one), eight in zip(
+      jax.tree_util.tree_leaves_with_path(changes[0]),
+      jax.tree.leaves(changes[1])):
+    np.testing.assert_allclose(eight, one, atol=1e-6,
+                               err_msg=optimizer_lib.parameter_name(path))
+
+
+def test_a_wsd_run_extended_before_its_decay_is_the_longer_run(
+    digits_data_dir, tmp_path, monkeypatch):
+  """A WSD run of 8 steps (decaying from step 4), stopped at step 3 and
+  restarted with total_steps 12: bitwise the run configured with 12 from
+  the start (params, optimizer state, each step's loss), through the same
+  compiled step (the numbers are its data: the lowered programs are the
+  same text). The checkpoint of the decay's first step is kept beside the
+  newest."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from tests.util import (  # pylint: disable=g-import-not-at-top
+    latest_state,
+    logged,
+    run_training,
+    sigterm_at_step,
+    small_config,
+  )
+  from vit_jax.planning import cost  # pylint: disable=g-import-not-at-top
+  from vit_jax.runs.workdir import Workdir  # pylint: disable=g-import-not-at-top
+
+  def wsd(total):
+    return small_config(digits_data_dir, **{
+        "optimizer.decay": "wsd", "optimizer.wsd_fraction": 0.5,
+        "optimizer.warmup_steps": 1, "total_steps": total, "log_every": 1,
+        "checkpoint_every": 100, "keep_checkpoints": 1,
+        "evaluators.test.every": 0})
+  extended, longer = str(tmp_path / "extended"), str(tmp_path / "longer")
+  with monkeypatch.context() as patch:
+    sigterm_at_step(patch, 3)
+    assert run_training(wsd(8), extended)["stopped_at_step"] == 3
+  run_training(wsd(12), extended)
+  run_training(wsd(12), longer)
+  assert logged(extended) == logged(longer) and len(logged(longer)) == 12
+  (state, _), (expected, _) = (latest_state(workdir, wsd(12))
+                                for workdir in (extended, longer))
+  for one, other in zip(jax.tree.leaves(state), jax.tree.leaves(expected)):
+    np.testing.assert_array_equal(one, other)
+  assert Workdir(longer).checkpoint_steps() == [6, 12]
+  texts = []
+  for total in (8, 12):
+    program, batch = cost.build_step(settings.of(wsd(total)), jax.devices(),
+                                     10)
+    texts.append(program.train_step.lower(program.state_shapes,
+                                          batch).as_text())
+  assert texts[0] == texts[1]

@@ -41,17 +41,24 @@ def _register_array_handler():
     logging.set_verbosity(verbosity)
 
 
-def manager(directory, keep, read_only=False):
-  """An orbax CheckpointManager keeping the newest `keep` steps. A save that
-  a crash or a full disk left half-written is deleted when the next run
-  makes its manager (the run that holds the workdir, runs/lock.py).
-  `read_only`: one that writes and deletes nothing, to read a finished
-  run (also from a read-only copy of its workdir)."""
+def manager(directory, keep, read_only=False, preserve=()):
+  """An orbax CheckpointManager keeping the newest `keep` steps, and the
+  steps of `preserve` besides. A save that a crash or a full disk left
+  half-written is deleted when the next run makes its manager (the run
+  that holds the workdir, runs/lock.py). `read_only`: one that writes and
+  deletes nothing, to read a finished run (also from a read-only copy of
+  its workdir)."""
   _register_array_handler()
   if read_only:
     options = ocp.CheckpointManagerOptions(read_only=True, create=False)
   else:
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+    policies = ocp.checkpoint_managers
+    kept = policies.LatestN(keep)
+    if preserve:
+      kept = policies.AnyPreservationPolicy(
+          [kept, policies.CustomSteps(list(preserve))])
+    options = ocp.CheckpointManagerOptions(preservation_policy=kept,
+                                           create=True,
                                            cleanup_tmp_directories=True)
   # Orbax wants a local folder absolute; a gs:// one stays as it is.
   return ocp.CheckpointManager(paths.shown(directory), options=options)

@@ -83,10 +83,16 @@ Model = _model_section()
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
   """config.optimizer (training/optimizer.py)."""
-  name: str = key("", "adam, sgd or lars")
+  name: str = key("", "adam, muon, sgd or lars")
   learning_rate: float = key(0.0, "the peak learning rate", at_least=0.0)
   warmup_steps: int = key(0, "steps of linear warm-up from 0", at_least=0)
-  decay: str = key("", "after the warm-up: linear or cosine to 0")
+  decay: str = key("", "after the warm-up: linear or cosine to 0, or wsd "
+                   "(stable, then to 0 over the last wsd_fraction)")
+  wsd_fraction: float = key(0.2, "wsd: the fraction of total_steps that "
+                            "decays to 0", at_least=0.0, at_most=1.0,
+                            before=AS_DEFAULT)
+  wsd_shape: str = key("1-sqrt", "wsd: the decay's shape, linear or 1-sqrt",
+                       choices=("linear", "1-sqrt"), before=AS_DEFAULT)
   weight_decay: float = key(0.0, "decoupled weight decay, of the kernels "
                             "only", at_least=0.0)
   weight_decay_end: Optional[float] = key(
@@ -109,6 +115,25 @@ class Optimizer:
                         "parameters each regex matches", before=AS_DEFAULT)
   frozen: str = key("", "a regex of parameters not trained, with no "
                     "optimizer state", before=AS_DEFAULT)
+  adam_learning_rate: Optional[float] = key(
+      None, "muon: the peak rate of the parameters AdamW trains (unset: "
+      "learning_rate)", at_least=0.0, before=None)
+  muon_beta: float = key(0.95, "muon: its momentum's decay", at_least=0.0,
+                         below=1.0, before=AS_DEFAULT)
+  muon_per_head: bool = key(False, "muon: each head's attention matrices "
+                            "orthogonalised alone (else each projection)",
+                            before=AS_DEFAULT)
+  muon_consistent_rms: float = key(
+      0.2, "muon: the updates' RMS, AdamW's (timm's); 0: scaled by "
+      "sqrt(max(1, fan_out / fan_in)) (optax's)",
+      at_least=0.0, before=AS_DEFAULT)
+  muon_adaptive: bool = key(False, "muon: each update scaled by the dual "
+                            "norm of its momentum (optax's adaptive)",
+                            before=AS_DEFAULT)
+  muon_preconditioning: str = key(
+      "frobenius", "muon: the normalisation before Newton-Schulz (optax's "
+      "frobenius, spectral, aol or schatten)",
+      choices=("frobenius", "spectral", "aol", "schatten"), before=AS_DEFAULT)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -122,9 +122,10 @@ class Workdir:
     """The folder of the orbax checkpoints, as a str."""
     return os.fspath(self._file(CHECKPOINTS))
 
-  def checkpoint_manager(self, keep):
-    """The training run's orbax manager, keeping `keep` steps."""
-    return checkpoints.manager(self.checkpoints, keep)
+  def checkpoint_manager(self, keep, preserve=()):
+    """The training run's orbax manager, keeping the newest `keep` steps
+    and those of `preserve`."""
+    return checkpoints.manager(self.checkpoints, keep, preserve=preserve)
 
   def checkpoint_reader(self):
     """An orbax manager that writes nothing, to read the checkpoints."""

@@ -16,6 +16,7 @@ from vit_jax.runs import checkpoints, store
 from vit_jax.training import (
   divergence,
   evaluators,
+  optimizer,
   polyak,
   preemption,
   profiling,
@@ -60,7 +61,10 @@ def train(run, program, accounts, adapted=None):
   read already."""
   keys = run.settings
   total = keys.total_steps
-  manager = run.workdir.checkpoint_manager(keys.keep_checkpoints)
+  # A WSD run keeps the checkpoint its decay starts from, to branch from.
+  branch = optimizer.branch_step(keys.optimizer, total)
+  manager = run.workdir.checkpoint_manager(
+      keys.keep_checkpoints, preserve=() if branch is None else (branch,))
   state, saved, resumed = resume_or_start(manager, program, keys, accounts,
                                           adapted)
   store.record(keys, run.workdir, {
@@ -94,8 +98,8 @@ def train(run, program, accounts, adapted=None):
         previous = metrics
         stopping = stop_requested(step)
         log_now = stopping or reporting.due(step, keys.log_every, total)
-        save_now = stopping or reporting.due(step, keys.checkpoint_every,
-                                             total)
+        save_now = stopping or step == branch or reporting.due(
+            step, keys.checkpoint_every, total)
         if log_now or save_now or evaluate.any_due(step):
           ensure_finite(metrics, step, restored_at)
         report.step(step, metrics, log_now)

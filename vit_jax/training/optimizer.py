@@ -1,12 +1,24 @@
 """Optimizers and learning-rate schedules from `config.optimizer`.
 
 Pre-training (Table 3): Adam b1=0.9 b2=0.999, decoupled weight decay, linear
-warm-up then linear or cosine decay; `mu_dtype` bfloat16 keeps Adam's first
+warm-up then linear or cosine decay (or, beyond the paper, warmup-stable-
+decay: `wsd`); `mu_dtype` bfloat16 keeps Adam's first
 moment in half the bytes (its second stays float32). Fine-tuning (Table 4):
 SGD with momentum 0.9, cosine decay, no weight decay, gradients clipped at
 global norm 1.
 
 MAE's linear probe: LARS (`lars`), momentum 0.9 and no weight decay.
+
+Muon (`muon`, training/muon.py): orthogonalised momentum on the blocks'
+matrices, AdamW on the rest.
+
+WSD (`decay="wsd"`; Zhai et al. 2022, Hu et al. 2024, Hägele et al. 2024):
+the peak rate holds after the warm-up until the last `wsd_fraction` of the
+steps, which decay to 0, linearly or as 1 - sqrt (Hägele et al.'s best).
+The rate of a step before the decay does not depend on total_steps, so a
+run restarted with more total_steps before its decay began trains as if
+configured so from the start; the checkpoint of the decay's first step
+(`stable_end`) is kept, to branch decays of other lengths from.
 
 Beyond the paper, fine-tuning may also scale the learning rate per
 parameter:
@@ -28,34 +40,63 @@ import numpy as np
 import optax
 
 from vit_jax import errors
+from vit_jax.training import muon
 
 FROZEN, TRAINED = "frozen", "trained"
 # Adam's first moment: None keeps it in its parameter's dtype (float32).
 MU_DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 
 
-def learning_rate_schedule(base_lr, total_steps, warmup_steps, decay):
+DECAYS = ("linear", "cosine", "wsd")
+
+
+def learning_rate_schedule(base_lr, total_steps, warmup_steps, decay,
+                           wsd_fraction=0.2, wsd_shape="1-sqrt"):
   """Linear warm-up from 0 to base_lr, then `decay` ("linear" or "cosine")
-  to 0. The three numbers may be traced: the train step takes them as data
+  to 0, or ("wsd") base_lr until the last `wsd_fraction` of the steps
+  (`stable_end`), which decay to 0 as `wsd_shape` ("linear" or "1-sqrt").
+  The three numbers may be traced: the train step takes them as data
   (`schedule_numbers`), so that runs differing only in them share one
   compiled step."""
-  if decay not in ("linear", "cosine"):
+  if decay not in DECAYS:
     raise errors.InputError(
-        f"config.optimizer.decay must be 'linear' or 'cosine', "
+        f"config.optimizer.decay must be 'linear', 'cosine' or 'wsd', "
         f"got {decay!r}")
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
     warmup = base_lr * step / jnp.maximum(warmup_steps, 1)
-    progress = jnp.clip((step - warmup_steps) / (total_steps - warmup_steps),
+    start = (stable_end(total_steps, warmup_steps, wsd_fraction)
+             if decay == "wsd" else warmup_steps)
+    progress = jnp.clip((step - start) / jnp.maximum(total_steps - start, 1),
                         0.0, 1.0)
-    if decay == "linear":
-      decayed = base_lr * (1.0 - progress)
-    else:
+    if decay == "cosine":
       decayed = base_lr * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+    elif decay == "wsd" and wsd_shape == "1-sqrt":
+      decayed = base_lr * (1.0 - jnp.sqrt(progress))
+    else:  # linear, and wsd's linear
+      decayed = base_lr * (1.0 - progress)
     return jnp.where(step < warmup_steps, warmup, decayed)
 
   return schedule
+
+
+def stable_end(total_steps, warmup_steps, wsd_fraction):
+  """The last step of a WSD schedule at its peak rate, from which its
+  decay begins: total_steps less round(wsd_fraction * total_steps), and
+  not before the warm-up ends. numpy or traced numbers alike."""
+  decaying = jnp.round(wsd_fraction * jnp.asarray(total_steps, jnp.float32))
+  return jnp.maximum(total_steps - decaying, warmup_steps)
+
+
+def branch_step(opt, total_steps):
+  """The step a WSD run's decay starts from (`stable_end`), whose
+  checkpoint the run keeps; None for the other schedules, and where the
+  decay takes no step."""
+  if opt.decay != "wsd":
+    return None
+  step = int(stable_end(total_steps, opt.warmup_steps, opt.wsd_fraction))
+  return step if 0 < step < total_steps else None
 
 
 def schedule_numbers(opt, total_steps):
@@ -151,13 +192,18 @@ def create(opt, total_steps, num_layers=0, numbers=None):
   if numbers is None:
     numbers = schedule_numbers(opt, total_steps)
   schedule = learning_rate_schedule(numbers[0], numbers[2], numbers[1],
-                                    opt.decay)
+                                    opt.decay, opt.wsd_fraction,
+                                    opt.wsd_shape)
   check_multipliers(opt)
   if opt.weight_decay_end is not None and opt.name != "adam":
     raise errors.InputError(
         f"config.optimizer.weight_decay_end is adam's (AdamW's scheduled "
         f"decay); with {opt.name!r} leave it unset")
-  if opt.name == "adam":
+  if opt.adam_learning_rate is not None and opt.name != "muon":
+    raise errors.InputError(
+        f"config.optimizer.adam_learning_rate is muon's (the rate of what "
+        f"AdamW trains beside it); with {opt.name!r} leave it unset")
+  if opt.name in ("adam", "muon"):
     if opt.mu_dtype not in MU_DTYPES:
       raise errors.InputError(
           f"config.optimizer.mu_dtype must be one of {', '.join(MU_DTYPES)}, "
@@ -170,6 +216,9 @@ def create(opt, total_steps, num_layers=0, numbers=None):
     elif opt.weight_decay:
       # AdamW's decoupled decay: the step subtracts lr(t) * wd * param.
       core.append(optax.add_decayed_weights(opt.weight_decay, mask=_is_kernel))
+    if opt.name == "muon":  # AdamW's part is what Muon leaves.
+      core = [muon.transform(opt, MU_DTYPES[opt.mu_dtype], core, _is_kernel,
+                             parameter_name)]
   elif opt.name == "lars":
     core = lars(opt)
   elif opt.name == "sgd":
@@ -180,8 +229,8 @@ def create(opt, total_steps, num_layers=0, numbers=None):
     core = [optax.trace(decay=opt.momentum)]
   else:
     raise errors.InputError(
-        f"config.optimizer.name must be 'adam', 'sgd' or 'lars', got "
-        f"{opt.name!r}")
+        f"config.optimizer.name must be 'adam', 'muon', 'sgd' or 'lars', "
+        f"got {opt.name!r}")
   clip = [optax.clip_by_global_norm(opt.grad_clip_norm)] if opt.grad_clip_norm else []
   # Each piece only where it is asked for: an optimizer state of another
   # structure would not restore the checkpoints of earlier runs.
