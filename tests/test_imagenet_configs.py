@@ -5,10 +5,11 @@ shrunk, on random examples (tests/test_table2.py's mock TFDS)."""
 
 import pytest
 
-from configs.imagenet import paper, plain
+from configs.imagenet import muon, paper, plain
 
 # metadata_dir and mock_tfds: fixtures, which pytest finds by their names.
 from tests.test_table2 import (  # noqa: F401
+  MUON_AND_WSD,
   flat_keys,
   metadata_dir,
   mock_tfds,
@@ -34,7 +35,7 @@ def test_paper_is_table3s_imagenet_row():
     assert config.optimizer.to_dict() | {"momentum": None} == dict(
         name="adam", learning_rate=3e-3, warmup_steps=10_000,
         decay="cosine", weight_decay=0.3, grad_clip_norm=1.0, b1=0.9,
-        weight_decay_end=None,
+        weight_decay_end=None, **MUON_AND_WSD,
         b2=0.999, mu_dtype="float32", momentum=None, layer_decay=1.0,
         lr_mults=(), frozen="")
     assert config.model.dropout_rate == 0.1
@@ -57,7 +58,7 @@ def test_plain_is_the_big_vision_recipe(epochs, steps):
     assert config.optimizer.to_dict() | {"momentum": None} == dict(
         name="adam", learning_rate=1e-3, warmup_steps=10_000,
         decay="cosine", weight_decay=0.1, grad_clip_norm=1.0, b1=0.9,
-        weight_decay_end=None,
+        weight_decay_end=None, **MUON_AND_WSD,
         b2=0.999, mu_dtype="float32", momentum=None, layer_decay=1.0,
         lr_mults=(), frozen="")
     assert (config.model.classifier, config.model.posemb) == ("gap",
@@ -78,12 +79,23 @@ def test_the_split_sizes_are_tfds_own():
 
 
 NAMES = ["paper:B/32", "paper:B/16", "paper:L/32", "paper:L/16",
-         "plain:S/16,90", "plain:B/16,300"]
+         "plain:S/16,90", "plain:B/16,300", "muon:S/16,90", "muon:B/16,300"]
 
 
 def get(name):
   file, _, arg = name.partition(":")
-  return {"paper": paper, "plain": plain}[file].get_config(arg)
+  return {"paper": paper, "plain": plain, "muon": muon}[file].get_config(arg)
+
+
+def test_muon_is_the_plain_baseline_with_timms_muon():
+  for arg in ("S/16,90", "B/16,300"):
+    config, baseline = muon.get_config(arg), plain.get_config(arg)
+    assert config.optimizer.to_dict() == baseline.optimizer.to_dict() | dict(
+        name="muon", muon_beta=0.95, b2=0.95, muon_consistent_rms=0.2)
+    config.optimizer = baseline.optimizer
+    assert config == baseline  # All else the plain baseline's.
+  with pytest.raises(ValueError, match="muon.py takes MODEL,EPOCHS"):
+    muon.get_config("S/16")
 
 
 @pytest.mark.usefixtures("mock_tfds")
@@ -119,7 +131,7 @@ def test_distilling_is_function_matching_of_a_b16_into_an_s16(epochs, steps):
   assert config.optimizer.to_dict() | {"momentum": None} == dict(
       name="adam", learning_rate=1e-3, warmup_steps=10_000,
       decay="cosine", weight_decay=0.1, grad_clip_norm=1.0, b1=0.9,
-      weight_decay_end=None,
+      weight_decay_end=None, **MUON_AND_WSD,
       b2=0.999, mu_dtype="bfloat16", momentum=None, layer_decay=1.0,
       lr_mults=(), frozen="")
   config.distill.teacher = ""
@@ -173,7 +185,7 @@ def test_mae_configs_are_the_papers(model):
       name="adam", learning_rate=pytest.approx(1.5e-4 * 4096 / 256),
       warmup_steps=MAE_STEPS["warmup", 40], decay="cosine",
       weight_decay=0.05, grad_clip_norm=0.0, b1=0.9, b2=0.95,
-      weight_decay_end=None,
+      weight_decay_end=None, **MUON_AND_WSD,
       mu_dtype="float32", momentum=None, layer_decay=1.0, lr_mults=(),
       frozen="")
   assert config.mae.to_dict() == dict(
@@ -205,7 +217,7 @@ def test_mae_configs_are_the_papers(model):
       name="lars", learning_rate=pytest.approx(0.1 * 16384 / 256),
       warmup_steps=MAE_STEPS["probewarm", 10], decay="cosine",
       weight_decay=0.0, grad_clip_norm=0.0, b1=None, b2=None,
-      weight_decay_end=None,
+      weight_decay_end=None, **MUON_AND_WSD,
       mu_dtype="float32", momentum=0.9, layer_decay=1.0, lr_mults=(),
       frozen="(?!head/).*")
   assert (probe.label_smoothing, probe.mixup.prob, probe.randaugment) == (

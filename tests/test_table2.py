@@ -94,6 +94,13 @@ PRIVATE = {"jft300m": (303_000_000, 18_291),
 # (but its patch size), as the tests' small runs have them.
 TINY_MODEL = {key: SMALL[f"model.{key}"] for key in models.VARIANTS["B"]}
 
+# The optimizer's keys of Muon and warmup-stable-decay, at their defaults
+# in the configs that predate them.
+MUON_AND_WSD = dict(
+    wsd_fraction=0.2, wsd_shape="1-sqrt", adam_learning_rate=None,
+    muon_beta=0.95, muon_per_head=False, muon_consistent_rms=0.2,
+    muon_adaptive=False, muon_preconditioning="frobenius")
+
 
 def get(name):
   """"pretrain:L/16,jft" or "finetune:L/16-i21k,cifar10" -> its config."""
@@ -233,7 +240,7 @@ def test_pretrain_is_table3(arg):
   assert config.optimizer.to_dict() | {"momentum": None} == dict(
       name="adam", learning_rate=expected["lr"], warmup_steps=10_000,
       decay="linear", weight_decay=expected["weight_decay"],
-      weight_decay_end=None,
+      weight_decay_end=None, **MUON_AND_WSD,
       grad_clip_norm=0.0, b1=0.9, b2=0.999, mu_dtype="float32", momentum=None,
       layer_decay=1.0, lr_mults=(), frozen="")
   # Every other key of config.model at its default.
