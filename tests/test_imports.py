@@ -16,7 +16,7 @@ from vit_jax import runtime
 
 # The commands users type, each a `python -m vit_jax.X`.
 COMMANDS = {"main", "plan", "export", "predict", "figures", "vtab",
-            "convert_dataset"}
+            "branch", "convert_dataset"}
 # The package's floors, lowest first: a module may import modules on its own
 # floor or below. A module of a wing package (vit_jax/<wing>/...) is on that
 # wing's floor.

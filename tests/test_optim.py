@@ -408,10 +408,11 @@ def test_a_wsd_run_extended_before_its_decay_is_the_longer_run(
   the start (params, optimizer state, each step's loss), through the same
   compiled step (the numbers are its data: the lowered programs are the
   same text). The checkpoint of the decay's first step is kept beside the
-  newest."""
+  newest, and `vit_jax.branch` starts a shorter decay from it."""
   import jax  # pylint: disable=g-import-not-at-top
 
   from tests.util import (  # pylint: disable=g-import-not-at-top
+    call_tool,
     latest_state,
     logged,
     run_training,
@@ -439,6 +440,28 @@ def test_a_wsd_run_extended_before_its_decay_is_the_longer_run(
   for one, other in zip(jax.tree.leaves(state), jax.tree.leaves(expected)):
     np.testing.assert_array_equal(one, other)
   assert Workdir(longer).checkpoint_steps() == [6, 12]
+  # A shorter decay branched from the kept step: the same state there (its
+  # loss at step 7 is of the params after step 6), then its own rate.
+  branched = str(tmp_path / "branched")
+  status, _, stderr = call_tool("branch", f"--workdir={longer}",
+                                f"--to={branched}")
+  assert status == 0, stderr[-2000:]
+  short = wsd(8)
+  short.optimizer.wsd_fraction = 0.25  # Decays over steps 7 and 8.
+  run_training(short, branched)
+  before, after = logged(longer), logged(branched)
+  assert sorted(after) == list(range(1, 9))
+  assert {s: after[s] for s in range(1, 8)} == {s: before[s]
+                                                 for s in range(1, 8)}
+  # Step 8's rate is the short decay's: half of its two steps decayed.
+  peak = short.optimizer.learning_rate
+  np.testing.assert_allclose(logged(branched, "learning_rate")[8],
+                             peak * (1 - np.sqrt(0.5)), rtol=1e-5)
+  np.testing.assert_allclose(logged(longer, "learning_rate")[8],
+                             peak * (1 - np.sqrt(1 / 6)), rtol=1e-5)
+  status, _, stderr = call_tool("branch", f"--workdir={longer}",
+                                f"--to={branched}")
+  assert status == 2 and "holds a run already" in stderr
   texts = []
   for total in (8, 12):
     program, batch = cost.build_step(settings.of(wsd(total)), jax.devices(),
@@ -446,3 +469,36 @@ def test_a_wsd_run_extended_before_its_decay_is_the_longer_run(
     texts.append(program.train_step.lower(program.state_shapes,
                                           batch).as_text())
   assert texts[0] == texts[1]
+
+
+def test_muon_takes_frozen_parts_layer_decay_and_a_bfloat16_momentum():
+  """As with Adam: a frozen block gets no update and no state; layer decay
+  scales Muon's and AdamW's updates alike; mu_dtype bfloat16 keeps Muon's
+  momentum and Adam's first moment in half the bytes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(2)
+  shapes = {"Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel": (8, 16),
+            "Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel": (8, 16),
+            "head/kernel": (8, 10)}
+  grads = nested({name: jnp.asarray(rng.normal(size=shape), jnp.float32)
+                  for name, shape in shapes.items()})
+  params = jax.tree.map(jnp.zeros_like, grads)
+  plain = config(name="muon", mu_dtype="bfloat16")
+  (free,) = muon_updates(plain, grads, params, steps=1)
+  opt = dataclasses.replace(plain, frozen="Transformer/encoderblock_0/.*",
+                            layer_decay=0.5)
+  tx, _ = optimizer_lib.create(opt, total_steps=10, num_layers=2)
+  state = tx.init(params)
+  update, _ = tx.update(grads, state, params)
+  flat, expected = flatten(update), flatten(free)
+  frozen, block_1, head = shapes
+  assert not np.any(flat[frozen])
+  # (Within float rounding: the masked tree is another program.)
+  np.testing.assert_allclose(flat[block_1], 0.5 * expected[block_1],
+                             rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(flat[head], expected[head], rtol=1e-4,
+                             atol=1e-6)
+  held = [leaf for leaf in jax.tree.leaves(state) if np.ndim(leaf) == 2]
+  # Muon's momentum of block 1 (bfloat16); Adam's two moments of the head.
+  assert sorted((leaf.shape, str(leaf.dtype)) for leaf in held) == sorted([
+      ((8, 16), "bfloat16"), ((8, 10), "bfloat16"), ((8, 10), "float32")])

@@ -90,9 +90,10 @@ class Optimizer:
                    "(stable, then to 0 over the last wsd_fraction)")
   wsd_fraction: float = key(0.2, "wsd: the fraction of total_steps that "
                             "decays to 0", at_least=0.0, at_most=1.0,
-                            before=AS_DEFAULT)
+                            changeable=True, before=AS_DEFAULT)
   wsd_shape: str = key("1-sqrt", "wsd: the decay's shape, linear or 1-sqrt",
-                       choices=("linear", "1-sqrt"), before=AS_DEFAULT)
+                       choices=("linear", "1-sqrt"), changeable=True,
+                       before=AS_DEFAULT)
   weight_decay: float = key(0.0, "decoupled weight decay, of the kernels "
                             "only", at_least=0.0)
   weight_decay_end: Optional[float] = key(

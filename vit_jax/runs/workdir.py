@@ -178,6 +178,28 @@ class Workdir:
                for place in (paths.path(self.exports),
                              paths.path(self.figures)))
 
+  # Branching: another workdir that starts where this one was.
+
+  def branch(self, step, to):
+    """Makes `to` (a Workdir holding no run) this run as it stood at
+    `step`, one of its complete checkpoints: that checkpoint, the config
+    as recorded and its changes, and the metrics up to the step. A run
+    started in `to` resumes from `step` (a WSD decay of another length,
+    training/optimizer.py). The TensorBoard events, profiles and figures
+    stay here; `to`'s new ones begin at the step."""
+    to.path.mkdir(parents=True, exist_ok=True)
+    # The checkpoint first, config.json last: a copy cut short is no run.
+    source = self._file(CHECKPOINTS) / str(step)
+    for file in _files_under(source):
+      paths.write_atomically(to._file(CHECKPOINTS) / file.relative_to(
+          source.parent), file.read_bytes())
+    kept = [line for line in self.metrics_lines()
+            if json.loads(line).get("step", 0) <= step]
+    to.write_metrics_lines(kept)
+    to._rewrite_lines(CHANGES_FILE, self._lines(CHANGES_FILE))
+    paths.write_atomically(to._file(CONFIG_FILE),
+                           self._file(CONFIG_FILE).read_bytes())
+
   # Files that grow, on a store that cannot append.
 
   def _lines(self, name):
@@ -190,6 +212,16 @@ class Workdir:
   def _rewrite_lines(self, name, lines):
     self.path.mkdir(parents=True, exist_ok=True)
     paths.write_atomically(self._file(name), "".join(lines))
+
+
+def _files_under(folder):
+  """Every file under `folder`, at any depth (a bucket's glob stops at
+  one level)."""
+  for entry in folder.iterdir():
+    if entry.is_dir():
+      yield from _files_under(entry)
+    else:
+      yield entry
 
 
 def check_output(output, flag):
