@@ -144,6 +144,14 @@ def test_a_run_on_gcs_resumes_bitwise_and_every_tool_reads_it(
   assert_trees_equal(pretrained.load(workdir).params,
                      pretrained.load(local).params)
 
+  # A branch in the bucket (vit_jax.branch: a WSD decay's new workdir)
+  # holds the step's whole checkpoint and the metrics up to it.
+  branched = f"{gcs_bucket}/runs/branched"
+  run_tool("branch", f"--workdir={workdir}", f"--step={step}",
+           f"--to={branched}", cwd=cwd)
+  assert_trees_equal(latest_checkpoint(branched, config)[1], expected)
+  assert logged(branched) == logged(workdir)
+
 
 # A masked autoencoder (config.objective "mae"): each image's mask is drawn
 # from its row of the global batch, whichever process reads it.
