@@ -502,3 +502,28 @@ def test_muon_takes_frozen_parts_layer_decay_and_a_bfloat16_momentum():
   # Muon's momentum of block 1 (bfloat16); Adam's two moments of the head.
   assert sorted((leaf.shape, str(leaf.dtype)) for leaf in held) == sorted([
       ((8, 16), "bfloat16"), ((8, 10), "bfloat16"), ((8, 10), "float32")])
+
+
+def test_the_plan_counts_muons_newton_schulz_flops():
+  """The compiled step's FLOPs, which vit_jax.plan reads (planning.cost.
+  step_cost; here on the CPU, whose cost model has no time), with Muon
+  exceed AdamW's by Newton-Schulz's: 5 iterations of 4 m^2 n + 2 m^3 on
+  each of the blocks' m x n matrices (m <= n) in its products, and at
+  most 15% more for their elementwise work (10% here)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from tests.util import small_config  # pylint: disable=g-import-not-at-top
+  from vit_jax.planning import cost  # pylint: disable=g-import-not-at-top
+  flops = {}
+  for name in ("adam", "muon"):
+    keys = settings.of(small_config("/nonexistent", **{
+        "optimizer.name": name, "mesh.data": 1, "mesh.model": 1}))
+    program, batch = cost.build_step(keys, jax.devices()[:1], 10)
+    compiled = program.train_step.lower(program.state_shapes,
+                                        batch).compile()
+    flops[name] = compiled.cost_analysis()["flops"]
+  width, mlp, layers = 32, 64, 2  # tests/util.py's SMALL model.
+  iteration = lambda m, n: 4 * m * m * n + 2 * m ** 3
+  expected = 5 * layers * (4 * iteration(width, width)
+                           + 2 * iteration(width, mlp))
+  assert expected <= flops["muon"] - flops["adam"] <= 1.15 * expected
