@@ -45,8 +45,8 @@ HEAD_INIT_STD = 0.02
 @dataclasses.dataclass(frozen=True)
 class HeadSizes:
   """A DINO head's sizes (DINOv2's defaults), declared here once:
-  config.dino's `head_*` keys are these fields (runs/settings.py derives
-  them)."""
+  config.dino's `head_*` keys are these fields (runs/objective_settings.py
+  derives them)."""
   prototypes: int = options.key(65536, "the prototypes K (DINOv2's "
                                 "released L/g: 131072)", at_least=1,
                                 before=options.AS_DEFAULT)

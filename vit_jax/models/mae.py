@@ -43,29 +43,13 @@ from vit_jax.models import layers, naflex, options, tokens as tokens_lib
 from vit_jax.models.config import ViTConfig
 from vit_jax.models.encoder import Encoder, ImageEncoder, unit_range
 
-
-@dataclasses.dataclass(frozen=True)
-class DecoderSizes:
-  """The decoder's own sizes (the paper's default: 512 wide, 8 blocks, 16
-  heads, MLP 2048), declared here once: config.mae's `decoder_*` keys are
-  these fields (runs/settings.py derives them)."""
-  hidden_size: int = options.key(512, "the decoder's width", at_least=1,
-                                 before=options.AS_DEFAULT)
-  num_layers: int = options.key(8, "the decoder's blocks", at_least=1,
-                                before=options.AS_DEFAULT)
-  num_heads: int = options.key(16, "the decoder's attention heads",
-                               at_least=1, before=options.AS_DEFAULT)
-  mlp_dim: int = options.key(2048, "the decoder's MLP width", at_least=1,
-                             before=options.AS_DEFAULT)
-
-  @classmethod
-  def of(cls, keys):
-    """The sizes that config.mae's `decoder_*` keys (`keys`) give."""
-    return options.sizes_of(cls, keys, SETTINGS_PREFIX)
-
-
 # config.mae's name of each DecoderSizes field: decoder_hidden_size, ...
 SETTINGS_PREFIX = "decoder_"
+DecoderSizes = options.transformer_sizes(
+    "DecoderSizes", "the decoder's", (512, 8, 16, 2048), SETTINGS_PREFIX,
+    "The decoder's own sizes (the paper's default: 512 wide, 8 blocks, 16 "
+    "heads, MLP 2048): config.mae's `decoder_*` keys are these fields "
+    "(runs/objective_settings.py derives them).", __name__)
 
 
 def keep_count(num_patches, mask_ratio):

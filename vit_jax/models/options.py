@@ -106,6 +106,30 @@ def problem(name, value, metadata, unset_allowed=True):
 def sizes_of(sizes, keys, prefix):
   """The dataclass `sizes` (a part's sizes: MAE's decoder, a DINO head,
   the text tower) whose fields a config section `keys` names prefix +
-  field (runs/settings.py derives those keys from its declaration)."""
+  field (runs/objective_settings.py derives those keys from its
+  declaration)."""
   return sizes(**{field.name: getattr(keys, prefix + field.name)
                   for field in dataclasses.fields(sizes)})
+
+
+# What each of a transformer's sizes is, in the order transformer_sizes
+# takes their defaults.
+TRANSFORMER_SIZES = (("hidden_size", "width"), ("num_layers", "blocks"),
+                     ("num_heads", "attention heads"),
+                     ("mlp_dim", "MLP width"))
+
+
+def transformer_sizes(name, part, defaults, prefix, doc, module, extra=()):
+  """The frozen dataclass `name` of a transformer part's sizes (MAE's
+  decoder, the text tower), declared once for every such part: its
+  TRANSFORMER_SIZES at `defaults`, each described as `part`'s ("the
+  decoder's width"), then `extra` fields ((name, type, key(...)), ...).
+  `of(keys)` reads them from a config section's keys named prefix + field
+  (`sizes_of`); `module`: the declaring module's __name__."""
+  fields = [(field, int, key(default, f"{part} {what}", at_least=1,
+                             before=AS_DEFAULT))
+            for (field, what), default in zip(TRANSFORMER_SIZES, defaults)]
+  return dataclasses.make_dataclass(
+      name, [*fields, *extra], frozen=True, namespace={
+          "__module__": module, "__doc__": doc,
+          "of": classmethod(lambda cls, keys: sizes_of(cls, keys, prefix))})

@@ -20,34 +20,20 @@ from vit_jax.models import layers, options, tokens as tokens_lib
 from vit_jax.models.config import ViTConfig
 from vit_jax.models.encoder import Encoder
 
-
-@dataclasses.dataclass(frozen=True)
-class TextSizes:
-  """The text tower's sizes (SigLIP B's: 768 wide, 12 blocks, 12 heads,
-  MLP 3072, 32,000 tokens, 64 a text), declared here once: config.
-  image_text's `text_*` keys are these fields (runs/settings.py derives
-  them)."""
-  hidden_size: int = options.key(768, "the text tower's width", at_least=1,
-                                 before=options.AS_DEFAULT)
-  num_layers: int = options.key(12, "the text tower's blocks", at_least=1,
-                                before=options.AS_DEFAULT)
-  num_heads: int = options.key(12, "the text tower's attention heads",
-                               at_least=1, before=options.AS_DEFAULT)
-  mlp_dim: int = options.key(3072, "the text tower's MLP width", at_least=1,
-                             before=options.AS_DEFAULT)
-  vocab_size: int = options.key(32_000, "the tokenizer's vocabulary",
-                                at_least=2, before=options.AS_DEFAULT)
-  length: int = options.key(64, "tokens a text, padded or cut to it",
-                            at_least=1, before=options.AS_DEFAULT)
-
-  @classmethod
-  def of(cls, keys):
-    """The sizes that config.image_text's `text_*` keys (`keys`) give."""
-    return options.sizes_of(cls, keys, SETTINGS_PREFIX)
-
-
 # config.image_text's name of each TextSizes field: text_hidden_size, ...
 SETTINGS_PREFIX = "text_"
+TextSizes = options.transformer_sizes(
+    "TextSizes", "the text tower's", (768, 12, 12, 3072), SETTINGS_PREFIX,
+    "The text tower's sizes (SigLIP B's: 768 wide, 12 blocks, 12 heads, "
+    "MLP 3072, 32,000 tokens, 64 a text): config.image_text's `text_*` "
+    "keys are these fields (runs/objective_settings.py derives them).",
+    __name__, extra=[
+        ("vocab_size", int, options.key(
+            32_000, "the tokenizer's vocabulary", at_least=2,
+            before=options.AS_DEFAULT)),
+        ("length", int, options.key(
+            64, "tokens a text, padded or cut to it", at_least=1,
+            before=options.AS_DEFAULT))])
 
 
 def text_config(image_config, sizes):
