@@ -10,8 +10,6 @@ function: flax's GELU (the tanh approximation) and LayerNorm epsilon
 1e-6.
 """
 
-import re
-
 import numpy as np
 
 from vit_jax import errors, models, paths
@@ -25,28 +23,20 @@ FUNCTION = models.FUNCTION_OPTIONS
 TEXT_NAMES = {"Embed_0/embedding": "token_embedding/embedding",
               "pos_embedding": models.POSEMB_KEY}
 TEXT_ENCODER = "Encoder_0/"
-_RELEASE_BLOCK = re.compile(r"(Transformer/encoderblock_\d+/)([^/]+)(/.*)")
-
-
-def _arrays(path):
-  with npz._open_npz(path) as file:  # pylint: disable=protected-access
-    return {key: npz._read_array(file, key, path)  # pylint: disable=protected-access
-            for key in file.files}
 
 
 def is_two_towers(path):
   """Whether `path` is an .npz of big_vision's two towers."""
   if not str(path).endswith(".npz"):
     return False
-  with npz._open_npz(path) as file:  # pylint: disable=protected-access
-    return any(key.startswith(("txt/", PREFIX + "txt/"))
-               for key in file.files)
+  return any(key.startswith(("txt/", PREFIX + "txt/"))
+             for key in npz.array_names(path))
 
 
 def read(path):
   """The two towers in the big_vision .npz at `path`: a
   towers.TwoTowersRead."""
-  arrays = _arrays(path)
+  arrays = npz.read_arrays(path)
   if any(key.startswith(PREFIX) for key in arrays):
     arrays = {key[len(PREFIX):]: value for key, value in arrays.items()
               if key.startswith(PREFIX)}
@@ -63,23 +53,9 @@ def read(path):
       if key.startswith(TEXT_ENCODER):
         key = "Transformer/" + key[len(TEXT_ENCODER):]
       text[TEXT_NAMES.get(key, key)] = value
-  text = {npz._rename_big_vision_key(key): value  # pylint: disable=protected-access
+  text = {npz.release_key(key): value
           for key, value in npz.unscan_blocks(text).items()}
   return towers.assemble(image, FUNCTION, text, arrays["t"], arrays["b"])
-
-
-def _to_big_vision(flat):
-  """A tower's flat release-layout params in big_vision's block names."""
-  out = {}
-  for key, value in flat.items():
-    match = _RELEASE_BLOCK.fullmatch(key)
-    if match:
-      prefix, module, rest = match.groups()
-      module = {ours: theirs for theirs, ours in
-                npz._BIG_VISION_BLOCK_NAMES.items()}.get(module, module)  # pylint: disable=protected-access
-      key = prefix + module + rest
-    out[key] = value
-  return out
 
 
 def write(path, model, params):
@@ -92,11 +68,12 @@ def write(path, model, params):
         f"computes {function}, big_vision's towers {FUNCTION}")
   image, text = towers.flat_towers(params)
   arrays = {}
-  for key, value in _to_big_vision(image).items():
+  for key, value in image.items():
     arrays["img/" + ("pos_embedding" if key == models.POSEMB_KEY
-                     else key)] = value
+                     else npz.big_vision_block_key(key))] = value
   names = {ours: theirs for theirs, ours in TEXT_NAMES.items()}
-  for key, value in _to_big_vision(text).items():
+  for key, value in text.items():
+    key = npz.big_vision_block_key(key)
     if key in names:
       key = names[key]
     elif key.startswith("Transformer/"):

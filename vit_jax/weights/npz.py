@@ -36,6 +36,10 @@ _BIG_VISION_BLOCK_NAMES = {
     "LayerNorm_1": "LayerNorm_2",
     "MlpBlock_0": "MlpBlock_3",
 }
+_RELEASE_BLOCK_NAMES = {ours: theirs for theirs, ours in
+                        _BIG_VISION_BLOCK_NAMES.items()}
+# A block's key: (the block's prefix, its module, the rest).
+_BLOCK_MODULE = re.compile(r"(Transformer/encoderblock_\d+/)([^/]+)(/.*)")
 
 
 def save_npz(params, path):
@@ -75,9 +79,21 @@ def load_npz(path):
   exactly: every bfloat16 is a float32. Any other void, structured or object
   array is refused with an InputError naming its key.
   """
+  return flax.traverse_util.unflatten_dict(
+      to_release_layout(read_arrays(path)), sep="/")
+
+
+def read_arrays(path):
+  """{key: array} of the .npz at `path` as it stores them, checked and
+  converted as `load_npz` says, in no layout but the file's own."""
   with _open_npz(path) as npz:
-    flat = {key: _read_array(npz, key, path) for key in npz.files}
-  return flax.traverse_util.unflatten_dict(to_release_layout(flat), sep="/")
+    return {key: _read_array(npz, key, path) for key in npz.files}
+
+
+def array_names(path):
+  """The names of the arrays in the .npz at `path`; none is read."""
+  with _open_npz(path) as npz:
+    return list(npz.files)
 
 
 def read_shapes(path):
@@ -192,7 +208,7 @@ def to_release_layout(flat):
         f"{keys[:10]}{' ...' if len(keys) > 10 else ''}")
   flat = unscan_blocks(params)
   if any("/MlpBlock_0/" in k for k in flat):
-    flat = {_rename_big_vision_key(k): v for k, v in flat.items()}
+    flat = {release_key(k): v for k, v in flat.items()}
   return _from_naflex(flat)
 
 
@@ -284,11 +300,23 @@ def scan_blocks(flat):
   return out
 
 
-def _rename_big_vision_key(key):
+def release_key(key):
+  """A big_vision ViT's key in the release layout: its position table's,
+  and its blocks' modules (numbered per type) renamed."""
   if key == "pos_embedding":
     return POSEMB_KEY
-  match = re.match(r"(Transformer/encoderblock_\d+/)([^/]+)(/.*)", key)
-  if match and match.group(2) in _BIG_VISION_BLOCK_NAMES:
+  return _renamed_block_module(key, _BIG_VISION_BLOCK_NAMES)
+
+
+def big_vision_block_key(key):
+  """A release-layout key with its block's module in big_vision's name
+  (`release_key`'s renaming undone); any other key as it is."""
+  return _renamed_block_module(key, _RELEASE_BLOCK_NAMES)
+
+
+def _renamed_block_module(key, names):
+  match = _BLOCK_MODULE.fullmatch(key)
+  if match and match.group(2) in names:
     prefix, module, rest = match.groups()
-    return prefix + _BIG_VISION_BLOCK_NAMES[module] + rest
+    return prefix + names[module] + rest
   return key
