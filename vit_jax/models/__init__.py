@@ -195,6 +195,18 @@ def posemb_of(keys, function):
   return posemb
 
 
+def placeholder_head(params):
+  """A linear head of no classes for headless release-layout `params`:
+  `models.from_params` reads the model from them as it is (num_classes 0),
+  and the features the head reads are computed as for any model, while
+  its logits are empty."""
+  pre_logits = params.get("pre_logits")
+  width = (pre_logits["kernel"] if pre_logits else
+           params["embedding"]["kernel"]).shape[-1]
+  return {"kernel": np.zeros((width, 0), np.float32),
+          "bias": np.zeros((0,), np.float32)}
+
+
 def from_params(params, posemb=None, **function):
   """(the VisionTransformer that `params` belong to, the image side its
   position embedding was trained at, or None if no params tell), with every

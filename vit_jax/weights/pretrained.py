@@ -302,15 +302,15 @@ def load_run(workdir, step=None):
 
 
 def two_towers_in(source):
-  """Both towers' params of a two-tower file (transformers' SiglipModel or
-  Siglip2Model directory, big_vision's two-tower .npz), or None for any
-  other source; read only where a two-tower run starts from one (a
-  classifier reads the image tower alone, `load`)."""
+  """Both towers of a two-tower file (transformers' SiglipModel or
+  Siglip2Model directory, big_vision's two-tower .npz), a
+  towers.TwoTowersRead, or None for any other source; read only where
+  both are wanted (a classifier reads the image tower alone, `load`)."""
   path, _ = parse_source(local(source).path)
   if pytorch_siglip.is_two_towers(path):
-    return pytorch_siglip.read_two_towers(path).params
+    return pytorch_siglip.read_two_towers(path)
   if big_vision.is_two_towers(path):
-    return big_vision.read(path).params
+    return big_vision.read(path)
   return None
 
 
@@ -332,7 +332,10 @@ def initial_params(source, param_shapes, num_heads, dataset=None):
                  sum(np.size(x) for x in jax.tree.leaves(loaded.params)))
     params = loaded.params
     if set(param_shapes) >= {"img", "txt"}:  # Two towers (image_text).
-      towers = loaded.towers or two_towers_in(source)
+      towers = loaded.towers
+      if towers is None:
+        read = two_towers_in(source)
+        towers = None if read is None else read.params
       if towers is not None:
         return adaptation.adapt_two_towers(towers, param_shapes)
       # A ViT's: the image tower (LiT's start), the rest fresh.
@@ -413,7 +416,7 @@ def inference_of(loaded, features=False):
   ViTModel, a SigLIP tower, a DINOv2, a timm model saved without one) is
   refused, unless only its `features` are wanted (what the head would
   read, vit_jax.analysis.features): then it gets a head of no classes
-  (`placeholder_head`).
+  (`models.placeholder_head`).
   """
   config = loaded.config
   if "head" not in loaded.params and not features:
@@ -424,7 +427,7 @@ def inference_of(loaded, features=False):
         "config.init_from to fine-tune one")
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), loaded.params)
   if "head" not in params:  # A distillation token's head too.
-    params = {**params, **{name: placeholder_head(params) for name in
+    params = {**params, **{name: models.placeholder_head(params) for name in
                            models.HEADS[:1 + ("dist" in params)]}}
   # final_norm is read from the params (an fc_norm).
   model, image_size = models.from_params(
@@ -440,14 +443,3 @@ def inference_of(loaded, features=False):
   return Inference(model, params, image_size, loaded.what, config,
                    loaded.class_names)
 
-
-def placeholder_head(params):
-  """A linear head of no classes for headless release-layout `params`:
-  `models.from_params` reads the model from them as it is (num_classes 0),
-  and the features the head reads are computed as for any model, while
-  its logits are empty."""
-  pre_logits = params.get("pre_logits")
-  width = (pre_logits["kernel"] if pre_logits else
-           params["embedding"]["kernel"]).shape[-1]
-  return {"kernel": np.zeros((width, 0), np.float32),
-          "bias": np.zeros((0,), np.float32)}

@@ -6,10 +6,13 @@ weights/big_vision.py). The sizes come from the shapes."""
 from typing import Any, NamedTuple
 
 import flax
+import flax.linen as nn
+import jax
 import numpy as np
 
 from vit_jax import models
 from vit_jax.models import text as text_lib, two_towers
+from vit_jax.weights import npz
 from vit_jax.weights.pytorch import files
 
 
@@ -18,14 +21,6 @@ class TwoTowersRead(NamedTuple):
   params: Any  # {"img", "txt", "t", "b"}
   text_length: int
   normalization: files.Normalization
-
-
-def no_head(flat):
-  """A linear head of no classes for a headless image tower: what
-  `models.from_params` reads a model from."""
-  width = flat["embedding/kernel"].shape[-1]
-  return {"kernel": np.zeros((width, 0), np.float32),
-          "bias": np.zeros((0,), np.float32)}
 
 
 def assemble(image_flat, function, text_flat, t, b,
@@ -37,7 +32,7 @@ def assemble(image_flat, function, text_flat, t, b,
   image_params = flax.traverse_util.unflatten_dict(image_flat, sep="/")
   # The params say final_norm (an fc_norm or none).
   image_model, _ = models.from_params(
-      {**image_params, "head": no_head(image_flat)},
+      {**image_params, "head": models.placeholder_head(image_params)},
       **{key: value for key, value in function.items()
          if key != "final_norm"})
   table = text_flat[models.POSEMB_KEY]
@@ -66,11 +61,6 @@ def assemble(image_flat, function, text_flat, t, b,
 def flat_towers(params):
   """(image, text) flat release-layout numpy params of a two-tower
   model's `params` (boxed or not; scanned blocks split per layer)."""
-  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn
-  import jax
-
-  from vit_jax.weights import npz
   return tuple(npz.unscan_blocks(flax.traverse_util.flatten_dict(
       jax.tree.map(np.asarray, nn.meta.unbox(params[tower])), sep="/"))
                for tower in ("img", "txt"))

@@ -41,7 +41,7 @@ from vit_jax.models import flops, naflex
 from vit_jax.runs.workdir import Workdir
 from vit_jax.training import contrastive
 from vit_jax.training.objectives import base
-from vit_jax.weights import big_vision, function_exports, pretrained
+from vit_jax.weights import function_exports, pretrained
 from vit_jax.weights.pytorch import siglip as pytorch_siglip
 
 # Folded into the run's seed for the captions' draws: a stream of their own.
@@ -234,12 +234,8 @@ def two_towers_of(source):
   SiglipModel or Siglip2Model directory (weights/pytorch/siglip.py), or
   big_vision's two-tower .npz (weights/big_vision.py), local, a URL or
   hf://ORG/NAME."""
-  path = pretrained.local(source).path
-  if pytorch_siglip.is_two_towers(path):
-    read = pytorch_siglip.read_two_towers(path)
-    return read.model, read.params
-  if big_vision.is_two_towers(path):
-    read = big_vision.read(path)
+  read = pretrained.two_towers_in(source)
+  if read is not None:
     return read.model, read.params
   keys, params = base.run_of(source, "image_text",
                              "a transformers SiglipModel directory")
